@@ -1,0 +1,5 @@
+"""Fast PyTorch and Triton Sparse Transformer attention, the model, and its training.
+
+Child et al., 2019, "Generating Long Sequences with Sparse Transformers".
+Everything here is checked against the NumPy ground truth in ``reference/``.
+"""
