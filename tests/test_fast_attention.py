@@ -1,0 +1,234 @@
+"""fast.sparse_attention against the NumPy ground truth (reference/), float64.
+
+Child et al., 2019, sections 4.3 and 5.1: every head of every layer must read
+exactly ``reference.patterns.head_masks(...)[h]``; forward and q/k/v gradients
+are compared with ``reference.attention.attend`` / ``attend_backward`` on odd
+sizes (n = 1, 7, 97, 1000 and multiples of the stride; d = 16, 48; H = 1, 4).
+Low precision follows the flash-attention rule: err(fast) <= 2 * err(reference
+run in the same low precision) + a small floor, both printed before asserting.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fast import sparse_attention
+from reference import patterns
+from reference.attention import attend, attend_backward
+
+BACKENDS = ["naive", "auto"]
+
+
+def _rand(B, H, n, d, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, n, d, generator=g, dtype=torch.float64).to(dtype)
+            for _ in range(4)]  # q, k, v, grad_out
+
+
+def _ref_masks(pattern, n, H, combine, layer, params):
+    if pattern == "longformer":
+        return np.broadcast_to(patterns.longformer(n, **params), (H, n, n))
+    if pattern == "bigbird":
+        return np.broadcast_to(patterns.bigbird(n, **params), (H, n, n))
+    return patterns.head_masks(pattern, n, H, combine, layer, **params)
+
+
+def _reference(q, k, v, g, mask):
+    """Ground truth in float64: (out, dq, dk, dv) as torch tensors."""
+    args = [t.detach().double().numpy() for t in (q, k, v)]
+    out, _ = attend(*args, mask)
+    grads = attend_backward(*args, mask, g.detach().double().numpy())
+    return [torch.from_numpy(np.ascontiguousarray(a)) for a in (out, *grads)]
+
+
+def _fast(q, k, v, g, pattern, combine, layer, backend, params):
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    out = sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
+                           backend=backend, **params)
+    out.backward(g)
+    return [out.detach(), q.grad, k.grad, v.grad]
+
+
+# (pattern, params, combine, n, d, H): a covering set, not the cartesian product.
+CASES = [
+    ("full", {}, "merged", 1, 16, 1),
+    ("full", {}, "multihead", 97, 48, 4),
+    ("strided", {"stride": 4}, "merged", 1, 16, 4),
+    ("strided", {"stride": 4}, "multihead", 7, 48, 4),
+    ("strided", {"stride": 5}, "interleaved", 97, 16, 1),
+    ("strided", {"stride": 5}, "merged", 97, 48, 4),
+    ("strided", {"stride": 10}, "multihead", 100, 16, 1),
+    ("strided", {"stride": 8}, "merged", 64, 48, 1),
+    ("strided", {"stride": 3}, "interleaved", 7, 48, 4),
+    ("strided", {"stride": 32}, "merged", 1000, 48, 1),
+    ("strided", {"stride": 31}, "multihead", 1000, 16, 4),
+    ("fixed", {"stride": 8, "c": 2}, "merged", 1, 48, 4),
+    ("fixed", {"stride": 8, "c": 2}, "multihead", 97, 16, 4),
+    ("fixed", {"stride": 6, "c": 3}, "interleaved", 7, 16, 4),
+    ("fixed", {"stride": 5, "c": 2}, "merged", 97, 48, 1),
+    ("fixed", {"stride": 5, "c": 2}, "multihead", 7, 16, 2),
+    ("fixed", {"stride": 4, "c": 4}, "merged", 40, 48, 4),
+    ("fixed", {"stride": 8, "c": 8}, "interleaved", 96, 16, 1),
+    ("fixed", {"stride": 16, "c": 4}, "multihead", 1000, 48, 4),
+    ("fixed", {"stride": 32, "c": 8}, "merged", 1000, 16, 1),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pattern,params,combine,n,d,H", CASES)
+def test_matches_reference_float64(pattern, params, combine, n, d, H, backend):
+    B = 2 if n < 200 else 1
+    for layer in ((0, 1) if combine == "interleaved" else (0,)):
+        q, k, v, g = _rand(B, H, n, d, seed=n * 31 + d + H + layer)
+        mask = _ref_masks(pattern, n, H, combine, layer, params)
+        want = _reference(q, k, v, g, mask)
+        got = _fast(q, k, v, g, pattern, combine, layer, backend, params)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+            assert a.dtype == torch.float64
+            err = (a - b).abs().max().item()
+            assert err < 1e-10, f"{name}: max error {err:.3e} (layer {layer})"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pattern,params,combine,n,d,H", [
+    ("strided", {"stride": 5}, "merged", 97, 48, 4),
+    ("fixed", {"stride": 8, "c": 2}, "multihead", 97, 16, 4),
+    ("fixed", {"stride": 32, "c": 8}, "interleaved", 1000, 48, 1),
+])
+def test_float32_within_1e5(pattern, params, combine, n, d, H, backend):
+    q, k, v, g = _rand(1, H, n, d, seed=7, dtype=torch.float32)
+    want = _reference(q, k, v, g, _ref_masks(pattern, n, H, combine, 0, params))
+    got = _fast(q, k, v, g, pattern, combine, 0, backend, params)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert a.dtype == torch.float32
+        err = (a.double() - b).abs().max().item()
+        assert err < 1e-5, f"{name}: max error {err:.3e}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("pattern,params,combine,n", [
+    ("strided", {"stride": 8}, "merged", 97),
+    ("fixed", {"stride": 8, "c": 2}, "multihead", 130),
+])
+def test_low_precision_flash_rule(pattern, params, combine, n, dtype, backend):
+    """err(fast, low) <= 2 * err(naive SDPA math in low precision) + floor."""
+    H, d = 4, 48
+    q, k, v, g = _rand(1, H, n, d, seed=3, dtype=dtype)
+    mask = _ref_masks(pattern, n, H, combine, 0, params)
+    want = _reference(q, k, v, g, mask)
+    got = _fast(q, k, v, g, pattern, combine, 0, backend, params)
+    # The reference computed in the low dtype: plain matmul-softmax-matmul.
+    ql, kl, vl = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    m = torch.from_numpy(np.ascontiguousarray(mask))
+    s = (ql @ kl.transpose(-1, -2)) * (1.0 / d ** 0.5)
+    p = torch.softmax(s.masked_fill(~m, float("-inf")), dim=-1).nan_to_num(0.0)
+    low = p @ vl
+    low.backward(g)
+    low_all = [low.detach(), ql.grad, kl.grad, vl.grad]
+    floor = 1e-3 if dtype == torch.float16 else 8e-3
+    for name, a, b, r in zip(("out", "dq", "dk", "dv"), got, want, low_all):
+        assert a.dtype == dtype
+        err_fast = (a.double() - b).abs().max().item()
+        err_low = (r.double() - b).abs().max().item()
+        print(f"{dtype} {pattern} {name}: err_fast {err_fast:.3e}  err_ref_low {err_low:.3e}")
+        assert err_fast <= 2 * err_low + floor, name
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pattern,params", [("strided", {"stride": 6}),
+                                            ("fixed", {"stride": 6, "c": 2})])
+def test_rows_that_read_nothing_give_zero(pattern, params, backend):
+    """Second head in multihead (odd heads) / interleaved (odd layers): early rows
+    read nothing under the fixed summary; the output there is 0, grads finite."""
+    n, H, d = 20, 2, 16
+    q, k, v, g = _rand(1, H, n, d, seed=11)
+    for combine, layer, head in (("multihead", 0, 1), ("interleaved", 1, 0)):
+        mask = patterns.head_masks(pattern, n, H, combine, layer, **params)[head]
+        empty = ~mask.any(axis=1)
+        got = _fast(q, k, v, g, pattern, combine, layer, backend, params)
+        for t in got:
+            assert torch.isfinite(t).all()
+        if pattern == "fixed":
+            assert empty[:4].all() and empty.sum() == 4       # rows 0..3 precede the summary
+            assert (got[0][0, head, torch.from_numpy(empty)] == 0).all()
+
+
+@pytest.mark.parametrize("pattern,params", [
+    ("longformer", {"window": 5}),
+    ("longformer", {"window": 4, "dilation": 3, "global_tokens": (0, 17, 40)}),
+    ("bigbird", {"window": 3, "n_random": 2, "n_global": 2, "seed": 5}),
+])
+def test_longformer_bigbird_naive(pattern, params):
+    n, H, d = 97, 4, 48
+    q, k, v, g = _rand(1, H, n, d, seed=13)
+    want = _reference(q, k, v, g, _ref_masks(pattern, n, H, "merged", 0, params))
+    for backend in ("auto", "naive"):
+        got = _fast(q, k, v, g, pattern, "merged", 0, backend, params)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+            assert (a - b).abs().max().item() < 1e-10, name
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_deterministic(backend):
+    q, k, v, g = _rand(1, 4, 300, 48, seed=17, dtype=torch.float32)
+    for pattern, params in (("strided", {"stride": 16}), ("fixed", {"stride": 16, "c": 4})):
+        a = _fast(q, k, v, g, pattern, "merged", 0, backend, params)
+        b = _fast(q, k, v, g, pattern, "merged", 0, backend, params)
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+
+
+def test_scale_is_used():
+    q, k, v, g = _rand(1, 2, 30, 16, seed=19)
+    mask = patterns.head_masks("strided", 30, 2, "merged", 0, stride=4)
+    for backend in BACKENDS:
+        out = sparse_attention(q, k, v, "strided", stride=4, scale=0.3, backend=backend)
+        want, _ = attend(q.numpy(), k.numpy(), v.numpy(), mask, scale=0.3)
+        assert np.abs(out.numpy() - want).max() < 1e-10
+
+
+def _ok():
+    return [torch.zeros(1, 2, 9, 8) for _ in range(3)]
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda a: dict(a, q=torch.zeros(2, 9, 8)), "4 dimensions"),
+    (lambda a: dict(a, k=torch.zeros(1, 2, 10, 8)), "one shape"),
+    (lambda a: dict(a, v=torch.zeros(1, 2, 9, 8, dtype=torch.float64)), "one dtype"),
+    (lambda a: dict(a, q=torch.zeros(1, 2, 9, 8, dtype=torch.int64)), "allowed"),
+    (lambda a: dict(a, q=a["q"].clone().index_fill_(2, torch.tensor([3]), float("nan"))),
+     "non-finite"),
+    (lambda a: dict(a, q=torch.zeros(1, 2, 0, 8), k=torch.zeros(1, 2, 0, 8),
+                    v=torch.zeros(1, 2, 0, 8)), "n = 0"),
+    (lambda a: dict(a, q=np.zeros((1, 2, 9, 8))), "torch.Tensor"),
+    (lambda a: dict(a, pattern="dense"), "pattern must be one of"),
+    (lambda a: dict(a, combine="both"), "combine must be one of"),
+    (lambda a: dict(a, backend="cuda"), "backend must be one of"),
+    (lambda a: dict(a, stride=0), "stride l must be an integer >= 1"),
+    (lambda a: dict(a, stride=2.5), "stride l must be an integer >= 1"),
+    (lambda a: dict(a, pattern="fixed", c=5), "c must be at most the stride"),
+    (lambda a: dict(a, pattern="fixed", c=0), "summary width c must be"),
+    (lambda a: dict(a, pattern="fixed", stride=5, c=2), "multiple of c"),
+    (lambda a: dict(a, pattern="fixed", c=None), "missing ['c']"),
+    (lambda a: dict(a, stride=None), "missing ['stride']"),
+    (lambda a: dict(a, c=2), "unexpected ['c']"),
+    (lambda a: dict(a, layer=-1), "layer must be"),
+    (lambda a: dict(a, scale=float("inf")), "scale must be"),
+    (lambda a: dict(a, pattern="longformer", stride=None, window=0), "window must be"),
+    (lambda a: dict(a, pattern="longformer", stride=None, window=2, global_tokens=(9,)),
+     "global_tokens"),
+    (lambda a: dict(a, pattern="bigbird", stride=None, window=2, n_random=1, n_global=10),
+     "n_global must be"),
+    (lambda a: dict(a, pattern="bigbird", stride=None, window=2, n_random=1, n_global=1,
+                    backend="structured"), "backend 'structured' serves"),
+])
+def test_bad_input_raises_value_error(change, message):
+    q, k, v = _ok()
+    args = change(dict(q=q, k=k, v=v, pattern="strided", stride=4))
+    q, k, v, pattern = args.pop("q"), args.pop("k"), args.pop("v"), args.pop("pattern")
+    with pytest.raises(ValueError) as err:
+        sparse_attention(q, k, v, pattern, **args)
+    assert message in str(err.value), str(err.value)
