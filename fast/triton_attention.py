@@ -1,0 +1,360 @@
+"""Block-sparse attention in Triton: launchers, exact merge, autograd, public wrapper.
+
+Child et al., 2019, section 5.5 (block-sparse kernels) over the patterns of
+section 4.3 and the head combinations of section 5.1 (eq. 5-8); FlashAttention-2
+(Dao, 2023) for the forward/backward recipe.  The kernels are in
+``fast/triton_kernels.py``; the block layouts (which key blocks every query
+block reads, in which slot order) come from ``fast.layout.block_layout``.
+
+A layout has one or more disjoint *parts* whose union is exactly
+``reference.patterns.head_masks``.  Each part is run by the forward kernel into
+its own (out, lse) in position space and the parts are merged exactly through
+their log-sum-exp:
+
+    lse = logsumexp_p(lse_p),   out = sum_p exp(lse_p - lse) * out_p
+
+(rows that read nothing in every part: out 0, lse -inf, never NaN).  The
+backward pass gives every part the MERGED out and lse, which makes each part's
+gradient its exact share of the merged gradient.
+
+Run on a GPU, or on the CPU with ``TRITON_INTERPRET=1`` set before Triton is
+imported (NumPy interpreter: float32 only, slow, for tests).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+try:
+    import triton
+except ImportError as err:  # pragma: no cover - exercised only without triton
+    raise ImportError(
+        "fast.triton_attention needs Triton (pip install 'sparse-transformer[triton]'); "
+        "without it use fast.sparse_attention(..., backend='structured')"
+    ) from err
+
+from fast import triton_kernels as K
+
+GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 128
+DEFAULT_BLOCK_GPU = 64
+DEFAULT_BLOCK_INTERPRETER = 32
+
+
+def interpreted() -> bool:
+    """True when the kernels were built for the NumPy interpreter (TRITON_INTERPRET=1
+    was set before Triton was imported)."""
+    return type(K._fwd_kernel).__name__ == "InterpretedFunction"
+
+
+# ----------------------------------------------------------------------------
+# Look-up tables on the device
+# ----------------------------------------------------------------------------
+
+@dataclass
+class DevicePart:
+    """One layout part's tables as contiguous int32 tensors on the run device."""
+    name: str
+    q_pos: torch.Tensor        # (HL, Mq)
+    k_pos: torch.Tensor        # (HL, Mk)
+    kv_count: torch.Tensor     # (HL, NQB)
+    kv_index: torch.Tensor     # (HL, NQB, MAXK)
+    kv_mask: torch.Tensor      # (HL, NQB, MAXK)
+    q_count: torch.Tensor      # (HL, NKB)
+    q_index: torch.Tensor      # (HL, NKB, MAXQ)
+    q_mask: torch.Tensor       # (HL, NKB, MAXQ)
+    token_masks: torch.Tensor  # (max(NM, 1), BLOCK, BLOCK) int8
+    blocks: int                # number of (query block, key block) pairs over all heads
+
+    @property
+    def n_heads(self) -> int:
+        return self.q_pos.shape[0]
+
+
+def _int32(x, device) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x).to(
+        device=device, dtype=torch.int32).contiguous()
+
+
+def device_part(part, block: int, device) -> DevicePart:
+    """Copy a ``LayoutPart`` (or anything with its fields) to ``device`` as int32."""
+    kv_index, q_index = _int32(part.kv_index, device), _int32(part.q_index, device)
+    hl = kv_index.shape[0]
+    # empty tables may come with a last dimension of 0: give the kernels one column
+    if kv_index.shape[-1] == 0:
+        kv_index = torch.zeros(*kv_index.shape[:-1], 1, dtype=torch.int32, device=device)
+    if q_index.shape[-1] == 0:
+        q_index = torch.zeros(*q_index.shape[:-1], 1, dtype=torch.int32, device=device)
+    kv_mask = _int32(part.kv_mask, device).reshape(hl, kv_index.shape[1], -1)
+    q_mask = _int32(part.q_mask, device).reshape(hl, q_index.shape[1], -1)
+    if kv_mask.shape[-1] == 0:
+        kv_mask = torch.full_like(kv_index, -1)
+    if q_mask.shape[-1] == 0:
+        q_mask = torch.full_like(q_index, -1)
+    tm = torch.as_tensor(np.asarray(part.token_masks) if not torch.is_tensor(part.token_masks)
+                         else part.token_masks)
+    tm = tm.reshape(-1, block, block).to(device=device, dtype=torch.int8)
+    if tm.shape[0] == 0:
+        tm = torch.zeros(1, block, block, dtype=torch.int8, device=device)
+    kv_count = _int32(part.kv_count, device)
+    return DevicePart(
+        name=str(getattr(part, "name", "part")),
+        q_pos=_int32(part.q_pos, device), k_pos=_int32(part.k_pos, device),
+        kv_count=kv_count, kv_index=kv_index, kv_mask=kv_mask,
+        q_count=_int32(part.q_count, device), q_index=q_index, q_mask=q_mask,
+        token_masks=tm.contiguous(), blocks=int(kv_count.sum().item()),
+    )
+
+
+# ----------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------
+
+def _meta(q: torch.Tensor) -> dict:
+    d = q.shape[-1]
+    return dict(
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        # float32 stays float32 (no TF32: it would weaken the fp32 ground truth)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+    )
+
+
+def _merge(outs: list[torch.Tensor], lses: list[torch.Tensor]):
+    """Exact log-sum-exp merge of the parts (float32). Empty rows -> 0, -inf."""
+    if len(outs) == 1:
+        return outs[0], lses[0]
+    lse_all = torch.stack(lses)                                      # (P, B, H, n)
+    lse = torch.logsumexp(lse_all, dim=0)                            # (B, H, n)
+    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    w = torch.exp(lse_all - safe)                                    # (P, B, H, n), 0 for -inf
+    out = (w.unsqueeze(-1) * torch.stack(outs)).sum(0)               # (B, H, n, d)
+    return out, lse
+
+
+def forward(q, k, v, parts: list[DevicePart], scale: float, block: int):
+    """Merged (out, lse), both float32: out (B, H, n, d), lse (B, H, n), natural log."""
+    B, H, n, d = q.shape
+    meta = _meta(q)
+    outs, lses = [], []
+    for part in parts:
+        out = torch.zeros(B, H, n, d, dtype=torch.float32, device=q.device)
+        lse = torch.full((B, H, n), float("-inf"), dtype=torch.float32, device=q.device)
+        hl, mq = part.q_pos.shape
+        nqb, maxk = part.kv_index.shape[1], part.kv_index.shape[2]
+        if nqb > 0 and part.blocks > 0:
+            K._fwd_kernel[(nqb, B * H)](
+                q, k, v, out, lse,
+                q.stride(0), q.stride(1), q.stride(2),
+                k.stride(0), k.stride(1), k.stride(2),
+                v.stride(0), v.stride(1), v.stride(2),
+                out.stride(0), out.stride(1), out.stride(2),
+                lse.stride(0), lse.stride(1),
+                part.q_pos, part.k_pos, part.kv_count, part.kv_index, part.kv_mask,
+                part.token_masks,
+                H, hl, mq, part.k_pos.shape[1], nqb, maxk, d,
+                scale * K.LOG2E,
+                BLOCK=block, **meta,
+            )
+        outs.append(out)
+        lses.append(lse)
+    return _merge(outs, lses)
+
+
+def backward(q, k, v, out, lse, grad_out, parts: list[DevicePart], scale: float, block: int):
+    """(dq, dk, dv) in float32 from the merged out and lse (FlashAttention-2 backward)."""
+    B, H, n, d = q.shape
+    meta = _meta(q)
+    do = grad_out.to(q.dtype).contiguous()
+    delta = (grad_out.float() * out).sum(-1).contiguous()           # (B, H, n)
+    lse = lse.contiguous()
+    dq = torch.zeros(B, H, n, d, dtype=torch.float32, device=q.device)
+    dk = torch.zeros_like(dq)
+    dv = torch.zeros_like(dq)
+    common = (
+        q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2),
+        do.stride(0), do.stride(1), do.stride(2),
+        dq.stride(0), dq.stride(1), dq.stride(2),
+    )
+    for part in parts:
+        if part.blocks == 0:
+            continue
+        hl, mq = part.q_pos.shape
+        mk = part.k_pos.shape[1]
+        nqb, maxk = part.kv_index.shape[1], part.kv_index.shape[2]
+        nkb, maxq = part.q_index.shape[1], part.q_index.shape[2]
+        K._dq_kernel[(nqb, B * H)](
+            q, k, v, do, lse, delta, dq, *common,
+            part.q_pos, part.k_pos, part.kv_count, part.kv_index, part.kv_mask,
+            part.token_masks,
+            H, hl, n, mq, mk, nqb, maxk, d, scale * K.LOG2E, scale,
+            BLOCK=block, **meta,
+        )
+        K._dkdv_kernel[(nkb, B * H)](
+            q, k, v, do, lse, delta, dk, dv, *common,
+            part.q_pos, part.k_pos, part.q_count, part.q_index, part.q_mask,
+            part.token_masks,
+            H, hl, n, mq, mk, nkb, maxq, d, scale * K.LOG2E, scale,
+            BLOCK=block, **meta,
+        )
+    return dq, dk, dv
+
+
+class BlockSparseAttention(torch.autograd.Function):
+    """out = softmax(scale q k^T restricted to the layout) v, with a Triton backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, parts, scale, block):
+        out, lse = forward(q, k, v, parts, scale, block)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.parts, ctx.scale, ctx.block = parts, scale, block
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = backward(q, k, v, out, lse, grad_out, ctx.parts, ctx.scale, ctx.block)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+def attention_with_parts(q, k, v, parts, *, scale=None, block_size: int) -> torch.Tensor:
+    """Run the kernels on already-built layout parts (``LayoutPart``-like objects or
+    ``DevicePart``); q, k, v (B, H, n, d). Used by the wrapper and by the tests."""
+    _check_qkv(q, k, v)
+    _check_runnable(q)
+    parts = [p if isinstance(p, DevicePart) else device_part(p, block_size, q.device)
+             for p in parts]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    return BlockSparseAttention.apply(q, k, v, parts, scale, block_size)
+
+
+def attention_lse(q, k, v, parts, *, scale=None, block_size: int):
+    """Forward only, returning (out, lse) in float32 (for tests and the notebook)."""
+    _check_qkv(q, k, v)
+    _check_runnable(q)
+    parts = [p if isinstance(p, DevicePart) else device_part(p, block_size, q.device)
+             for p in parts]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    return forward(q, k, v, parts, scale, block_size)
+
+
+# ----------------------------------------------------------------------------
+# Checks
+# ----------------------------------------------------------------------------
+
+def _check_qkv(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not torch.is_tensor(t):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape (B, H, n, d), got shape {tuple(t.shape)}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(
+            "q, k and v must have one shape (B, H, n, d) (causal self-attention), got "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    B, H, n, d = q.shape
+    if min(B, H, n, d) < 1:
+        raise ValueError(f"every dimension of (B, H, n, d) must be >= 1, got {tuple(q.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in GPU_DTYPES:
+        raise ValueError(f"dtype must be one of {GPU_DTYPES}, got {q.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if d > MAX_HEAD_DIM:
+        raise ValueError(
+            f"head dimension d must be at most {MAX_HEAD_DIM} for the Triton kernel, got d={d} "
+            "(d that is not a power of two is padded inside the kernel)"
+        )
+
+
+def _check_runnable(q) -> None:
+    if q.device.type == "cpu":
+        if not interpreted():
+            raise RuntimeError(
+                "the Triton kernels got a CPU tensor but were compiled for a GPU: set the "
+                "environment variable TRITON_INTERPRET=1 before importing triton (slow, for "
+                "tests), move q, k, v to CUDA, or use fast.sparse_attention(..., "
+                "backend='structured') on the CPU"
+            )
+        if q.dtype != torch.float32:
+            raise ValueError(
+                f"the Triton interpreter (TRITON_INTERPRET=1) runs float32 only, got {q.dtype}"
+            )
+    elif q.device.type == "cuda" and interpreted():
+        raise RuntimeError(
+            "TRITON_INTERPRET=1 is set, so the Triton kernels run on the CPU: "
+            "pass CPU tensors or unset TRITON_INTERPRET to run on the GPU"
+        )
+    elif q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cuda (or cpu with TRITON_INTERPRET=1), got {q.device}")
+
+
+# ----------------------------------------------------------------------------
+# Layouts: built by fast.layout, cached per (pattern, n, H, combine, layer, params, block, device)
+# ----------------------------------------------------------------------------
+
+_LAYOUTS: dict = {}
+
+
+def _hashable(x):
+    if isinstance(x, (list, tuple, range, np.ndarray)):
+        return tuple(_hashable(y) for y in x)
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def cached_layout(pattern: str, n: int, n_heads: int, combine: str, layer: int,
+                  params: dict, block: int, device) -> tuple[list[DevicePart], object]:
+    """The layout's parts on ``device`` (built once, then cached), and the layout."""
+    key = (pattern, n, n_heads, combine, layer,
+           tuple(sorted((k, _hashable(v)) for k, v in params.items())), block, str(device))
+    hit = _LAYOUTS.get(key)
+    if hit is None:
+        from fast.layout import block_layout
+        lay = block_layout(pattern, n, n_heads=n_heads, combine=combine, layer=layer,
+                           block_size=block, order="structured", **params)
+        hit = ([device_part(p, block, device) for p in lay.parts], lay)
+        _LAYOUTS[key] = hit
+    return hit
+
+
+def default_block(device) -> int:
+    return DEFAULT_BLOCK_INTERPRETER if torch.device(device).type == "cpu" else DEFAULT_BLOCK_GPU
+
+
+def triton_sparse_attention(q, k, v, pattern: str, *, stride=None, c=None,
+                            combine: str = "merged", layer: int = 0, scale=None,
+                            block_size=None, **pattern_params) -> torch.Tensor:
+    """Sparse Transformer attention with the block-sparse Triton kernels.
+
+    q, k, v: (B, H, n, d), any n, d <= 128, float32/float16/bfloat16 on CUDA (float32
+    on the CPU under TRITON_INTERPRET=1). pattern: "full", "strided" (stride),
+    "fixed" (stride, c), "longformer" (window, dilation, global_tokens) or
+    "bigbird" (window, n_random, n_global, seed); combine: "merged", "multihead"
+    or "interleaved" (sec. 5.1), ``layer`` picks the interleaved head. Head h of
+    q reads exactly ``reference.patterns.head_masks(pattern, n, H, combine, layer)[h]``.
+    Differentiable in q, k, v. Returns (B, H, n, d) in q's dtype.
+    """
+    _check_qkv(q, k, v)
+    _check_runnable(q)
+    B, H, n, d = q.shape
+    block = default_block(q.device) if block_size is None else block_size
+    if not isinstance(block, int) or block < 16 or block & (block - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
+    params = dict(pattern_params)
+    if stride is not None:
+        params["stride"] = stride
+    if c is not None:
+        params["c"] = c
+    parts, _ = cached_layout(pattern, n, H, combine, layer, params, block, q.device)
+    return attention_with_parts(q, k, v, parts, scale=scale, block_size=block)
