@@ -111,6 +111,81 @@ def device_part(part, block: int, device) -> DevicePart:
     )
 
 
+@dataclass
+class MaskPart:
+    """A layout part in natural order built from a dense mask (``parts_from_masks``);
+    it has the fields of ``fast.layout.LayoutPart`` that the kernels read."""
+    name: str
+    q_pos: torch.Tensor
+    k_pos: torch.Tensor
+    kv_count: torch.Tensor
+    kv_index: torch.Tensor
+    kv_mask: torch.Tensor
+    q_count: torch.Tensor
+    q_index: torch.Tensor
+    q_mask: torch.Tensor
+    token_masks: torch.Tensor
+
+
+def _tables(h, row, col, mid, n_heads: int, n_rows: int):
+    """Per (head, row): count (H, R), ascending col (H, R, MAXK), mask index (H, R, MAXK)."""
+    order = torch.argsort((h * n_rows + row) * (n_rows + 1) + col)
+    h, row, col, mid = h[order], row[order], col[order], mid[order]
+    group = h * n_rows + row
+    count = torch.bincount(group, minlength=n_heads * n_rows)
+    maxk = max(1, int(count.max()) if count.numel() else 1)
+    slot = torch.arange(group.numel()) - (torch.cumsum(count, 0) - count)[group]
+    index = torch.zeros(n_heads * n_rows, maxk, dtype=torch.int32)
+    mask = torch.full((n_heads * n_rows, maxk), -1, dtype=torch.int32)
+    index[group, slot] = col.to(torch.int32)
+    mask[group, slot] = mid.to(torch.int32)
+    return (count.view(n_heads, n_rows).to(torch.int32),
+            index.view(n_heads, n_rows, maxk), mask.view(n_heads, n_rows, maxk))
+
+
+def parts_from_masks(masks, block: int, names=None) -> list[MaskPart]:
+    """Natural-order layout parts from dense bool masks, one part per mask.
+
+    masks: a list of (H, n, n) bool arrays/tensors (True = query i reads key j),
+    pairwise disjoint (their union is what the attention reads). O(H n^2) work and
+    memory: for tests, teaching and small custom masks, not for the fast path
+    (``fast.layout`` builds the real layouts from closed forms).
+    """
+    parts = []
+    for p, m in enumerate(masks):
+        m = torch.as_tensor(np.asarray(m) if not torch.is_tensor(m) else m).bool().cpu()
+        if m.dim() == 2:
+            m = m[None]
+        hh, n, _ = m.shape
+        nb = -(-n // block)
+        size = nb * block
+        pad = torch.zeros(hh, size, size, dtype=torch.bool)
+        pad[:, :n, :n] = m
+        tiles = pad.view(hh, nb, block, nb, block).permute(0, 1, 3, 2, 4)  # (H, NQB, NKB, B, B)
+        pos = torch.full((size,), -1, dtype=torch.long)
+        pos[:n] = torch.arange(n)
+        valid = (pos >= 0).view(nb, block)
+        pair_ok = valid[:, None, :, None] & valid[None, :, None, :]       # (NQB, NKB, B, B)
+        t_any = tiles.flatten(-2).any(-1)                                  # (H, NQB, NKB)
+        t_full = (tiles | ~pair_ok).flatten(-2).all(-1) & t_any
+        h, qb, kb = torch.nonzero(t_any, as_tuple=True)
+        full = t_full[h, qb, kb]
+        mid = torch.full_like(h, -1)
+        part_idx = torch.nonzero(~full).squeeze(1)
+        token = torch.zeros(0, block, block, dtype=torch.bool)
+        if part_idx.numel():
+            sel = tiles[h[part_idx], qb[part_idx], kb[part_idx]]             # (P, B, B)
+            token, inv = torch.unique(sel.flatten(1), dim=0, return_inverse=True)
+            token = token.view(-1, block, block)
+            mid[part_idx] = inv
+        kv = _tables(h, qb, kb, mid, hh, nb)
+        qt = _tables(h, kb, qb, mid, hh, nb)
+        name = names[p] if names is not None else f"mask{p}"
+        parts.append(MaskPart(name, pos.expand(hh, size).clone(), pos.expand(hh, size).clone(),
+                              *kv, *qt, token))
+    return parts
+
+
 # ----------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------
