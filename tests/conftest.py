@@ -1,0 +1,55 @@
+"""Shared test fixtures and the hypothesis profile of the whole test suite.
+
+Child et al., 2019, "Generating Long Sequences with Sparse Transformers": every
+test compares something with the NumPy ground truth in ``reference/`` (sec. 4).
+
+Kept small and stable on purpose, other test files import from it:
+
+* ``make_qkv(shape, d, seed)``  seeded float64 q, k, v (importable helper);
+* ``rng``                       a seeded ``np.random.Generator`` fixture;
+* hypothesis profile "ci" (loaded by default): ``deadline=None`` (the machine is
+  shared and slow, so timing-based failures would be noise), few examples and a
+  derandomized search so that a run is reproducible. Set
+  ``HYPOTHESIS_PROFILE=thorough`` for a longer random search.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    deadline=None,
+    max_examples=25,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "thorough",
+    deadline=None,
+    max_examples=300,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+SEED = 0  # the one seed of the test suite
+
+
+def make_qkv(n: int, d: int, batch: tuple[int, ...] = (), seed: int = SEED, d_v: int | None = None):
+    """Seeded standard-normal float64 q, k of shape (*batch, n, d) and v of (*batch, n, d_v)."""
+    rng = np.random.default_rng(seed)
+    d_v = d if d_v is None else d_v
+    q = rng.standard_normal((*batch, n, d))   # (..., n, d)
+    k = rng.standard_normal((*batch, n, d))   # (..., n, d)
+    v = rng.standard_normal((*batch, n, d_v))  # (..., n, d_v)
+    return q, k, v
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A fresh generator with the suite's seed, so every test is reproducible."""
+    return np.random.default_rng(SEED)
