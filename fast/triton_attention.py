@@ -153,7 +153,7 @@ def parts_from_masks(masks, block: int, names=None) -> list[MaskPart]:
     """
     parts = []
     for p, m in enumerate(masks):
-        m = torch.as_tensor(np.asarray(m) if not torch.is_tensor(m) else m).bool().cpu()
+        m = (m if torch.is_tensor(m) else torch.from_numpy(np.array(m, dtype=bool))).bool().cpu()
         if m.dim() == 2:
             m = m[None]
         hh, n, _ = m.shape

@@ -1,0 +1,238 @@
+"""Tests of the block-sparse Triton kernels against the NumPy ground truth.
+
+Child et al., 2019, sections 4.3 and 5.1 (patterns, head combinations) and 5.5
+(block-sparse kernels). Every case compares the forward output and the q, k, v
+gradients with ``reference.attention`` under ``reference.patterns.head_masks``.
+
+On a CPU machine the kernels run in Triton's NumPy interpreter: this module sets
+TRITON_INTERPRET=1 itself when it is unset (``make test`` sets it for the whole
+run), before Triton is imported. The interpreter is slow, so the problems are
+small (n <= 100, block 16, float32) and the whole file takes about a minute or two.
+On a GPU run ``TRITON_INTERPRET=0 pytest tests/test_triton_attention.py``: the same
+cases run on CUDA, and the ``gpu`` tests add float16/bfloat16 (flash-attention
+tolerance rule) and larger n.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from reference import attention as A  # noqa: E402
+from reference import patterns as P  # noqa: E402
+from fast import triton_attention as T  # noqa: E402
+
+if T.interpreted():
+    DEVICE = "cpu"
+elif torch.cuda.is_available():
+    DEVICE = "cuda"
+else:
+    DEVICE = None
+needs_runner = pytest.mark.skipif(
+    DEVICE is None, reason="Triton compiled for GPU but no CUDA device; set TRITON_INTERPRET=1")
+BLOCK = 16
+
+
+def ref_masks(pattern, n, n_heads, combine="merged", layer=0, **params) -> np.ndarray:
+    """bool (H, n, n): which keys every head reads (the contract)."""
+    if pattern == "longformer":
+        return np.broadcast_to(P.longformer(n, **params), (n_heads, n, n))
+    if pattern == "bigbird":
+        return np.broadcast_to(P.bigbird(n, **params), (n_heads, n, n))
+    return P.head_masks(pattern, n, n_heads, combine, layer, **params)
+
+
+def make_inputs(B, H, n, d, seed=0, dtype=torch.float32, device=DEVICE):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(B, H, n, d, generator=g, dtype=torch.float64) for _ in range(4))
+    return [t.to(device=device, dtype=dtype) for t in (q, k, v, do)]
+
+
+def check_against_reference(run, masks, B, H, n, d, seed=0, atol=2e-5):
+    """run(q, k, v) -> out; compare out and grads with reference.attention (float64)."""
+    q, k, v, do = make_inputs(B, H, n, d, seed)
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = run(qg, kg, vg)
+    out.backward(do)
+    qn, kn, vn, don = (t.double().cpu().numpy() for t in (q, k, v, do))
+    ref_out, _ = A.attend(qn, kn, vn, masks[None])
+    ref = dict(zip("qkv", A.attend_backward(qn, kn, vn, masks[None], don)))
+    err = {"out": np.abs(out.detach().double().cpu().numpy() - ref_out).max()}
+    for name, t in zip("qkv", (qg, kg, vg)):
+        assert torch.isfinite(t.grad).all()
+        err["d" + name] = np.abs(t.grad.double().cpu().numpy() - ref[name]).max()
+    print(err)
+    assert all(e < atol for e in err.values()), err
+    return out.detach()
+
+
+# ----------------------------------------------------------------------------
+# The kernels on natural-order tables (independent of fast.layout)
+# ----------------------------------------------------------------------------
+
+@needs_runner
+def test_kernel_merges_disjoint_parts_exactly():
+    """Strided local and column heads as two parts, merged through their lse."""
+    B, H, n, d, stride = 2, 3, 70, 16, 8
+    local, column = P.strided(n, stride)
+    column = column & ~local
+    parts = T.parts_from_masks([np.broadcast_to(local, (H, n, n)),
+                                np.broadcast_to(column, (H, n, n))], BLOCK)
+    masks = np.broadcast_to(local | column, (H, n, n))
+    check_against_reference(lambda q, k, v: T.attention_with_parts(q, k, v, parts,
+                                                                    block_size=BLOCK),
+                            masks, B, H, n, d)
+    # and the lse (natural log) matches the reference's
+    q, k, v, _ = make_inputs(B, H, n, d)
+    _, lse = T.attention_lse(q, k, v, parts, block_size=BLOCK)
+    _, ref_lse = A.attend(*(t.double().cpu().numpy() for t in (q, k, v)), masks[None])
+    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=2e-5)
+
+
+@needs_runner
+def test_kernel_rows_that_read_nothing_are_zero():
+    """fixed, interleaved layer 1: every head reads only summaries, so the first
+    rows of the sequence read nothing: out 0, lse -inf, grads finite (no NaN)."""
+    B, H, n, d = 1, 2, 40, 16
+    masks = P.head_masks("fixed", n, H, "interleaved", 1, stride=8, c=2)
+    empty = ~masks.any(-1)                                         # (H, n)
+    assert empty.sum() > 0
+    parts = T.parts_from_masks([masks], BLOCK)
+    out = check_against_reference(
+        lambda q, k, v: T.attention_with_parts(q, k, v, parts, block_size=BLOCK),
+        masks, B, H, n, d)
+    assert (out[0][torch.from_numpy(empty)] == 0).all()
+    q, k, v, _ = make_inputs(B, H, n, d)
+    _, lse = T.attention_lse(q, k, v, parts, block_size=BLOCK)
+    assert torch.isneginf(lse[0][torch.from_numpy(empty)]).all()
+    assert torch.isfinite(lse[0][torch.from_numpy(~empty)]).all()
+
+
+# ----------------------------------------------------------------------------
+# The public wrapper (layouts from fast.layout), every pattern and combine mode
+# ----------------------------------------------------------------------------
+
+CASES = [
+    # (pattern, combine, layer, params, B, H, n, d)
+    ("full", "merged", 0, {}, 1, 1, 37, 16),
+    ("strided", "merged", 0, dict(stride=8), 2, 3, 70, 16),
+    ("strided", "multihead", 0, dict(stride=7), 1, 3, 61, 32),
+    ("strided", "interleaved", 1, dict(stride=8), 1, 1, 64, 16),
+    ("fixed", "merged", 0, dict(stride=16, c=4), 1, 3, 70, 16),
+    ("fixed", "multihead", 0, dict(stride=8, c=2), 1, 3, 53, 16),
+    ("fixed", "interleaved", 1, dict(stride=8, c=4), 1, 3, 45, 16),
+    ("longformer", "merged", 0, dict(window=5, dilation=2, global_tokens=(0, 17)), 1, 3, 60, 16),
+    ("bigbird", "merged", 0, dict(window=4, n_random=2, n_global=2, seed=1), 1, 1, 50, 16),
+    ("fixed", "merged", 0, dict(stride=8, c=4), 1, 1, 33, 48),   # d=48: padded to 64 inside
+]
+
+
+@needs_runner
+@pytest.mark.parametrize("pattern,combine,layer,params,B,H,n,d", CASES,
+                         ids=[f"{c[0]}-{c[1]}{c[2]}-H{c[5]}-n{c[6]}-d{c[7]}" for c in CASES])
+def test_wrapper_matches_reference(pattern, combine, layer, params, B, H, n, d):
+    masks = ref_masks(pattern, n, H, combine, layer, **params)
+    out = check_against_reference(
+        lambda q, k, v: T.triton_sparse_attention(q, k, v, pattern, combine=combine,
+                                                  layer=layer, block_size=BLOCK, **params),
+        masks, B, H, n, d)
+    empty = torch.from_numpy(np.ascontiguousarray(~masks.any(-1)))  # (H, n)
+    assert (out[:, empty] == 0).all()
+
+
+@needs_runner
+def test_layout_is_cached_and_results_are_deterministic():
+    q, k, v, _ = make_inputs(1, 3, 50, 16)
+    args = dict(stride=8, c=4, combine="multihead", block_size=BLOCK)
+    a = T.triton_sparse_attention(q, k, v, "fixed", **args)
+    n_cached = len(T._LAYOUTS)
+    b = T.triton_sparse_attention(q, k, v, "fixed", **args)
+    assert len(T._LAYOUTS) == n_cached
+    assert torch.equal(a, b)
+
+
+# ----------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------
+
+def test_bad_inputs_raise_value_error():
+    q = torch.zeros(1, 2, 20, 16)
+    with pytest.raises(ValueError, match="shape"):
+        T.triton_sparse_attention(q[0], q[0], q[0], "full")
+    with pytest.raises(ValueError, match="one shape"):
+        T.triton_sparse_attention(q, q, q[:, :, :10], "full")
+    with pytest.raises(ValueError, match="dtype"):
+        T.triton_sparse_attention(q.double(), q.double(), q.double(), "full")
+    big = torch.zeros(1, 1, 8, 129)
+    with pytest.raises(ValueError, match="at most 128"):
+        T.triton_sparse_attention(big, big, big, "full")
+    with pytest.raises(ValueError, match="block_size"):
+        T.triton_sparse_attention(q, q, q, "full", block_size=24)
+
+
+def test_cpu_without_interpreter_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(T, "interpreted", lambda: False)
+    q = torch.zeros(1, 1, 8, 16)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        T.triton_sparse_attention(q, q, q, "full")
+
+
+@pytest.mark.skipif(not T.interpreted(), reason="interpreter-only check")
+def test_interpreter_runs_float32_only():
+    q = torch.zeros(1, 1, 8, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="float32 only"):
+        T.triton_sparse_attention(q, q, q, "full")
+
+
+# ----------------------------------------------------------------------------
+# GPU only: low precision (flash-attention rule) and larger n
+# ----------------------------------------------------------------------------
+
+def _torch_reference(q, k, v, mask, scale):
+    """Masked softmax attention in q's dtype (the low-precision reference)."""
+    s = (q @ k.transpose(-1, -2)) * scale                                # (B, H, n, n)
+    s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)                         # empty rows -> 0
+    return p @ v
+
+
+gpu = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET", "0") not in ("0", "") or not torch.cuda.is_available(),
+    reason="needs CUDA and TRITON_INTERPRET unset (or 0)")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("pattern,params", [("strided", dict(stride=32)),
+                                            ("fixed", dict(stride=64, c=16)),
+                                            ("bigbird", dict(window=48, n_random=3, n_global=4))])
+def test_gpu_low_precision_flash_rule(dtype, pattern, params):
+    B, H, n, d = 2, 4, 1025, 64
+    masks = torch.from_numpy(np.ascontiguousarray(ref_masks(pattern, n, H, "multihead", 0,
+                                                            **params))).cuda()
+    q, k, v, do = make_inputs(B, H, n, d, device="cuda", dtype=torch.float64)
+    scale = d ** -0.5
+
+    def grads(fn, dt):
+        ins = [t.to(dt).requires_grad_(True) for t in (q, k, v)]
+        out = fn(*ins)
+        out.backward(do.to(dt))
+        return [out.double()] + [t.grad.double() for t in ins]
+
+    exact = grads(lambda a, b, c: _torch_reference(a, b, c, masks, scale), torch.float64)
+    low = grads(lambda a, b, c: _torch_reference(a, b, c, masks, scale), dtype)
+    fast = grads(lambda a, b, c: T.triton_sparse_attention(a, b, c, pattern, combine="multihead",
+                                                           **params), dtype)
+    for name, e, lo, f in zip(("out", "dq", "dk", "dv"), exact, low, fast):
+        err_ref = (lo - e).abs().max().item()
+        err_fast = (f - e).abs().max().item()
+        print(f"{dtype} {name}: err_fast {err_fast:.2e}  err_ref_lowprec {err_ref:.2e}")
+        assert err_fast <= 2 * err_ref + 1e-5, name
