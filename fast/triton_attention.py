@@ -7,9 +7,9 @@ section 4.3 and the head combinations of section 5.1 (eq. 5-8); FlashAttention-2
 block reads, in which slot order) come from ``fast.layout.block_layout``.
 
 A layout has one or more disjoint *parts* whose union is exactly
-``reference.patterns.head_masks``.  Each part is run by the forward kernel into
-its own (out, lse) in position space and the parts are merged exactly through
-their log-sum-exp:
+``reference.patterns.head_masks``.  The forward kernel runs the parts one after
+another into one (out, lse) in position space, merging them exactly through
+their log-sum-exp as it goes (``merge`` below is the same formula in torch):
 
     lse = logsumexp_p(lse_p),   out = sum_p exp(lse_p - lse) * out_p
 
@@ -199,10 +199,10 @@ def _meta(q: torch.Tensor) -> dict:
     )
 
 
-def _merge(outs: list[torch.Tensor], lses: list[torch.Tensor]):
-    """Exact log-sum-exp merge of the parts (float32). Empty rows -> 0, -inf."""
-    if len(outs) == 1:
-        return outs[0], lses[0]
+def merge(outs: list[torch.Tensor], lses: list[torch.Tensor]):
+    """The exact log-sum-exp merge of parts, in torch (float32; empty rows -> 0, -inf):
+    lse = logsumexp_p(lse_p), out = sum_p exp(lse_p - lse) out_p. The forward kernel
+    does the same merge in place (ACCUMULATE); this is its readable twin (tests)."""
     lse_all = torch.stack(lses)                                      # (P, B, H, n)
     lse = torch.logsumexp(lse_all, dim=0)                            # (B, H, n)
     safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
@@ -211,14 +211,21 @@ def _merge(outs: list[torch.Tensor], lses: list[torch.Tensor]):
     return out, lse
 
 
-def forward(q, k, v, parts: list[DevicePart], scale: float, block: int):
-    """Merged (out, lse), both float32: out (B, H, n, d), lse (B, H, n), natural log."""
+def forward(q, k, v, parts: list[DevicePart], scale: float, block: int, separate=False):
+    """Merged (out, lse), both float32: out (B, H, n, d), lse (B, H, n), natural log.
+
+    With ``separate=True`` returns the per-part lists ([out_p], [lse_p]) unmerged."""
     B, H, n, d = q.shape
     meta = _meta(q)
+    out = lse = None
     outs, lses = [], []
     for part in parts:
-        out = torch.zeros(B, H, n, d, dtype=torch.float32, device=q.device)
-        lse = torch.full((B, H, n), float("-inf"), dtype=torch.float32, device=q.device)
+        if out is None or separate:
+            out = torch.zeros(B, H, n, d, dtype=torch.float32, device=q.device)
+            lse = torch.full((B, H, n), float("-inf"), dtype=torch.float32, device=q.device)
+            outs.append(out)
+            lses.append(lse)
+            first = True
         hl, mq = part.q_pos.shape
         nqb, maxk = part.kv_index.shape[1], part.kv_index.shape[2]
         if nqb > 0 and part.blocks > 0:
@@ -233,11 +240,15 @@ def forward(q, k, v, parts: list[DevicePart], scale: float, block: int):
                 part.token_masks,
                 H, hl, mq, part.k_pos.shape[1], nqb, maxk, d,
                 scale * K.LOG2E,
-                BLOCK=block, **meta,
+                BLOCK=block, ACCUMULATE=not first, **meta,
             )
-        outs.append(out)
-        lses.append(lse)
-    return _merge(outs, lses)
+            first = False
+    if separate:
+        return outs, lses
+    if out is None:  # no parts at all: nothing is read
+        out = torch.zeros(B, H, n, d, dtype=torch.float32, device=q.device)
+        lse = torch.full((B, H, n), float("-inf"), dtype=torch.float32, device=q.device)
+    return out, lse
 
 
 def backward(q, k, v, out, lse, grad_out, parts: list[DevicePart], scale: float, block: int):

@@ -28,6 +28,11 @@ Pseudocode of the forward program for query block ``qb`` of head ``(b, h)``::
         l = a l + rowsum(p);     acc = a acc + p v;   m = m'
     out = acc / l,  lse = (m + log2 l) ln 2           # natural log; rows with l=0: 0, -inf
 
+Parts are merged exactly through their log-sum-exp, inside the kernel: every
+part after the first is launched with ACCUMULATE and folds its (out, lse) into
+the rows already written (lse' = logaddexp(lse_prev, lse), out' = weighted sum),
+so no per-part buffers and no extra passes over memory are needed.
+
 The token mask of a partial block is always applied: the diagonal block is
 causal inside itself because the layout gives it a mask, never "a block sees
 all of itself".  ``lse`` is stored in NATURAL log units, like
@@ -94,6 +99,7 @@ def _fwd_kernel(
     qk_scale,                   # scale * log2(e)
     # meta-parameters
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    ACCUMULATE: tl.constexpr,   # merge into the (out, lse) already there (every part but the first)
 ):
     qb = tl.program_id(0)
     bh = tl.program_id(1)
@@ -140,8 +146,23 @@ def _fwd_kernel(
     out = acc / l_safe[:, None]
     lse = tl.where(has, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     o_ptrs = Out + b * stride_ob + h * stride_oh + q_pos[:, None] * stride_on + offs_d[None, :]
-    tl.store(o_ptrs, out, mask=q_ok[:, None] & d_ok[None, :])
-    tl.store(Lse + b * stride_lb + h * stride_lh + q_pos, lse, mask=q_ok)
+    o_ok = q_ok[:, None] & d_ok[None, :]
+    l_ptrs = Lse + b * stride_lb + h * stride_lh + q_pos
+    if ACCUMULATE:
+        # exact merge with the parts already written (natural-log lse):
+        # lse' = logaddexp(lse_prev, lse), out' = e^(lse_prev - lse') out_prev + e^(lse - lse') out
+        lse_prev = tl.load(l_ptrs, mask=q_ok, other=float("-inf"))
+        out_prev = tl.load(o_ptrs, mask=o_ok, other=0.0)
+        top = tl.maximum(lse_prev, lse)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        w_prev = tl.exp(lse_prev - top)
+        w_new = tl.exp(lse - top)
+        total = w_prev + w_new                                      # 0 only for empty rows
+        t_safe = tl.where(total > 0.0, total, 1.0)
+        out = (out_prev * (w_prev / t_safe)[:, None]) + (out * (w_new / t_safe)[:, None])
+        lse = tl.where(total > 0.0, top + tl.log(t_safe), float("-inf"))
+    tl.store(o_ptrs, out, mask=o_ok)
+    tl.store(l_ptrs, lse, mask=q_ok)
 
 
 @triton.jit
