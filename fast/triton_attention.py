@@ -400,15 +400,18 @@ def _hashable(x):
 
 
 def cached_layout(pattern: str, n: int, n_heads: int, combine: str, layer: int,
-                  params: dict, block: int, device) -> tuple[list[DevicePart], object]:
-    """The layout's parts on ``device`` (built once, then cached), and the layout."""
+                  params: dict, block: int, device,
+                  order: str = "structured") -> tuple[list[DevicePart], object]:
+    """The layout's parts on ``device`` (built once, then cached), and the layout.
+    ``order="natural"`` (one part, natural token order) is for comparisons only."""
     key = (pattern, n, n_heads, combine, layer,
-           tuple(sorted((k, _hashable(v)) for k, v in params.items())), block, str(device))
+           tuple(sorted((k, _hashable(v)) for k, v in params.items())), block, str(device),
+           order)
     hit = _LAYOUTS.get(key)
     if hit is None:
         from fast.layout import block_layout
         lay = block_layout(pattern, n, n_heads=n_heads, combine=combine, layer=layer,
-                           block_size=block, order="structured", **params)
+                           block_size=block, order=order, **params)
         hit = ([device_part(p, block, device) for p in lay.parts], lay)
         _LAYOUTS[key] = hit
     return hit
@@ -420,7 +423,8 @@ def default_block(device) -> int:
 
 def triton_sparse_attention(q, k, v, pattern: str, *, stride=None, c=None,
                             combine: str = "merged", layer: int = 0, scale=None,
-                            block_size=None, **pattern_params) -> torch.Tensor:
+                            block_size=None, order: str = "structured",
+                            **pattern_params) -> torch.Tensor:
     """Sparse Transformer attention with the block-sparse Triton kernels.
 
     q, k, v: (B, H, n, d), any n, d <= 128, float32/float16/bfloat16 on CUDA (float32
@@ -430,6 +434,10 @@ def triton_sparse_attention(q, k, v, pattern: str, *, stride=None, c=None,
     or "interleaved" (sec. 5.1), ``layer`` picks the interleaved head. Head h of
     q reads exactly ``reference.patterns.head_masks(pattern, n, H, combine, layer)[h]``.
     Differentiable in q, k, v. Returns (B, H, n, d) in q's dtype.
+    block_size: tile size (power of two >= 16; default 64 on CUDA, 32 under the
+    interpreter). order: "structured" (default: strided columns transposed, fixed
+    summaries gathered, so every part is truly block-sparse) or "natural" (one
+    part in natural order, for comparison in the benchmark).
     """
     _check_qkv(q, k, v)
     _check_runnable(q)
@@ -442,5 +450,5 @@ def triton_sparse_attention(q, k, v, pattern: str, *, stride=None, c=None,
         params["stride"] = stride
     if c is not None:
         params["c"] = c
-    parts, _ = cached_layout(pattern, n, H, combine, layer, params, block, q.device)
+    parts, _ = cached_layout(pattern, n, H, combine, layer, params, block, q.device, order)
     return attention_with_parts(q, k, v, parts, scale=scale, block_size=block)
