@@ -155,9 +155,6 @@ def resolve_backend(backend, pattern: str, device: torch.device) -> str:
     if backend != "auto":
         return backend
     if pattern in ("full", "strided", "fixed"):
-        # Until fast/structured.py lands, strided and fixed fall back to "naive".
-        if pattern != "full" and importlib.util.find_spec("fast.structured") is None:
-            return "naive"
         return "structured"
     return "triton" if device.type == "cuda" and _triton_available() else "naive"
 

@@ -18,7 +18,7 @@ from fast import sparse_attention
 from reference import patterns
 from reference.attention import attend, attend_backward
 
-BACKENDS = ["naive", "auto"]
+BACKENDS = ["naive", "structured"]
 
 
 def _rand(B, H, n, d, seed, dtype=torch.float64):

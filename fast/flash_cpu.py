@@ -1,0 +1,96 @@
+"""Flash attention that also returns the log-sum-exp, forward and backward.
+
+Child et al., 2019, section 5.5 ("softmax is fused", "the upper triangle is
+never computed"): the structured path cuts a sparse pattern into a few dense
+pieces -- bands, transposed columns, gathered summaries -- and runs each piece
+through a fused attention kernel. To merge pieces exactly it needs each row's
+log-sum-exp, which the public ``scaled_dot_product_attention`` does not return.
+
+* CPU: ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` and its
+  ``_backward``, a PRIVATE operator. Written and tested against torch 2.13.0
+  (schema: (q, k, v, dropout_p, is_causal, *, attn_mask, scale) -> (out, lse)).
+  Facts relied on, checked in tests/test_fast_attention.py: inputs may be
+  strided views (stride-0 expands included); ``attn_mask`` is additive and of
+  q's dtype; ``is_causal`` is top-left aligned (query i reads keys j <= i);
+  ``lse`` is float32 for bfloat16/float16 inputs; a fully masked row gives
+  out 0 but lse 0 (not -inf), so callers set such rows' lse themselves.
+* Anywhere else (CUDA, or a torch without the operator): ``_math_forward`` /
+  ``_math_backward``, plain matmul + softmax over the same pieces. The pieces are
+  O(n sqrt(n)) in total, so this fallback keeps the memory bound; it is correct
+  but not fast (on CUDA the "triton" backend is the fast path).
+
+Both return/accept ``lse`` in float32 (float64 for float64 inputs), shaped like
+q without its last dimension. The backward recomputes P = exp(scale q k^T - lse):
+given the lse of a *merged* softmax (several pieces of one row), it returns
+exactly this piece's share of the merged gradient (``shared/perf-notes.md``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_OPS = torch.ops.aten
+HAS_CPU_FLASH = (hasattr(_OPS, "_scaled_dot_product_flash_attention_for_cpu")
+                 and hasattr(_OPS, "_scaled_dot_product_flash_attention_for_cpu_backward"))
+
+
+def _use_kernel(q: torch.Tensor) -> bool:
+    return HAS_CPU_FLASH and q.device.type == "cpu"
+
+
+def attention_forward(q, k, v, *, is_causal: bool = False, mask=None, scale: float):
+    """(out, lse) of softmax(scale q k^T + mask) v. q: (X, Y, L, d); k, v: (X, Y, S, d),
+    any strides; mask: additive, q's dtype, broadcastable to (X, Y, L, S), or None.
+    is_causal: query i reads keys j <= i (top-left aligned). Not both."""
+    if _use_kernel(q):
+        return _OPS._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
+    return _math_forward(q, k, v, is_causal, mask, scale)
+
+
+def attention_backward(grad_out, q, k, v, out, lse, *, is_causal: bool = False, mask=None,
+                       scale: float):
+    """(dq, dk, dv) given the (possibly merged) out and lse of every query row.
+    A row whose lse is +inf contributes nothing (use it for rows that read nothing)."""
+    if _use_kernel(q):
+        return _OPS._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, q, k, v, out, lse, 0.0, is_causal, attn_mask=mask, scale=scale)
+    return _math_backward(grad_out, q, k, v, out, lse, is_causal, mask, scale)
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _scores(q, k, is_causal, mask, scale):
+    acc = _acc_dtype(q.dtype)
+    s = scale * (q.to(acc) @ k.to(acc).transpose(-1, -2))              # (X, Y, L, S)
+    if mask is not None:
+        s = s + mask.to(acc)
+    if is_causal:
+        L, S = s.shape[-2:]
+        upper = torch.ones(L, S, dtype=torch.bool, device=q.device).triu(1)
+        s = s.masked_fill(upper, float("-inf"))
+    return s
+
+
+def _math_forward(q, k, v, is_causal, mask, scale):
+    s = _scores(q, k, is_causal, mask, scale)
+    lse = torch.logsumexp(s, dim=-1)                                    # (X, Y, L)
+    p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0.0)[..., None])
+    out = (p @ v.to(p.dtype)).to(q.dtype)
+    return out, lse.masked_fill(lse == float("-inf"), 0.0)  # the CPU kernel's convention
+
+
+def _math_backward(grad_out, q, k, v, out, lse, is_causal, mask, scale):
+    s = _scores(q, k, is_causal, mask, scale)
+    acc = s.dtype
+    p = torch.exp(s - lse.to(acc)[..., None])                           # (X, Y, L, S)
+    go = grad_out.to(acc)
+    dv = p.transpose(-1, -2) @ go
+    dp = go @ v.to(acc).transpose(-1, -2)
+    delta = (go * out.to(acc)).sum(-1, keepdim=True)
+    ds = p * (dp - delta)
+    dq = scale * (ds @ k.to(acc))
+    dk = scale * (ds.transpose(-1, -2) @ q.to(acc))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
