@@ -16,6 +16,7 @@ bytes do depend on the Python version (record it beside any number).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sysconfig
 import zipfile
@@ -32,9 +33,14 @@ def stdlib_bucket(relpath: str) -> str:
     return "train" if bucket < 90 else "val" if bucket < 95 else "test"
 
 
-def stdlib_files(root=None) -> list[tuple[str, Path]]:
+def stdlib_files(root=None) -> tuple[tuple[str, Path], ...]:
     """(relative POSIX path, path) of the stdlib's .py files, sorted by relative path."""
-    root = Path(root if root is not None else sysconfig.get_paths()["stdlib"])
+    return _listing(str(root if root is not None else sysconfig.get_paths()["stdlib"]))
+
+
+@functools.lru_cache(maxsize=4)
+def _listing(root: str) -> tuple[tuple[str, Path], ...]:
+    root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"standard-library folder {root} not found")
     files = []
@@ -43,7 +49,7 @@ def stdlib_files(root=None) -> list[tuple[str, Path]]:
         if {"site-packages", "dist-packages"} & set(rel.parts) or not path.is_file():
             continue
         files.append((rel.as_posix(), path))
-    return sorted(files)
+    return tuple(sorted(files))
 
 
 def stdlib(max_bytes: int | None = None, root=None) -> dict[str, np.ndarray]:

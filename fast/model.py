@@ -145,11 +145,12 @@ class Attention(nn.Module):
         n = q.shape[2]
         mask = masks_torch.head_masks(cfg.pattern, n, cfg.n_heads, cfg.combine, self.layer,
                                       device=q.device, **cfg.pattern_params())   # (H, n, n)
-        scores = (q.float() @ k.float().transpose(-1, -2)) * scale       # (B, H, n, n)
+        dtype = torch.promote_types(q.dtype, torch.float32)              # fp32 at least
+        scores = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) * scale   # (B, H, n, n)
         scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
         weights = torch.nan_to_num(weights, nan=0.0)                     # rows that read nothing
-        out = (weights @ v.float()).to(v.dtype)                          # (B, H, n, dh)
+        out = (weights @ v.to(dtype)).to(v.dtype)                        # (B, H, n, dh)
         return out, weights
 
 
@@ -193,7 +194,7 @@ class SparseTransformer(nn.Module):
     idx: LongTensor (B, n) with 1 <= n <= cfg.n_ctx and values in [0, vocab_size]
     (vocab_size is the start token). Returns logits (B, n, vocab_size); position
     i predicts the token that follows idx[:, :i+1]. With ``return_attention=True``
-    returns ``(logits, [weights per block])``, each (B, H, n, n) float32, from the
+    returns ``(logits, [weights per block])``, each (B, H, n, n) (float32, or float64 for a float64 model), from the
     explicit masked path (figures only; no recomputation there).
     """
 

@@ -1,0 +1,213 @@
+"""fast/data*.py: loaders on tiny files in the exact CIFAR-10 / enwik8 formats,
+the bundled photographs and stdlib text (deterministic splits), and batching."""
+
+import pickle
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from fast import data_images, data_text
+from fast.data import Dataset, load
+
+
+# ----------------------------------------------------------------------------
+# CIFAR-10: python pickle batches, dict b"data" uint8 (N, 3072), channel-major.
+# ----------------------------------------------------------------------------
+
+def _write_cifar(folder, per_batch=4):
+    rng = np.random.default_rng(0)
+    batches = {}
+    for name in data_images.CIFAR_TRAIN + [data_images.CIFAR_TEST]:
+        data = rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8)
+        with open(folder / name, "wb") as f:
+            pickle.dump({b"data": data, b"labels": [0] * per_batch}, f)
+        batches[name] = data
+    return batches
+
+
+def test_cifar10_tiny_files(tmp_path):
+    batches = _write_cifar(tmp_path)
+    ds = load("cifar10", path=tmp_path)
+    assert ds.kind == "image" and ds.image_shape == (32, 32, 3)
+    assert [len(ds.splits[s]) for s in ("train", "val", "test")] == [18, 2, 4]
+    # channel-major (1024 R, 1024 G, 1024 B) -> raster order, channels interleaved
+    raw = batches["test_batch"][1]
+    img = ds.splits["test"][1].reshape(32, 32, 3)
+    assert img[0, 0, 0] == raw[0] and img[0, 0, 1] == raw[1024] and img[0, 0, 2] == raw[2048]
+    assert img[2, 5, 1] == raw[1024 + 2 * 32 + 5]
+    assert np.array_equal(ds.splits["val"], batches["data_batch_5"][2:].reshape(
+        -1, 3, 32, 32).transpose(0, 2, 3, 1).reshape(-1, 3072))
+
+
+def test_cifar10_missing_and_malformed(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load("cifar10", path=tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="data_path"):
+        load("cifar10")
+    _write_cifar(tmp_path)
+    (tmp_path / "data_batch_3").unlink()
+    with pytest.raises(FileNotFoundError, match="data_batch_3"):
+        load("cifar10", path=tmp_path)
+    with open(tmp_path / "data_batch_3", "wb") as f:
+        pickle.dump({b"data": np.zeros((2, 3000), np.uint8)}, f)
+    with pytest.raises(ValueError, match=r"\(N, 3072\)"):
+        load("cifar10", path=tmp_path)
+    with open(tmp_path / "data_batch_3", "wb") as f:
+        pickle.dump({b"labels": [1]}, f)
+    with pytest.raises(ValueError, match="b'data'"):
+        load("cifar10", path=tmp_path)
+    (tmp_path / "data_batch_3").write_bytes(b"not a pickle")
+    with pytest.raises(ValueError, match="not a CIFAR-10"):
+        load("cifar10", path=tmp_path)
+
+
+# ----------------------------------------------------------------------------
+# enwik8: zip holding "enwik8", or the raw file; consecutive 90M/5M/5M split.
+# ----------------------------------------------------------------------------
+
+def test_enwik8_zip_and_raw(tmp_path):
+    payload = bytes(range(256)) * 2                       # 512 bytes
+    raw = tmp_path / "enwik8"
+    raw.write_bytes(payload)
+    zipped = tmp_path / "enwik8.zip"
+    with zipfile.ZipFile(zipped, "w") as z:
+        z.writestr("enwik8", payload)
+    for path in (raw, zipped):
+        ds = load("enwik8", path=path, enwik8_sizes=(400, 50, 60))
+        assert ds.kind == "text"
+        assert bytes(ds.splits["train"]) == payload[:400]
+        assert bytes(ds.splits["val"]) == payload[400:450]
+        assert bytes(ds.splits["test"]) == payload[450:510]
+    capped = load("enwik8", path=raw, enwik8_sizes=(400, 50, 60), max_bytes=30)
+    assert bytes(capped.splits["val"]) == payload[400:430]
+
+
+def test_enwik8_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load("enwik8", path=tmp_path / "enwik8")
+    short = tmp_path / "short"
+    short.write_bytes(b"x" * 100)
+    with pytest.raises(ValueError, match="fewer than the split sizes"):
+        load("enwik8", path=short)                          # default 90M/5M/5M
+    bad_zip = tmp_path / "bad.zip"
+    with zipfile.ZipFile(bad_zip, "w") as z:
+        z.writestr("other", b"x" * 100)
+    with pytest.raises(ValueError, match="member named 'enwik8'"):
+        load("enwik8", path=bad_zip, enwik8_sizes=(10, 10, 10))
+
+
+# ----------------------------------------------------------------------------
+# Python's standard library, split by file.
+# ----------------------------------------------------------------------------
+
+def test_stdlib_split_by_file_hash(tmp_path):
+    names = [f"pkg/mod{i}.py" for i in range(40)]
+    for name in names:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(f"# {name}\n".encode())
+    (tmp_path / "site-packages").mkdir()
+    (tmp_path / "site-packages" / "x.py").write_bytes(b"# excluded\n")
+    splits = data_text.stdlib(root=tmp_path)
+    for split, stream in splits.items():
+        expect = b"".join(f"# {n}\n".encode() for n in sorted(names)
+                          if data_text.stdlib_bucket(n) == split)
+        assert bytes(stream) == expect
+    assert b"excluded" not in b"".join(bytes(s) for s in splits.values())
+
+
+def test_real_stdlib_is_deterministic_and_capped():
+    a = load("stdlib", max_bytes=20_000)
+    b = load("stdlib", max_bytes=20_000)
+    for split in ("train", "val", "test"):
+        assert len(a.splits[split]) == 20_000
+        assert np.array_equal(a.splits[split], b.splits[split])
+    first = next(p for rel, p in data_text.stdlib_files() if data_text.stdlib_bucket(rel) == "val")
+    head = first.read_bytes()[:100]
+    assert bytes(a.splits["val"][:len(head)]) == head
+
+
+# ----------------------------------------------------------------------------
+# Photographs bundled with scikit-image / scikit-learn, digits.
+# ----------------------------------------------------------------------------
+
+def test_tiles_and_grey():
+    img = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)
+    t = data_images.tiles(img, 2)                          # 2 x 3 tiles, row by row
+    assert t.shape == (6, 2, 2, 3)
+    assert np.array_equal(t[4], img[2:4, 2:4])
+    crop = np.full((1, 32, 32, 3), (10, 200, 30), dtype=np.uint8)
+    grey = data_images.to_grey16(crop)
+    assert grey.shape == (1, 16, 16, 1)
+    assert np.all(grey == round(0.299 * 10 + 0.587 * 200 + 0.114 * 30))
+
+
+def test_photos_split_by_source_and_deterministic():
+    a = load("grey16")
+    b = load("grey16")
+    for split in ("train", "val", "test"):
+        assert np.array_equal(a.splits[split], b.splits[split])
+    assert a.splits["train"].shape[1] == 256 and a.image_shape == (16, 16, 1)
+    coffee = data_images.load_photo("skimage:coffee.png")
+    expect = data_images.tiles(coffee, 32)
+    assert a.splits["val"].shape[0] == len(expect)
+    assert np.array_equal(a.splits["val"][0], data_images.to_grey16(expect[:1]).reshape(-1))
+    colour = load("photos32")
+    assert np.array_equal(colour.splits["val"][3], expect[3].reshape(-1))
+
+
+def test_digits():
+    ds = load("digits")
+    assert ds.vocab_size == 17 and ds.image_shape == (8, 8, 1)
+    assert [len(ds.splits[s]) for s in ("train", "val", "test")] == [1437, 180, 180]
+    assert ds.splits["train"].max() == 16
+
+
+def test_npy_images(tmp_path):
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "train.npy", rng.integers(0, 256, (5, 4, 4, 3), dtype=np.uint8))
+    np.save(tmp_path / "val.npy", rng.integers(0, 256, (2, 4, 4, 3), dtype=np.uint8))
+    ds = load("npy_images", path=tmp_path, image_shape=(4, 4, 3))
+    assert ds.splits["train"].shape == (5, 48) and "test" not in ds.splits
+    with pytest.raises(ValueError, match="expects"):
+        load("npy_images", path=tmp_path, image_shape=(8, 8, 3))
+    np.save(tmp_path / "val.npy", np.zeros((2, 4, 4, 3), np.float32))
+    with pytest.raises(ValueError, match="uint8"):
+        load("npy_images", path=tmp_path, image_shape=(4, 4, 3))
+
+
+def test_unknown_dataset():
+    with pytest.raises(ValueError, match="dataset must be one of"):
+        load("mnist")
+
+
+# ----------------------------------------------------------------------------
+# Batching.
+# ----------------------------------------------------------------------------
+
+def test_text_batches_are_shifted_windows():
+    stream = np.arange(100, dtype=np.uint8)
+    ds = Dataset("toy", "text", 256, {"train": stream, "val": stream[:25]})
+    x, y = ds.batch("train", 4, 10, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (4, 10) and x.dtype == torch.long
+    assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(y[:, 0] - x[:, 0], torch.ones(4, dtype=torch.long))
+    x2, _ = ds.batch("train", 4, 10, torch.Generator().manual_seed(0))
+    assert torch.equal(x, x2)
+    evals = list(ds.eval_batches("val", 1, 10))
+    assert len(evals) == 2 and evals[1][0][0, 0] == 10    # consecutive, non-overlapping
+    with pytest.raises(ValueError, match="too few"):
+        ds.batch("val", 1, 30, torch.Generator())
+    with pytest.raises(ValueError, match="split must be one of"):
+        ds.batch("test", 1, 5, torch.Generator())
+
+
+def test_image_batches_start_token():
+    images = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    ds = Dataset("toy", "image", 17, {"train": images}, (2, 2, 1))
+    x, y = ds.batch("train", 5, 4, torch.Generator().manual_seed(0))
+    assert torch.all(x[:, 0] == 17) and torch.equal(x[:, 1:], y[:, :-1])
+    assert all(any(torch.equal(row, torch.from_numpy(im).long()) for im in images) for row in y)
+    assert sum(len(b[0]) for b in ds.eval_batches("train", 2, 4)) == 3
+    with pytest.raises(ValueError, match="n_ctx must"):
+        ds.batch("train", 1, 5, torch.Generator())
