@@ -199,6 +199,28 @@ def _meta(q: torch.Tensor) -> dict:
     )
 
 
+_STAGES: dict = {}  # (kernel, BLOCK, BLOCK_D, dtype, device) -> pipeline stages that fit
+
+
+def _launch(kernel, grid, args, block: int, meta: dict, dtype, device, **extra) -> None:
+    """Launch with 4 warps (8 for d > 64) and 2 pipeline stages; where the GPU's
+    shared memory is too small for that (float32, d = 128 on a consumer card),
+    retry once with 1 stage and remember it. The interpreter ignores both."""
+    key = (id(kernel), block, meta["BLOCK_D"], dtype, str(device))
+    warps = 4 if meta["BLOCK_D"] <= 64 else 8
+    stages = _STAGES.get(key, 2)
+    while True:
+        try:
+            kernel[grid](*args, BLOCK=block, num_warps=warps, num_stages=stages, **meta, **extra)
+        except triton.runtime.errors.OutOfResources:
+            if stages == 1:
+                raise
+            stages = 1
+            continue
+        _STAGES[key] = stages
+        return
+
+
 def merge(outs: list[torch.Tensor], lses: list[torch.Tensor]):
     """The exact log-sum-exp merge of parts, in torch (float32; empty rows -> 0, -inf):
     lse = logsumexp_p(lse_p), out = sum_p exp(lse_p - lse) out_p. The forward kernel
@@ -229,7 +251,7 @@ def forward(q, k, v, parts: list[DevicePart], scale: float, block: int, separate
         hl, mq = part.q_pos.shape
         nqb, maxk = part.kv_index.shape[1], part.kv_index.shape[2]
         if nqb > 0 and part.blocks > 0:
-            K._fwd_kernel[(nqb, B * H)](
+            _launch(K._fwd_kernel, (nqb, B * H), (
                 q, k, v, out, lse,
                 q.stride(0), q.stride(1), q.stride(2),
                 k.stride(0), k.stride(1), k.stride(2),
@@ -240,8 +262,7 @@ def forward(q, k, v, parts: list[DevicePart], scale: float, block: int, separate
                 part.token_masks,
                 H, hl, mq, part.k_pos.shape[1], nqb, maxk, d,
                 scale * K.LOG2E,
-                BLOCK=block, ACCUMULATE=not first, **meta,
-            )
+            ), block, meta, q.dtype, q.device, ACCUMULATE=not first)
             first = False
     if separate:
         return outs, lses
@@ -254,6 +275,8 @@ def forward(q, k, v, parts: list[DevicePart], scale: float, block: int, separate
 def backward(q, k, v, out, lse, grad_out, parts: list[DevicePart], scale: float, block: int):
     """(dq, dk, dv) in float32 from the merged out and lse (FlashAttention-2 backward)."""
     B, H, n, d = q.shape
+    if k.stride() != v.stride():
+        raise ValueError(f"k and v must share strides, got {k.stride()} and {v.stride()}")
     meta = _meta(q)
     do = grad_out.to(q.dtype).contiguous()
     delta = (grad_out.float() * out).sum(-1).contiguous()           # (B, H, n)
@@ -274,20 +297,18 @@ def backward(q, k, v, out, lse, grad_out, parts: list[DevicePart], scale: float,
         mk = part.k_pos.shape[1]
         nqb, maxk = part.kv_index.shape[1], part.kv_index.shape[2]
         nkb, maxq = part.q_index.shape[1], part.q_index.shape[2]
-        K._dq_kernel[(nqb, B * H)](
+        _launch(K._dq_kernel, (nqb, B * H), (
             q, k, v, do, lse, delta, dq, *common,
             part.q_pos, part.k_pos, part.kv_count, part.kv_index, part.kv_mask,
             part.token_masks,
             H, hl, n, mq, mk, nqb, maxk, d, scale * K.LOG2E, scale,
-            BLOCK=block, **meta,
-        )
-        K._dkdv_kernel[(nkb, B * H)](
+        ), block, meta, q.dtype, q.device)
+        _launch(K._dkdv_kernel, (nkb, B * H), (
             q, k, v, do, lse, delta, dk, dv, *common,
             part.q_pos, part.k_pos, part.q_count, part.q_index, part.q_mask,
             part.token_masks,
             H, hl, n, mq, mk, nkb, maxq, d, scale * K.LOG2E, scale,
-            BLOCK=block, **meta,
-        )
+        ), block, meta, q.dtype, q.device)
     return dq, dk, dv
 
 
@@ -297,9 +318,10 @@ class BlockSparseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, parts, scale, block):
         out, lse = forward(q, k, v, parts, scale, block)
+        out = out.to(q.dtype)  # saved as returned: delta = rowsum(dO * O) as in FlashAttention-2
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.parts, ctx.scale, ctx.block = parts, scale, block
-        return out.to(q.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):

@@ -103,8 +103,9 @@ def _fwd_kernel(
 ):
     qb = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
+    b = (bh // H).to(tl.int64)           # 64-bit offsets: B*H*n*d may pass 2^31
     h = bh % H
+    h64 = h.to(tl.int64)
     hl = h % HL                                  # a layout with HL == 1 serves every head
     offs_m = tl.arange(0, BLOCK)
     offs_n = tl.arange(0, BLOCK)
@@ -113,7 +114,10 @@ def _fwd_kernel(
 
     q_pos = tl.load(QPos + hl * Mq + qb * BLOCK + offs_m)            # (BLOCK,)
     q_ok = q_pos >= 0
-    q = _slot_rows(Q, b * stride_qb + h * stride_qh, q_pos, offs_d, stride_qn, q_ok, d_ok)
+    q_base = b * stride_qb + h64 * stride_qh
+    k_base = b * stride_kb + h64 * stride_kh
+    v_base = b * stride_vb + h64 * stride_vh
+    q = _slot_rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
 
     m_i = tl.full([BLOCK], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK], tl.float32)
@@ -126,8 +130,8 @@ def _fwd_kernel(
         mid = tl.load(KvMask + lut + t)
         k_pos = tl.load(KPos + hl * Mk + kb * BLOCK + offs_n)        # (BLOCK,)
         k_ok = k_pos >= 0
-        k = _slot_rows(K, b * stride_kb + h * stride_kh, k_pos, offs_d, stride_kn, k_ok, d_ok)
-        v = _slot_rows(V, b * stride_vb + h * stride_vh, k_pos, offs_d, stride_vn, k_ok, d_ok)
+        k = _slot_rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
+        v = _slot_rows(V, v_base, k_pos, offs_d, stride_vn, k_ok, d_ok)
 
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale   # (BLOCK, BLOCK)
         allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
@@ -145,9 +149,10 @@ def _fwd_kernel(
     l_safe = tl.where(has, l_i, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(has, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    o_ptrs = Out + b * stride_ob + h * stride_oh + q_pos[:, None] * stride_on + offs_d[None, :]
+    o_base = b * stride_ob + h64 * stride_oh
+    o_ptrs = Out + o_base + q_pos[:, None] * stride_on + offs_d[None, :]
     o_ok = q_ok[:, None] & d_ok[None, :]
-    l_ptrs = Lse + b * stride_lb + h * stride_lh + q_pos
+    l_ptrs = Lse + b * stride_lb + h64 * stride_lh + q_pos
     if ACCUMULATE:
         # exact merge with the parts already written (natural-log lse):
         # lse' = logaddexp(lse_prev, lse), out' = e^(lse_prev - lse') out_prev + e^(lse - lse') out
@@ -193,8 +198,9 @@ def _dq_kernel(
 ):
     qb = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
+    b = (bh // H).to(tl.int64)           # 64-bit offsets: B*H*n*d may pass 2^31
     h = bh % H
+    h64 = h.to(tl.int64)
     hl = h % HL
     offs_m = tl.arange(0, BLOCK)
     offs_n = tl.arange(0, BLOCK)
@@ -203,8 +209,11 @@ def _dq_kernel(
 
     q_pos = tl.load(QPos + hl * Mq + qb * BLOCK + offs_m)
     q_ok = q_pos >= 0
-    q = _slot_rows(Q, b * stride_qb + h * stride_qh, q_pos, offs_d, stride_qn, q_ok, d_ok)
-    do = _slot_rows(DO, b * stride_ob + h * stride_oh, q_pos, offs_d, stride_on, q_ok, d_ok)
+    q_base = b * stride_qb + h64 * stride_qh
+    k_base = b * stride_kb + h64 * stride_kh          # v shares k's strides
+    o_base = b * stride_ob + h64 * stride_oh
+    q = _slot_rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
+    do = _slot_rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
     lse2, delta = _row_stats(Lse, Delta, bh * N, q_pos, q_ok)
 
     dq = tl.zeros([BLOCK, BLOCK_D], tl.float32)
@@ -215,8 +224,8 @@ def _dq_kernel(
         mid = tl.load(KvMask + lut + t)
         k_pos = tl.load(KPos + hl * Mk + kb * BLOCK + offs_n)
         k_ok = k_pos >= 0
-        k = _slot_rows(K, b * stride_kb + h * stride_kh, k_pos, offs_d, stride_kn, k_ok, d_ok)
-        v = _slot_rows(V, b * stride_kb + h * stride_kh, k_pos, offs_d, stride_kn, k_ok, d_ok)
+        k = _slot_rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
+        v = _slot_rows(V, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
 
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
@@ -225,7 +234,7 @@ def _dq_kernel(
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
 
-    g_ptrs = DQ + b * stride_gb + h * stride_gh + q_pos[:, None] * stride_gn + offs_d[None, :]
+    g_ptrs = DQ + b * stride_gb + h64 * stride_gh + q_pos[:, None] * stride_gn + offs_d[None, :]
     g_ok = q_ok[:, None] & d_ok[None, :]
     prev = tl.load(g_ptrs, mask=g_ok, other=0.0)
     tl.store(g_ptrs, prev + dq * scale, mask=g_ok)
@@ -252,8 +261,9 @@ def _dkdv_kernel(
 ):
     kb = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
+    b = (bh // H).to(tl.int64)           # 64-bit offsets: B*H*n*d may pass 2^31
     h = bh % H
+    h64 = h.to(tl.int64)
     hl = h % HL
     offs_m = tl.arange(0, BLOCK)
     offs_n = tl.arange(0, BLOCK)
@@ -262,8 +272,11 @@ def _dkdv_kernel(
 
     k_pos = tl.load(KPos + hl * Mk + kb * BLOCK + offs_n)
     k_ok = k_pos >= 0
-    k = _slot_rows(K, b * stride_kb + h * stride_kh, k_pos, offs_d, stride_kn, k_ok, d_ok)
-    v = _slot_rows(V, b * stride_kb + h * stride_kh, k_pos, offs_d, stride_kn, k_ok, d_ok)
+    q_base = b * stride_qb + h64 * stride_qh
+    k_base = b * stride_kb + h64 * stride_kh          # v shares k's strides
+    o_base = b * stride_ob + h64 * stride_oh
+    k = _slot_rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
+    v = _slot_rows(V, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
 
     dk = tl.zeros([BLOCK, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK, BLOCK_D], tl.float32)
@@ -274,8 +287,8 @@ def _dkdv_kernel(
         mid = tl.load(QMask + lut + t)
         q_pos = tl.load(QPos + hl * Mq + qb * BLOCK + offs_m)
         q_ok = q_pos >= 0
-        q = _slot_rows(Q, b * stride_qb + h * stride_qh, q_pos, offs_d, stride_qn, q_ok, d_ok)
-        do = _slot_rows(DO, b * stride_ob + h * stride_oh, q_pos, offs_d, stride_on, q_ok, d_ok)
+        q = _slot_rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
+        do = _slot_rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
         lse2, delta = _row_stats(Lse, Delta, bh * N, q_pos, q_ok)
 
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale   # (BLOCK_q, BLOCK_k)
@@ -287,7 +300,7 @@ def _dkdv_kernel(
         dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
 
     g_ok = k_ok[:, None] & d_ok[None, :]
-    off = b * stride_gb + h * stride_gh + k_pos[:, None] * stride_gn + offs_d[None, :]
+    off = b * stride_gb + h64 * stride_gh + k_pos[:, None] * stride_gn + offs_d[None, :]
     prev_k = tl.load(DK + off, mask=g_ok, other=0.0)
     tl.store(DK + off, prev_k + dk * scale, mask=g_ok)
     prev_v = tl.load(DV + off, mask=g_ok, other=0.0)
