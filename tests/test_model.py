@@ -12,6 +12,16 @@ from fast.config import PRESETS, ModelConfig, preset
 from fast.model import SparseTransformer, gelu
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One intra-op thread: on this shared 2-core machine two OpenMP threads
+    contend with other processes and run tiny models ~40x slower. Restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny(**kw) -> ModelConfig:
     base = dict(vocab_size=13, n_ctx=19, d_model=24, n_heads=2, n_layers=2,
                 pattern="strided", stride=5, embedding="text")

@@ -10,6 +10,16 @@ from fast.model import SparseTransformer
 from reference import model as ref_model
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One intra-op thread: on this shared 2-core machine two OpenMP threads
+    contend with other processes and run tiny models ~40x slower. Restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _compare(cfg, seed=0, batch=2):
     torch.manual_seed(seed)
     model = SparseTransformer(cfg).double().eval()
