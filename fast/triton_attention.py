@@ -101,6 +101,14 @@ def device_part(part, block: int, device) -> DevicePart:
     tm = tm.reshape(-1, block, block).to(device=device, dtype=torch.int8)
     if tm.shape[0] == 0:
         tm = torch.zeros(1, block, block, dtype=torch.int8, device=device)
+    for field in ("q_pos", "k_pos"):
+        # kernels of one part add into rows by position: each position may own one slot
+        pos = torch.as_tensor(np.asarray(getattr(part, field)) if not torch.is_tensor(
+            getattr(part, field)) else getattr(part, field)).cpu()
+        srt = pos.sort(dim=1).values
+        if ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any():
+            raise ValueError(f"layout part {getattr(part, 'name', '?')!r}: {field} holds a "
+                             "position twice in one head; every position may own one slot")
     kv_count = _int32(part.kv_count, device)
     return DevicePart(
         name=str(getattr(part, "name", "part")),
@@ -192,11 +200,16 @@ def parts_from_masks(masks, block: int, names=None) -> list[MaskPart]:
 
 def _meta(q: torch.Tensor) -> dict:
     d = q.shape[-1]
-    return dict(
-        BLOCK_D=max(16, triton.next_power_of_2(d)),
-        # float32 stays float32 (no TF32: it would weaken the fp32 ground truth)
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-    )
+    if q.dtype != torch.float32:
+        precision = "tf32"        # ignored for float16 / bfloat16 operands
+    elif q.device.type == "cpu":
+        precision = "ieee"        # the interpreter: plain float32 NumPy matmuls
+    else:
+        # float32 on a GPU: never plain TF32 (it would weaken the fp32 ground truth);
+        # "tf32x3" (three TF32 products) keeps float32 accuracy on tensor cores, where
+        # "ieee" compiles to an FMA loop that spills (Triton 3.9, sm_80 / sm_90).
+        precision = "tf32x3"
+    return dict(BLOCK_D=max(16, triton.next_power_of_2(d)), PRECISION=precision)
 
 
 _STAGES: dict = {}  # (kernel, BLOCK, BLOCK_D, dtype, device) -> pipeline stages that fit

@@ -166,6 +166,25 @@ def test_layout_is_cached_and_results_are_deterministic():
     assert torch.equal(a, b)
 
 
+@needs_runner
+def test_bench_contenders_and_ideal_speedup():
+    from fast.bench_triton import contenders, ideal_speedup
+    params = dict(stride=8, combine="multihead")
+    fns = contenders("strided", params, torch.float32, block_size=BLOCK)
+    assert set(fns) == {"triton block-sparse", "triton natural order"}
+    q, k, v, _ = make_inputs(1, 2, 48, 16)
+    masks = ref_masks("strided", 48, 2, "multihead", 0, stride=8)
+    ref_out, _ = A.attend(*(t.double().cpu().numpy() for t in (q, k, v)), masks[None])
+    for fn in fns.values():
+        np.testing.assert_allclose(fn(q, k, v).cpu().numpy(), ref_out, atol=2e-5)
+    # dense causal work / layout work: 1 for full; the transposed column order beats natural
+    assert ideal_speedup("full", 200, 1, {}, block_size=BLOCK) == 1.0
+    structured = ideal_speedup("strided", 1024, 2, params, block_size=BLOCK)
+    natural = ideal_speedup("strided", 1024, 2, params, block_size=BLOCK, order="natural")
+    print(f"strided l=8 n=1024 block 16: ideal speedup {structured:.2f} (natural {natural:.2f})")
+    assert structured > natural >= 1.0
+
+
 # ----------------------------------------------------------------------------
 # Errors
 # ----------------------------------------------------------------------------
@@ -183,6 +202,13 @@ def test_bad_inputs_raise_value_error():
         T.triton_sparse_attention(big, big, big, "full")
     with pytest.raises(ValueError, match="block_size"):
         T.triton_sparse_attention(q, q, q, "full", block_size=24)
+
+
+def test_part_with_a_position_twice_is_rejected():
+    part = T.parts_from_masks([P.head_masks("full", 20, 1)], BLOCK)[0]
+    part.q_pos[0, 1] = 0
+    with pytest.raises(ValueError, match="twice"):
+        T.device_part(part, BLOCK, "cpu")
 
 
 def test_cpu_without_interpreter_says_what_to_do(monkeypatch):
