@@ -42,7 +42,7 @@ PATTERNS = ("full", "strided", "fixed", "longformer", "bigbird")
 ORDERS = ("structured", "natural")
 
 
-@dataclass
+@dataclass(repr=False)
 class LayoutPart:
     """One part of a layout: a token order and its non-empty tiles.
 
@@ -64,6 +64,12 @@ class LayoutPart:
     def n_blocks_computed(self) -> int:
         """Tiles computed, summed over heads."""
         return int(self.kv_count.sum())
+
+    def __repr__(self) -> str:
+        nh, mq = self.q_pos.shape
+        return (f"LayoutPart({self.name!r}, H={nh}, B={self.block_size}, slots q/k="
+                f"{mq}/{self.k_pos.shape[1]}, tiles={self.n_blocks_computed}, "
+                f"partial masks={self.token_masks.shape[0]})")
 
     def allowed_pairs(self) -> torch.Tensor:
         """Allowed (query, key) pairs per head: int64 (H,)."""
@@ -93,7 +99,7 @@ class LayoutPart:
         return out
 
 
-@dataclass
+@dataclass(repr=False)
 class BlockLayout:
     """A pattern as disjoint block-sparse parts (see the module docstring)."""
     n: int
@@ -124,6 +130,12 @@ class BlockLayout:
         """Allowed (i, j) pairs (averaged over heads) / n (n + 1) / 2."""
         pairs = sum(int(p.allowed_pairs().sum()) for p in self.parts)
         return pairs / self.n_heads / (self.n * (self.n + 1) / 2)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{p.name}: {p.n_blocks_computed} tiles" for p in self.parts)
+        return (f"BlockLayout({self.pattern!r}, n={self.n}, H={self.n_heads}, "
+                f"B={self.block_size}, params={self.params}, parts=[{parts}], "
+                f"density={self.density:.4f}, causal_density={self.causal_density:.4f})")
 
     def to_dense(self) -> torch.Tensor:
         """bool (H, n, n): union of the parts at their positions. Tests only (small n)."""

@@ -12,6 +12,8 @@ import time
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fast.layout import BlockLayout, block_layout
 from reference import patterns as ref
@@ -138,6 +140,42 @@ def test_neighbour_patterns_match_reference(pattern, n, n_heads, block, params, 
         natural = torch.where(slots < n, slots, -1)
         assert any(p.q_pos.shape[1] == natural.shape[0] and bool((p.q_pos == natural).all())
                    for p in layout.parts), "no natural-order part"
+
+
+@st.composite
+def any_layout_case(draw):
+    """Any pattern with small random parameters, n, heads, block, combine, layer, order."""
+    pattern = draw(st.sampled_from(["full", "strided", "fixed", "longformer", "bigbird"]))
+    n = draw(st.integers(1, 70))
+    if pattern == "strided":
+        params = dict(stride=draw(st.integers(1, 20)))
+    elif pattern == "fixed":
+        stride = draw(st.integers(1, 20))
+        params = dict(stride=stride, c=draw(st.sampled_from(
+            [d for d in range(1, stride + 1) if stride % d == 0])))
+    elif pattern == "longformer":
+        params = dict(window=draw(st.integers(1, 9)), dilation=draw(st.integers(1, 6)),
+                      global_tokens=tuple(draw(st.sets(st.integers(0, n - 1), max_size=3))))
+    elif pattern == "bigbird":
+        params = dict(window=draw(st.integers(1, 9)), n_random=draw(st.integers(0, 4)),
+                      n_global=draw(st.integers(0, min(n, 3))), seed=draw(st.integers(0, 9)))
+    else:
+        params = {}
+    return (pattern, n, draw(st.integers(1, 5)), draw(st.sampled_from([1, 3, 4, 8, 16, 32])),
+            draw(st.sampled_from(ref.COMBINES)), draw(st.integers(0, 3)),
+            draw(st.sampled_from(["structured", "natural"])), params)
+
+
+@given(any_layout_case())
+def test_random_cases_match_reference(case):
+    pattern, n, n_heads, block, combine, layer, order, params = case
+    layout = block_layout(pattern, n, n_heads, combine, layer, block_size=block, order=order,
+                          **params)
+    if pattern in ref.PATTERNS:
+        want = ref.head_masks(pattern, n, n_heads, combine, layer, **params)
+    else:
+        want = neighbour_mask(pattern, n, n_heads, params)
+    check_layout(layout, want, order)
 
 
 def test_structured_strided_order_and_block_counts():
