@@ -164,6 +164,12 @@ def test_layout_is_cached_and_results_are_deterministic():
     b = T.triton_sparse_attention(q, k, v, "fixed", **args)
     assert len(T._LAYOUTS) == n_cached
     assert torch.equal(a, b)
+    grads = []
+    for _ in range(2):  # no atomics: the backward is bitwise repeatable too
+        qg = q.clone().requires_grad_(True)
+        T.triton_sparse_attention(qg, k, v, "fixed", **args).sum().backward()
+        grads.append(qg.grad)
+    assert torch.equal(*grads)
 
 
 @needs_runner
