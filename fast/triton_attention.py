@@ -24,7 +24,6 @@ imported (NumPy interpreter: float32 only, slow, for tests).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,45 +76,39 @@ class DevicePart:
 
 
 def _int32(x, device) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x).to(
-        device=device, dtype=torch.int32).contiguous()
+    return torch.as_tensor(x).to(device=device, dtype=torch.int32).contiguous()
+
+
+def _table(index, mask, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index, mask) as int32 (H, R, MAXK); an empty table (MAXK = 0) gets one unused column."""
+    index, mask = _int32(index, device), _int32(mask, device)
+    if index.shape[-1] == 0:
+        index = torch.zeros(*index.shape[:-1], 1, dtype=torch.int32, device=device)
+        mask = torch.full_like(index, -1)
+    return index, mask
 
 
 def device_part(part, block: int, device) -> DevicePart:
     """Copy a ``LayoutPart`` (or anything with its fields) to ``device`` as int32."""
-    kv_index, q_index = _int32(part.kv_index, device), _int32(part.q_index, device)
-    hl = kv_index.shape[0]
-    # empty tables may come with a last dimension of 0: give the kernels one column
-    if kv_index.shape[-1] == 0:
-        kv_index = torch.zeros(*kv_index.shape[:-1], 1, dtype=torch.int32, device=device)
-    if q_index.shape[-1] == 0:
-        q_index = torch.zeros(*q_index.shape[:-1], 1, dtype=torch.int32, device=device)
-    kv_mask = _int32(part.kv_mask, device).reshape(hl, kv_index.shape[1], -1)
-    q_mask = _int32(part.q_mask, device).reshape(hl, q_index.shape[1], -1)
-    if kv_mask.shape[-1] == 0:
-        kv_mask = torch.full_like(kv_index, -1)
-    if q_mask.shape[-1] == 0:
-        q_mask = torch.full_like(q_index, -1)
-    tm = torch.as_tensor(np.asarray(part.token_masks) if not torch.is_tensor(part.token_masks)
-                         else part.token_masks)
-    tm = tm.reshape(-1, block, block).to(device=device, dtype=torch.int8)
-    if tm.shape[0] == 0:
-        tm = torch.zeros(1, block, block, dtype=torch.int8, device=device)
     for field in ("q_pos", "k_pos"):
         # kernels of one part add into rows by position: each position may own one slot
-        pos = torch.as_tensor(np.asarray(getattr(part, field)) if not torch.is_tensor(
-            getattr(part, field)) else getattr(part, field)).cpu()
-        srt = pos.sort(dim=1).values
+        srt = torch.as_tensor(getattr(part, field)).cpu().sort(dim=1).values
         if ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any():
             raise ValueError(f"layout part {getattr(part, 'name', '?')!r}: {field} holds a "
                              "position twice in one head; every position may own one slot")
+    kv_index, kv_mask = _table(part.kv_index, part.kv_mask, device)
+    q_index, q_mask = _table(part.q_index, part.q_mask, device)
+    tm = torch.as_tensor(part.token_masks).reshape(-1, block, block)
+    tm = tm.to(device=device, dtype=torch.int8).contiguous()
+    if tm.shape[0] == 0:
+        tm = torch.zeros(1, block, block, dtype=torch.int8, device=device)
     kv_count = _int32(part.kv_count, device)
     return DevicePart(
         name=str(getattr(part, "name", "part")),
         q_pos=_int32(part.q_pos, device), k_pos=_int32(part.k_pos, device),
         kv_count=kv_count, kv_index=kv_index, kv_mask=kv_mask,
         q_count=_int32(part.q_count, device), q_index=q_index, q_mask=q_mask,
-        token_masks=tm.contiguous(), blocks=int(kv_count.sum().item()),
+        token_masks=tm, blocks=int(kv_count.sum().item()),
     )
 
 
