@@ -20,6 +20,7 @@ on this project's (CPU-only) machine.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 import torch
@@ -66,8 +67,15 @@ def contenders(pattern: str, params: dict, dtype: torch.dtype,
 def layout_blocks(pattern: str, n: int, n_heads: int, params: dict,
                   block_size: int = DEFAULT_BLOCK, order: str = "structured") -> float:
     """Tiles computed by the layout's parts, averaged over heads."""
+    key = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple, range)) else v)
+                       for k, v in params.items()))
+    return _layout_blocks(pattern, n, n_heads, key, block_size, order)
+
+
+@functools.lru_cache(maxsize=None)
+def _layout_blocks(pattern, n, n_heads, params_key, block_size, order) -> float:
     from fast.layout import block_layout
-    sp = _params(pattern, params)
+    sp = _params(pattern, dict(params_key))
     lay = block_layout(pattern, n, n_heads=n_heads, combine=sp["combine"], layer=sp["layer"],
                        block_size=block_size, order=order, **sp["params"])
     return sum(int(p.kv_count.sum()) for p in lay.parts) / n_heads

@@ -275,4 +275,5 @@ def test_gpu_low_precision_flash_rule(dtype, pattern, params):
         err_ref = (lo - e).abs().max().item()
         err_fast = (f - e).abs().max().item()
         print(f"{dtype} {name}: err_fast {err_fast:.2e}  err_ref_lowprec {err_ref:.2e}")
-        assert err_fast <= 2 * err_ref + 1e-5, name
+        floor = 1e-4 if dtype == torch.float32 else 1e-5  # float32 runs as tf32x3 on a GPU
+        assert err_fast <= 2 * err_ref + floor, name
