@@ -11,9 +11,10 @@ dense kernel's speed would reach it. ``python -m fast.bench --device cuda`` (the
 PyTorch engineer's script, with dense SDPA and FlexAttention peers) takes its
 Triton contenders from ``contenders`` and reports measured / ideal speedup.
 
-Standalone: ``python -m fast.bench_triton`` prints forward and forward+backward
-times of the Triton kernel against dense causal SDPA on CUDA (fp16), with the
-TFLOP/s of the pairs actually computed. It needs a CUDA GPU; it has not been run
+Standalone: ``python -m fast.bench_triton [--json out.json]`` prints forward and
+forward+backward times of the Triton kernel against dense causal SDPA on CUDA
+(fp16), the measured speedup as a % of the structured layout's ideal, and the
+TFLOP/s of the tiles each contender actually computes. It needs a CUDA GPU; it has not been run
 on this project's (CPU-only) machine.
 """
 
@@ -89,10 +90,11 @@ def ideal_speedup(pattern: str, n: int, n_heads: int, params: dict,
 
 
 def flops(pattern: str, B: int, n: int, n_heads: int, d: int, params: dict,
-          block_size: int = DEFAULT_BLOCK, backward: bool = False) -> float:
+          block_size: int = DEFAULT_BLOCK, backward: bool = False,
+          order: str = "structured") -> float:
     """FLOPs of the computed tiles: 2 matmuls of 2 B^2 d each per tile forward
     (q k^T and p v), 5 backward (recomputed q k^T, dO v^T, p^T dO, ds k, ds^T q)."""
-    tiles = layout_blocks(pattern, n, n_heads, params, block_size) * n_heads * B
+    tiles = layout_blocks(pattern, n, n_heads, params, block_size, order) * n_heads * B
     per_tile = 2 * 2 * block_size * block_size * d
     return tiles * per_tile * (1 + 2.5 if backward else 1)
 
@@ -137,8 +139,9 @@ def main(argv=None) -> int:
                 ideal = ideal_speedup(pattern, n, args.heads, params)
                 for name, fn in contenders(pattern, params, dtype).items():
                     ms = _time(lambda: fn(q, k, v), bwd)
+                    order = "natural" if "natural" in name else "structured"
                     tflops = flops(pattern, 1, n, args.heads, args.d, params,
-                                   backward=bwd) / ms / 1e9
+                                   backward=bwd, order=order) / ms / 1e9
                     row = dict(n=n, pattern=pattern, params={k_: str(v_) for k_, v_ in
                                                              params.items()},
                                contender=name, backward=bwd, ms=ms, dense_ms=dense,
