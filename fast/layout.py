@@ -192,7 +192,7 @@ def block_layout(pattern: str, n: int, n_heads: int = 1, combine: str = "merged"
     uniq, inverse = torch.unique(table, dim=0, return_inverse=True)
     plans = build(n, block_size, order, uniq, params)
     parts = [_expand(LayoutPart(**build_part(p.name, p.q_pos, p.k_pos, block_size, p.cand,
-                                             p.rule, p.tile_key)), inverse)
+                                             p.rule, p.tile_key, p.pairs)), inverse)
              for p in plans]
     return BlockLayout(n, n_heads, block_size, pattern, params, parts)
 
@@ -318,14 +318,16 @@ def _neighbour(n, block, order, table, params, glob, keys):
         cands = [lp.band_natural_candidates(n, block, nh, window, dilation)]
         if glob.numel():
             cands += lp.global_natural_candidates(n, block, nh, glob)
+        pairs = None
         if keys is not None:
-            rules.append(lp.random_rule(keys))
             cands.append(lp.random_natural_candidates(block, nh, keys))
-        return [lp.natural(n, block, nh, rules, cands, False, None)]
+            pairs = lp.per_head_pairs(*lp.random_pairs(keys), nh)
+        return [lp.natural(n, block, nh, rules, cands, False, None, pairs)]
     plans = [lp.band("window", n, block, dilation, torch.zeros(nh, dtype=torch.long),
                      torch.full((nh,), window), torch.ones(nh, dtype=torch.bool))]
     if glob.numel():
-        plans += [lp.global_keys(n, block, nh, glob, is_global, in_window),
+        reach = (window - 1) * dilation + 1  # the window reads only i - j < reach
+        plans += [lp.global_keys(n, block, nh, glob, is_global, in_window, reach),
                   lp.global_queries(n, block, nh, glob, is_global, in_window)]
     if keys is not None:
         plans.append(lp.bigbird_random(n, block, nh, keys, is_global, in_window))

@@ -32,6 +32,7 @@ class Plan(NamedTuple):
     cand: tuple           # (h, qb, kb, full), each (P,)
     rule: Rule
     tile_key: TileKey | None
+    pairs: tuple | None = None  # (h, i, j): explicit allowed pairs OR-ed into the rule
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -207,9 +208,9 @@ def window_rule(window: int, dilation: int) -> Rule:
 
 
 def global_keys(n: int, block: int, n_heads: int, glob: torch.Tensor, is_global: torch.Tensor,
-                in_window: Rule) -> Plan:
+                in_window: Rule, reach: int) -> Plan:
     """Every query (natural order) reads the gathered global tokens g <= i that
-    its window does not already read."""
+    its window does not already read (the window reads only i - j < reach)."""
     q_pos = natural_slots(n, block, n_heads)
     k_pos = gathered_slots([glob] * n_heads, block)
     h, qb = _grid(torch.ones(n_heads, dtype=torch.bool), q_pos.shape[1] // block)
@@ -217,8 +218,7 @@ def global_keys(n: int, block: int, n_heads: int, glob: torch.Tensor, is_global:
     n_keys = torch.searchsorted(glob, q_hi, right=True)
     h, qb, kb = expand_ranges(h, qb, torch.zeros_like(h), _fdiv(n_keys + block - 1, block) - 1)
     k_last = _block_last(k_pos, block)[h, kb]
-    window_reach = _reach(in_window, n)
-    full = qb * block - k_last >= window_reach  # every pair causal and outside the window
+    full = qb * block - k_last >= reach  # every pair causal and outside the window
 
     def rule(h, i, j):
         return (j <= i) & is_global[j] & ~in_window(h, i, j)
@@ -241,41 +241,42 @@ def global_queries(n: int, block: int, n_heads: int, glob: torch.Tensor, is_glob
     return Plan("global_queries", q_pos, k_pos, (h, qb, kb, full), rule, None)
 
 
-def random_rule(keys: torch.Tensor) -> Rule:
-    """j is one of the random keys of row i (keys: (n, n_random), -1 padded)."""
-    def rule(h, i, j):
-        return (keys[i.squeeze(-1)][:, :, None, :] == j[..., None]).any(-1)  # (P, B, B)
-    return rule
-
-
 def bigbird_random(n: int, block: int, n_heads: int, keys: torch.Tensor,
                    is_global: torch.Tensor, in_window: Rule) -> Plan:
     """BigBird's random keys not already read by the window or a global token;
-    natural order; candidate tiles are the blocks of the (n, n_random) table."""
+    natural order. Its pairs are the (n, n_random) table itself: they are
+    scattered into their tiles (the rule alone allows nothing)."""
     pos = natural_slots(n, block, n_heads)
-    h, qb, kb = random_natural_candidates(block, n_heads, keys)
-    is_random = random_rule(keys)
+    i, j = random_pairs(keys)
+    keep = ~in_window(torch.zeros_like(i), i, j) & ~is_global[i] & ~is_global[j]
+    i, j = i[keep], j[keep]
+    pairs = _block_pairs(i, j, block)
+    h = torch.arange(n_heads).repeat_interleave(pairs.shape[0])
+    cand = (h, pairs[:, 0].repeat(n_heads), pairs[:, 1].repeat(n_heads),
+            torch.zeros_like(h, dtype=torch.bool))
 
-    def rule(h, i, j):
-        return (is_random(h, i, j) & ~in_window(h, i, j) & ~is_global[i] & ~is_global[j])
-    return Plan("random", pos, pos, (h, qb, kb, torch.zeros_like(h, dtype=torch.bool)),
-                rule, None)
+    def nothing(h, i, j):
+        return torch.zeros((), dtype=torch.bool).expand(torch.broadcast_shapes(i.shape, j.shape))
+    return Plan("random", pos, pos, cand, nothing, None, per_head_pairs(i, j, n_heads))
 
 
-def _random_block_pairs(keys: torch.Tensor, block: int) -> torch.Tensor:
-    """Distinct (query block, key block) pairs of the random-key table: (P, 2)."""
+def random_pairs(keys: torch.Tensor):
+    """The (i, j) pairs of the random-key table keys (n, n_random), -1 padded."""
     rows = torch.arange(keys.shape[0])[:, None].expand_as(keys)
     ok = keys >= 0
-    pairs = torch.stack([rows[ok] // block, keys[ok] // block], 1)
+    return rows[ok], keys[ok]
+
+
+def per_head_pairs(i: torch.Tensor, j: torch.Tensor, n_heads: int):
+    """(h, i, j) for every head."""
+    h = torch.arange(n_heads).repeat_interleave(i.shape[0])
+    return h, i.repeat(n_heads), j.repeat(n_heads)
+
+
+def _block_pairs(i: torch.Tensor, j: torch.Tensor, block: int) -> torch.Tensor:
+    """Distinct (query block, key block) pairs holding the pairs (i, j): (P, 2)."""
+    pairs = torch.stack([i // block, j // block], 1)
     return torch.unique(pairs, dim=0) if pairs.numel() else pairs.view(0, 2)
-
-
-def _reach(in_window: Rule, n: int) -> int:
-    """Smallest i - j >= 0 beyond which the window reads nothing (its back reach)."""
-    back = torch.arange(n + 1)
-    hits = in_window(torch.zeros(1, dtype=torch.long), back, torch.zeros_like(back))
-    idx = torch.nonzero(hits).squeeze(1)
-    return int(idx.max()) + 1 if idx.numel() else 0
 
 
 # ----------------------------------------------------------------------------
@@ -284,9 +285,10 @@ def _reach(in_window: Rule, n: int) -> int:
 # ----------------------------------------------------------------------------
 
 def natural(n: int, block: int, n_heads: int, rules: list[Rule], cand_lists: list,
-            full_below_diagonal: bool, tile_key: TileKey | None) -> Plan:
-    """The union of ``rules`` on natural-order tiles. ``cand_lists``: (h, qb, kb)
-    candidate triples, deduplicated here; None means every causal tile."""
+            full_below_diagonal: bool, tile_key: TileKey | None, pairs=None) -> Plan:
+    """The union of ``rules`` (and explicit ``pairs`` (h, i, j)) on natural-order
+    tiles. ``cand_lists``: (h, qb, kb) candidate triples, deduplicated here; None
+    means every causal tile."""
     pos = natural_slots(n, block, n_heads)
     n_b = pos.shape[1] // block
     if cand_lists is None:
@@ -303,7 +305,7 @@ def natural(n: int, block: int, n_heads: int, rules: list[Rule], cand_lists: lis
         for r in rules[1:]:
             out = out | r(h, i, j)
         return out
-    return Plan("natural", pos, pos, (h, qb, kb, full), rule, tile_key)
+    return Plan("natural", pos, pos, (h, qb, kb, full), rule, tile_key, pairs)
 
 
 def band_natural_candidates(n: int, block: int, n_heads: int, window: int, dilation: int):
@@ -326,6 +328,6 @@ def global_natural_candidates(n: int, block: int, n_heads: int, glob: torch.Tens
 
 
 def random_natural_candidates(block: int, n_heads: int, keys: torch.Tensor):
-    pairs = _random_block_pairs(keys, block)
+    pairs = _block_pairs(*random_pairs(keys), block)
     h = torch.arange(n_heads).repeat_interleave(pairs.shape[0])
     return h, pairs[:, 0].repeat(n_heads), pairs[:, 1].repeat(n_heads)

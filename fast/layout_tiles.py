@@ -61,8 +61,29 @@ def _unpack(packed: torch.Tensor, block: int) -> torch.Tensor:
     return bits[:, : block * block].bool().reshape(-1, block, block)
 
 
-def _evaluate(q_pos, k_pos, block, rule, h, qb, kb):
-    """Exact masks of the tiles (h, qb, kb), P of them, in chunks.
+def _slot_of(pos: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of a slot order: (H, n) slot holding each position (-1 if none)."""
+    out = torch.full((pos.shape[0], n), -1, dtype=torch.long)
+    h, s = torch.nonzero(pos >= 0, as_tuple=True)
+    out[h, pos[h, s]] = s
+    return out
+
+
+def _scatter_pairs(tile, hs, qs, ks, pairs, n_qb, n_kb, block):
+    """OR the explicit pairs (h, q slot, k slot) that fall in the chunk's tiles into ``tile``."""
+    ph, pq, pk = pairs
+    chunk_ids = (hs * n_qb + qs) * n_kb + ks
+    order = torch.argsort(chunk_ids)
+    ids = (ph * n_qb + pq // block) * n_kb + pk // block
+    at = torch.searchsorted(chunk_ids[order], ids).clamp(max=order.shape[0] - 1)
+    hit = chunk_ids[order][at] == ids
+    t = order[at[hit]]
+    tile[t, pq[hit] % block, pk[hit] % block] = True
+
+
+def _evaluate(q_pos, k_pos, block, rule, h, qb, kb, pairs=None):
+    """Exact masks of the tiles (h, qb, kb), P of them, in chunks; ``pairs``:
+    optional explicit allowed (h, q slot, k slot) OR-ed in.
 
     Returns any (P,), all (P,) and bit-packed masks (P, W)."""
     n_heads = q_pos.shape[0]
@@ -75,6 +96,9 @@ def _evaluate(q_pos, k_pos, block, rule, h, qb, kb):
         qp = qt[hs, qs][:, :, None]  # (P, B, 1)
         kp = kt[hs, ks][:, None, :]  # (P, 1, B)
         tile = rule(hs[:, None, None], qp.clamp(min=0), kp.clamp(min=0))  # (P, B, B)
+        tile = tile.expand(hs.shape[0], block, block).clone()
+        if pairs is not None and pairs[0].numel():
+            _scatter_pairs(tile, hs, qs, ks, pairs, qt.shape[1], kt.shape[1], block)
         tile = tile & (qp >= 0) & (kp >= 0)  # padding slots never allowed
         flat = tile.view(tile.shape[0], -1)
         anys.append(flat.any(1))
@@ -110,12 +134,18 @@ def tables(h, row, col, midx, n_heads, n_rows):
 
 def build_part(name: str, q_pos: torch.Tensor, k_pos: torch.Tensor, block: int,
                cand: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-               rule: Rule, tile_key: TileKey | None = None) -> dict:
+               rule: Rule, tile_key: TileKey | None = None, pairs=None) -> dict:
     """Evaluate a part's candidate tiles; return the fields of a ``LayoutPart``.
 
     cand = (h, qb, kb, full): candidate tiles (P,) and whether the closed form says
     every pair of the tile is allowed (trusted only when no slot of it is padding).
+    pairs = (h, i, j): explicit allowed positions OR-ed into the rule (BigBird's
+    random keys: a small (n, n_random) table, cheaper scattered than compared).
     """
+    if pairs is not None:
+        n_pos = int(max(int(q_pos.max()), int(k_pos.max()))) + 1
+        ph, pi, pj = pairs
+        pairs = (ph, _slot_of(q_pos, n_pos)[ph, pi], _slot_of(k_pos, n_pos)[ph, pj])
     n_heads = q_pos.shape[0]
     qvalid = (q_pos >= 0).view(n_heads, -1, block)  # (H, NQB, B)
     kvalid = (k_pos >= 0).view(n_heads, -1, block)  # (H, NKB, B)
@@ -138,7 +168,7 @@ def build_part(name: str, q_pos: torch.Tensor, k_pos: torch.Tensor, block: int,
     unkeyed = torch.nonzero(~keyed).squeeze(1)
     evaluate = torch.cat([first, unkeyed])  # indices into maybe
     e = maybe[evaluate]
-    t_any, t_all, t_pack = _evaluate(q_pos, k_pos, block, rule, h[e], qb[e], kb[e])
+    t_any, t_all, t_pack = _evaluate(q_pos, k_pos, block, rule, h[e], qb[e], kb[e], pairs)
     # Map results back to every maybe tile: keyed tiles share their representative's.
     src = torch.empty_like(maybe)
     src[torch.nonzero(keyed).squeeze(1)] = inv
