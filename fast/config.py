@@ -176,15 +176,16 @@ PRESETS: dict[str, tuple[ModelConfig, TrainConfig]] = {
         ModelConfig(vocab_size=256, n_ctx=256, d_model=128, n_heads=4, n_layers=4,
                     pattern="strided", combine="merged", stride=16,
                     embedding="image", image_shape=(16, 16, 1)),
-        TrainConfig(dataset="grey16", batch_size=16, max_iters=300, lr=1e-3, warmup_iters=30,
-                    precision="fp32", out_dir="runs/quick"),
+        TrainConfig(dataset="grey16", batch_size=8, max_iters=300, lr=1e-3, warmup_iters=30,
+                    eval_batches=4, precision="fp32", out_dir="runs/quick"),
     ),
     # The bytes of Python's standard library, fixed pattern (text, sec. 4.3).
     "quick_text": (
         ModelConfig(vocab_size=256, n_ctx=256, d_model=128, n_heads=4, n_layers=4,
                     pattern="fixed", combine="merged", stride=16, c=4, embedding="text"),
-        TrainConfig(dataset="stdlib", data_max_bytes=4_000_000, batch_size=16, max_iters=300,
-                    lr=1e-3, warmup_iters=30, precision="fp32", out_dir="runs/quick_text"),
+        TrainConfig(dataset="stdlib", data_max_bytes=4_000_000, batch_size=8, max_iters=300,
+                    lr=1e-3, warmup_iters=30, eval_batches=4, precision="fp32",
+                    out_dir="runs/quick_text"),
     ),
     # scikit-learn digits: 8x8 images, 17 grey levels (values 0..16).
     "digits": (

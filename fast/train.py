@@ -22,6 +22,10 @@ optimiser, scheduler, loss scaler, RNG states and step, so ``resume=True``
 continues to the same weights as an uninterrupted run. Under torchrun every rank
 draws its own batches (batch_size is split across ranks); only rank 0 writes
 checkpoints and shows progress.
+
+On a shared CPU, ``OMP_NUM_THREADS=1`` can be many times faster than letting
+two intra-op threads contend with other processes (measured on the project's
+2-core machine under load: 1.4 s vs 6.3 s per step of the "quick" preset at batch 16).
 """
 
 from __future__ import annotations
@@ -146,6 +150,8 @@ def _init_distributed(device: torch.device) -> tuple[int, int, bool]:
         return 0, 1, False
     created = False
     if not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         created = True
     return dist.get_rank(), dist.get_world_size(), created

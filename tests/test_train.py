@@ -149,3 +149,17 @@ def test_command_lines_train_then_sample(tmp_path):
     with pytest.raises(ValueError, match="is not a readable checkpoint"):
         (tmp_path / "junk.pt").write_bytes(b"junk")
         load_checkpoint(tmp_path / "junk.pt")
+
+
+def test_text_sampling_continues_a_prompt():
+    m, _ = preset("quick_text", d_model=16, n_heads=2, n_layers=1, n_ctx=24, stride=8, c=2)
+    torch.manual_seed(0)
+    from fast.model import SparseTransformer
+    model = SparseTransformer(m)
+    prompt = torch.tensor(list(b"def "))
+    out = sampling.sample(model, 2, length=12, prompt=prompt,
+                          generator=torch.Generator().manual_seed(1))
+    assert out.shape == (2, 12) and torch.equal(out[:, :4], prompt.expand(2, 4))
+    assert model.training and not model.blocks[0].attn.qk_fp32     # state restored
+    with pytest.raises(ValueError, match="length must be"):
+        sampling.sample(model, 1, length=25)
