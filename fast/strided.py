@@ -14,8 +14,10 @@ i = r l + s sit at row r, column s of that grid (n padded up to N = M l).
   (the diagonal j = i already belongs to the local band), which is what the
   merged head needs so that no position is counted twice.
 
-Each piece returns (start_row, out, lse) chunks in natural row order, and adds
-its share of the gradient given the merged out and lse (see ``fast.flash_cpu``).
+Each piece returns (start_row, out, lse) chunks -- out (G, R, d) in natural row
+order, or (G, R1, R2, d) with R1 R2 consecutive rows blocked as the kernel left
+them -- and adds its share of the gradient given the merged out and lse (see
+``fast.flash_cpu``).
 Tensors are (G, N, d), G = batch x heads, contiguous.
 """
 
@@ -88,7 +90,7 @@ class LocalBand:
             o, lse = attention_forward(qb, _windows(k, l, C), _windows(v, l, C),
                                        mask=band_mask(C, l, q.dtype, q.device),
                                        scale=self.scale)                # (G, nc, C, d)
-            chunks.append((l, o.flatten(1, 2), lse.flatten(1, 2)))
+            chunks.append((l, o, lse))   # rows blocked (nc, C): no copy to natural order
         return chunks
 
     def backward(self, q, k, v, go, out, lse, dq, dk, dv):

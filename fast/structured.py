@@ -11,10 +11,11 @@ Plan: the heads of a layer fall into groups that read the same pieces
   strided  merged        all                           LocalBand + Column(strict)
   strided  multihead     even / odd                    LocalBand / Column
   strided  interleaved   all (layer even / odd)        LocalBand / Column
-  fixed    merged        h mod (l/c) = k               BlockCausal + SummaryEarlier(k)
-  fixed    multihead     even / odd with rank k        BlockCausal / SummaryEarlier(k) + SummaryOwn(k)
-  fixed    interleaved   all (even) / h mod (l/c) = k  BlockCausal / SummaryEarlier(k) + SummaryOwn(k)
+  fixed    merged        all                           BlockCausal + SummaryEarlier
+  fixed    multihead     even / odd                    BlockCausal / SummaryEarlier + SummaryOwn
+  fixed    interleaved   all (layer even / odd)        BlockCausal / SummaryEarlier + SummaryOwn
 
+(each fixed summary piece gathers every head's own sub-block, ``summary_rank``).
 The pieces of a group cover disjoint key sets, so their outputs merge exactly
 through the log-sum-exp (``fast.merge``). The backward saves only q, k, v, the
 merged out and the merged lse, and runs each piece's flash backward with the
@@ -31,13 +32,15 @@ path, which is no bigger than one block.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-from fast.fixed import BlockCausal, SummaryEarlier, SummaryOwn
+from fast.fixed import BlockCausal, Summary
 from fast.merge import merge_into
 from fast.strided import Column, LocalBand
-from reference.patterns import summary_range
+from reference.patterns import summary_range, summary_rank
 
 
 def _lse_dtype(dtype):
@@ -56,36 +59,50 @@ def plan(pattern: str, combine: str, layer: int, n_heads: int, scale: float, str
             return [(slice(0, n_heads, 2), first), (slice(1, n_heads, 2), second)]
         return [(slice(0, n_heads), first if layer % 2 == 0 else second)]
     # fixed: the r-th summary-reading head reads sub-block r mod (l / c)
-    g = l // c if l % c == 0 else 1
-    lo = lambda k: summary_range(l, c, k)[0]
-    alone = lambda k: [SummaryEarlier(l, c, lo(k), scale), SummaryOwn(l, c, lo(k), scale)]
+    lo = lambda h: summary_range(l, c, summary_rank(h, combine))[0]
+    los = lambda sl: [lo(h) for h in range(n_heads)[sl]]
+    everyone, even, odd = slice(0, n_heads), slice(0, n_heads, 2), slice(1, n_heads, 2)
     if combine == "merged":
-        return [(slice(k, n_heads, g), [BlockCausal(l, scale), SummaryEarlier(l, c, lo(k), scale)])
-                for k in range(g)]
+        return [(everyone, [BlockCausal(l, scale), Summary(l, c, los(everyone), scale, own=False)])]
     if combine == "multihead":
-        return [(slice(0, n_heads, 2), [BlockCausal(l, scale)])] + [
-            (slice(2 * k + 1, n_heads, 2 * g), alone(k)) for k in range(g)]
+        return [(even, [BlockCausal(l, scale)]), (odd, [Summary(l, c, los(odd), scale, own=True)])]
     if layer % 2 == 0:
-        return [(slice(0, n_heads), [BlockCausal(l, scale)])]
-    return [(slice(k, n_heads, g), alone(k)) for k in range(g)]
+        return [(everyone, [BlockCausal(l, scale)])]
+    return [(everyone, [Summary(l, c, los(everyone), scale, own=True)])]
 
 
 def _combine(chunk_lists, out, lse) -> None:
     """Write the pieces' chunks into out (G, N, d) and lse (G, N): rows covered by
-    one chunk are copied, rows covered by two are merged through the lse."""
+    one chunk are copied, rows covered by several are merged through the lse.
+    A chunk (start, o, m) holds rows [start, start + R) either in natural order,
+    o (G, R, d), or in a blocked view o (G, R1, ..., d) whose row index is
+    mixed-radix over (R1, ...) (as the kernel left it, no copy). A segment is
+    handled in the shape of its most blocked chunk; the others are viewed so."""
     N = out.shape[1]
-    chunks = [ch for chs in chunk_lists for ch in chs]
-    cuts = sorted({0, N} | {s for s, _, _ in chunks} | {s + o.shape[1] for s, o, _ in chunks})
+    chunks = [(s, o, m) for chs in chunk_lists for s, o, m in chs]
+    rows_of = lambda m: m.numel() // m.shape[0]
+    cuts = sorted({0, N} | {s for s, _, _ in chunks} | {s + rows_of(m) for s, _, m in chunks})
+
+    def rows(t, lo, hi, shape, tail):
+        """Rows [lo, hi) of t (G, R1, ..., *tail), shaped (G, *shape[1:], *tail)."""
+        inner = math.prod(t.shape[2:t.dim() - tail])       # rows per step of dim 1
+        t = t[:, lo // inner:hi // inner]
+        return t.reshape(*shape, *t.shape[t.dim() - tail:]) if shape else t
+
     for a, b in zip(cuts[:-1], cuts[1:]):
-        here = [(o[:, a - s:b - s], m[:, a - s:b - s]) for s, o, m in chunks
-                if s <= a and b <= s + o.shape[1]]
-        if len(here) == 1:
-            out[:, a:b].copy_(here[0][0])
-            lse[:, a:b].copy_(here[0][1])
-        elif len(here) == 2:
-            merge_into(out[:, a:b], lse[:, a:b], *here[0], *here[1])
-        else:
-            raise AssertionError(f"rows [{a}, {b}) covered by {len(here)} pieces")
+        here = [(s, o, m) for s, o, m in chunks if s <= a and b <= s + rows_of(m)]
+        ref_s, _, ref_m = max(here, key=lambda ch: ch[2].dim())
+        shape = rows(ref_m, a - ref_s, b - ref_s, None, 0).shape if ref_m.dim() > 2 else None
+        pieces = [(rows(o, a - s, b - s, shape, 1), rows(m, a - s, b - s, shape, 0))
+                  for s, o, m in here]
+        dst_o, dst_m = rows(out, a, b, shape, 1), rows(lse, a, b, shape, 0)
+        if len(pieces) == 1:
+            dst_o.copy_(pieces[0][0])
+            dst_m.copy_(pieces[0][1])
+            continue
+        merge_into(dst_o, dst_m, *pieces[0], *pieces[1])
+        for o, m in pieces[2:]:
+            merge_into(dst_o, dst_m, dst_o, dst_m, o, m)
 
 
 def _group(t: torch.Tensor, heads: slice) -> torch.Tensor:
