@@ -182,3 +182,14 @@ def test_bf16_autocast_and_qk_fp32():
         model.set_qk_fp32(False)
     assert torch.isfinite(low).all() and torch.isfinite(mixed).all()
     assert (low - ref).abs().max() < 0.1 and (mixed - ref).abs().max() < 0.1
+
+
+@pytest.mark.parametrize("name, millions", [("cifar10", 59), ("enwik8", 95), ("imagenet64", 152)])
+def test_paper_presets_have_table1_parameter_counts(name, millions):
+    """Table 1: 59M (CIFAR-10), 95M (Enwik8), 152M (ImageNet 64x64); built on the meta device."""
+    m, _ = preset(name)
+    with torch.device("meta"):
+        model = SparseTransformer(m)
+    got = model.num_params() / 1e6
+    print(name, got)
+    assert abs(got / millions - 1) < 0.02
