@@ -5,9 +5,10 @@ and continue to the same weights. A checkpoint is one ``torch.save`` dict:
 
     model, optimizer, scheduler, scaler   -- state_dicts (scaler None when unused)
     rng                                   -- global RNG states (fast.seed.rng_state)
-    step                                  -- optimiser steps done; also the data
-                                             position (batches are a function of
-                                             (seed, step, rank), fast.seed)
+    step                                  -- optimiser steps done
+    data_position                         -- {step, seed, world_size}: batches are a
+                                             function of (seed, step, rank) (fast.seed),
+                                             so this is where the data stream resumes
     model_cfg, train_cfg                  -- the dataclasses as plain dicts
     history                               -- the run's log so far
 

@@ -250,6 +250,7 @@ def _train(model_cfg, train_cfg, progress, dataset, device, precision, rank, wor
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": seeding.rng_state(), "step": step,
+            "data_position": {"step": step, "seed": train_cfg.seed, "world_size": world},
             "model_cfg": ckpt.as_dict(model_cfg), "train_cfg": ckpt.as_dict(train_cfg),
             "history": {"train": history, "evals": evals}})
 

@@ -91,6 +91,22 @@ def test_bf16_autocast_on_cpu_runs(tmp_path, digits):
     assert next(out["model"].parameters()).dtype == torch.float32     # fp32 master weights
 
 
+def test_fp16_loss_scaling_resumes_exactly(tmp_path, digits):
+    """fp16 autocast + GradScaler (the CUDA recipe; CPU autocast supports it too):
+    the scaler's state is checkpointed and a resumed run matches an uninterrupted one."""
+    m, t = tiny_digits(tmp_path, precision="fp16", max_iters=4)
+    full = training.train(m, dataclasses.replace(t, out_dir=str(tmp_path / "a")),
+                          progress=False, dataset=digits)
+    part = dataclasses.replace(t, out_dir=str(tmp_path / "b"))
+    first = training.train(m, dataclasses.replace(part, stop_iter=2), progress=False,
+                           dataset=digits)
+    assert load_checkpoint(first["checkpoint"])["scaler"]["scale"] > 1
+    resumed = training.train(m, dataclasses.replace(part, resume=True), progress=False,
+                             dataset=digits)
+    a, b = full["model"].state_dict(), resumed["model"].state_dict()
+    assert full["precision"] == "fp16" and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
