@@ -24,6 +24,7 @@ then a 2x2 mean, rounded).
 
 from __future__ import annotations
 
+import functools
 import pickle
 from pathlib import Path
 
@@ -78,10 +79,15 @@ def to_grey16(crops: np.ndarray) -> np.ndarray:
 
 def photos32() -> dict[str, np.ndarray]:
     """32x32x3 crops of the bundled photographs, flattened: uint8 (N, 3072) per split."""
+    return {split: x.copy() for split, x in _photos32_cached().items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _photos32_cached() -> dict[str, np.ndarray]:
     out = {}
     for split, sources in PHOTO_SPLITS.items():
         crops = np.concatenate([tiles(load_photo(s), 32) for s in sources])
-        out[split] = crops.reshape(len(crops), -1)
+        out[split] = crops.reshape(len(crops), -1)                       # (N, 3072)
     return out
 
 
@@ -173,10 +179,5 @@ def npy_images(path, image_shape=None) -> dict[str, np.ndarray]:
     return out
 
 
-def image_shape_of(name: str) -> tuple[int, int, int] | None:
-    return {"photos32": (32, 32, 3), "grey16": (16, 16, 1), "digits": (8, 8, 1),
-            "cifar10": (32, 32, 3)}.get(name)
-
-
 __all__ = ["photos32", "grey16", "digits", "cifar10", "npy_images", "load_photo", "tiles",
-           "to_grey16", "PHOTO_SPLITS", "image_shape_of"]
+           "to_grey16", "PHOTO_SPLITS"]
