@@ -116,7 +116,8 @@ class Attention(nn.Module):
         scale = 1.0 / math.sqrt(q.shape[-1])
         if self.qk_fp32:
             q, k, v = q.float(), k.float(), v.float()
-        with torch.autocast(x.device.type, enabled=False) if self.qk_fp32 else contextlib.nullcontext():
+        fp32 = torch.autocast(x.device.type, enabled=False) if self.qk_fp32 else None
+        with fp32 or contextlib.nullcontext():
             if return_attention or cfg.attention_impl == "masked":
                 out, weights = self._masked(q, k, v, scale)
             else:
@@ -146,11 +147,12 @@ class Attention(nn.Module):
         mask = masks_torch.head_masks(cfg.pattern, n, cfg.n_heads, cfg.combine, self.layer,
                                       device=q.device, **cfg.pattern_params())   # (H, n, n)
         dtype = torch.promote_types(q.dtype, torch.float32)              # fp32 at least
-        scores = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) * scale   # (B, H, n, n)
-        scores = scores.masked_fill(~mask, float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
-        weights = torch.nan_to_num(weights, nan=0.0)                     # rows that read nothing
-        out = (weights @ v.to(dtype)).to(v.dtype)                        # (B, H, n, dh)
+        with torch.autocast(q.device.type, enabled=False):
+            scores = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) * scale   # (B, H, n, n)
+            scores = scores.masked_fill(~mask, float("-inf"))
+            weights = torch.softmax(scores, dim=-1)
+            weights = torch.nan_to_num(weights, nan=0.0)                 # rows that read nothing
+            out = (weights @ v.to(dtype)).to(v.dtype)                    # (B, H, n, dh)
         return out, weights
 
 
