@@ -41,6 +41,7 @@ from fast.config import ModelConfig, TrainConfig
 
 DATA = Path("figures/data/table2.json")
 MODELS = Path("figures/data/models")
+QUICK_DIR = Path("runs/quick")     # --quick writes here, never over the real caches
 PATTERNS = ("full", "fixed", "strided")
 KEEP = ("text/fixed", "image/strided")     # weights kept for notebook 08
 
@@ -53,12 +54,13 @@ PAPER = {
 }
 
 
-def run_configs(modality: str, pattern: str, quick: bool) -> tuple[ModelConfig, TrainConfig]:
-    """The model and training configuration of one Table 2 cell."""
+def run_configs(modality: str, pattern: str, quick: bool,
+                iters: int | None = None) -> tuple[ModelConfig, TrainConfig]:
+    """The model and training configuration of one Table 2 cell (``iters``: steps)."""
     if modality not in ("text", "image") or pattern not in PATTERNS:
         raise ValueError(f"modality must be 'text' or 'image' and pattern one of {PATTERNS}, "
                          f"got {modality!r}, {pattern!r}")
-    iters = 24 if quick else 400
+    iters = iters or (24 if quick else 400)
     common = dict(d_model=128, n_heads=4, n_layers=2 if quick else 4, pattern=pattern,
                   combine="merged")
     train = dict(max_iters=iters, warmup_iters=max(2, iters // 10), lr=1e-3, precision="fp32",
@@ -108,11 +110,19 @@ def load_kept_model(path):
     return model.eval()
 
 
-def run_one(modality: str, pattern: str, quick: bool, datasets: dict) -> dict:
+def out_paths(quick: bool) -> tuple[Path, Path, Path]:
+    """(JSON, kept-models folder, figures folder) of a full or a --quick run."""
+    if quick:
+        return QUICK_DIR / "table2.json", QUICK_DIR / "models", QUICK_DIR / "figures"
+    return DATA, MODELS, Path("figures")
+
+
+def run_one(modality: str, pattern: str, quick: bool, datasets: dict,
+            iters: int | None = None) -> dict:
     """Train one cell; returns its record (and keeps the weights of KEEP runs)."""
     from fast.sample import sample
     from fast.train import evaluate, train
-    model_cfg, train_cfg = run_configs(modality, pattern, quick)
+    model_cfg, train_cfg = run_configs(modality, pattern, quick, iters)
     t0 = time.perf_counter()
     rec = train(model_cfg, train_cfg, progress=True, dataset=datasets[modality])
     wall = time.perf_counter() - t0
@@ -127,7 +137,7 @@ def run_one(modality: str, pattern: str, quick: bool, datasets: dict) -> dict:
         samples = sample(model, 2, length=48 if quick else 200, prompt=prompt, generator=gen)
     key = f"{modality}/{pattern}"
     if key in KEEP:
-        _save_model(model, MODELS / f"{modality}_{pattern}.pt")
+        _save_model(model, out_paths(quick)[1] / f"{modality}_{pattern}.pt")
     return {
         "model_cfg": as_dict(model_cfg), "train_cfg": as_dict(train_cfg),
         "history": rec["history"], "evals": rec["evals"], "val_bits": rec["final"]["val"],
@@ -158,8 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny runs, for development")
     parser.add_argument("--force", action="store_true", help="redo runs whose results exist")
     parser.add_argument("--only", default="", help="comma list of keys, e.g. text/full,timing")
-    parser.add_argument("--out", type=Path, default=DATA)
+    parser.add_argument("--out", type=Path, default=None, help="JSON (default: figures/data/table2.json)")
+    parser.add_argument("--iters", type=int, default=None, help="training steps per run (default 400)")
     args = parser.parse_args(argv)
+    out, _, figdir = out_paths(args.quick)
+    args.out = args.out or out
     from fast.data import load
 
     keys = [f"{m}/{p}" for m in ("text", "image") for p in PATTERNS] + ["timing"]
@@ -169,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--only takes keys from {keys}, got {bad}")
     data = json.loads(args.out.read_text()) if args.out.exists() and not args.force else {}
     if data.get("quick", args.quick) != args.quick:
-        data = {}     # never mix quick and full results
+        raise ValueError(f"{args.out} holds {'quick' if data['quick'] else 'full'} results; "
+                         f"pass --force to replace them, or another --out")
     data.update({"quick": args.quick, "paper": PAPER, "torch": torch.__version__,
                  "python": platform.python_version(),
                  "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, CPU only"})
@@ -189,13 +203,13 @@ def main(argv: list[str] | None = None) -> int:
             if not datasets:
                 datasets["text"] = load("stdlib", max_bytes=4_000_000)
                 datasets["image"] = load("grey16")
-            data["runs"][key] = run_one(modality, pattern, args.quick, datasets)
+            data["runs"][key] = run_one(modality, pattern, args.quick, datasets, args.iters)
             r = data["runs"][key]
             print(f"experiments: {key}: test {r['test_bits']:.3f} {r['unit']}, "
                   f"{r['time_per_iter']:.3f} s/iter, {r['wall_s']:.0f} s", flush=True)
         args.out.write_text(json.dumps(data))
     from fast import plot_experiments
-    for path in plot_experiments.make_all(data, Path("figures")):
+    for path in plot_experiments.make_all(data, figdir):
         print(f"experiments: wrote {path}")
     return 0
 

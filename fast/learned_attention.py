@@ -44,12 +44,12 @@ QUERY_PIXELS = ((10, 8), (13, 3), (8, 13))   # (row, column) of the pixels drawn
 MIN_ROW = 4                      # summaries use every query pixel from this row on
 
 
-def configs(quick: bool = False) -> tuple[ModelConfig, TrainConfig]:
-    """The dense model of Fig. 2 and its training run."""
+def configs(quick: bool = False, iters: int | None = None) -> tuple[ModelConfig, TrainConfig]:
+    """The dense model of Fig. 2 and its training run (``iters`` overrides the steps)."""
     model = ModelConfig(vocab_size=256, n_ctx=256, d_model=128, n_heads=4,
                         n_layers=3 if quick else 6, pattern="full", combine="merged",
                         stride=STRIDE, embedding="image", image_shape=SHAPE)
-    iters = 30 if quick else 500
+    iters = iters or (30 if quick else 500)
     train = TrainConfig(dataset="grey16", batch_size=16, max_iters=iters,
                         warmup_iters=max(2, iters // 10), lr=1e-3, precision="fp32",
                         eval_interval=0, eval_batches=8, log_interval=max(1, iters // 50),
@@ -57,17 +57,19 @@ def configs(quick: bool = False) -> tuple[ModelConfig, TrainConfig]:
     return model, train
 
 
-def paths(quick: bool) -> tuple[Path, Path]:
-    """(weights, summary JSON) cache paths; quick runs get their own names."""
-    tag = "_quick" if quick else ""
-    return DATA / f"learned_attention{tag}.pt", DATA / f"learned_attention{tag}.json"
+def paths(quick: bool) -> tuple[Path, Path, Path]:
+    """(weights, summary JSON, figures folder); --quick writes under runs/quick/."""
+    if quick:
+        q = Path("runs/quick")
+        return q / "learned_attention.pt", q / "learned_attention.json", q / "figures"
+    return DATA / "learned_attention.pt", DATA / "learned_attention.json", Path("figures")
 
 
-def train_model(quick: bool = False) -> tuple[torch.nn.Module, dict]:
+def train_model(quick: bool = False, iters: int | None = None) -> tuple[torch.nn.Module, dict]:
     """Train the dense model; returns (model, record without the model)."""
-    from fast.train import evaluate, train
     from fast.data import load
-    model_cfg, train_cfg = configs(quick)
+    from fast.train import evaluate, train
+    model_cfg, train_cfg = configs(quick, iters)
     dataset = load(train_cfg.dataset)
     t0 = time.perf_counter()
     rec = train(model_cfg, train_cfg, progress=True, dataset=dataset)
@@ -190,15 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model, for development")
     parser.add_argument("--force", action="store_true", help="retrain even if cached")
+    parser.add_argument("--iters", type=int, default=None, help="training steps (default 500)")
     args = parser.parse_args(argv)
-    weights, summary_path = paths(args.quick)
-    DATA.mkdir(parents=True, exist_ok=True)
+    weights, summary_path, figdir = paths(args.quick)
+    weights.parent.mkdir(parents=True, exist_ok=True)
     if weights.exists() and summary_path.exists() and not args.force:
         print(f"learned_attention: using cached {weights}", flush=True)
         model = load_model(weights)
         summary = json.loads(summary_path.read_text())
     else:
-        model, record = train_model(args.quick)
+        model, record = train_model(args.quick, args.iters)
         save_model(model, weights)
         model = load_model(weights)          # what the notebook will see (fp16-rounded)
         summary = {"train": record}
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     summary_path.write_text(json.dumps(summary))
     from fast import plot_attention
     image = test_images(1)[0]
-    for path in plot_attention.make_all(maps[:, 0], image, summary, Path("figures")):
+    for path in plot_attention.make_all(maps[:, 0], image, summary, figdir):
         print(f"learned_attention: wrote {path}", flush=True)
     return 0
 

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 DATA = Path("figures/data/memory.json")
+QUICK_DIR = Path("runs/quick")     # --quick writes here, never over the real caches
 STEPS = ("depth", "length", "peak", "blog", "big", "figures")
 
 # The shape of the paper's CIFAR-10 / Enwik8-like stacks (Table 1): d = 256.
@@ -256,7 +257,7 @@ def _total_memory() -> int | None:
 
 def step_figures(data: dict) -> dict:
     from fast import plot_memory
-    paths = plot_memory.make_all(data, Path("figures"))
+    paths = plot_memory.make_all(data, QUICK_DIR / "figures" if data["quick"] else Path("figures"))
     return {"paths": [str(p) for p in paths]}
 
 
@@ -267,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, for development")
     parser.add_argument("--force", action="store_true", help="redo steps whose results exist")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {STEPS}")
-    parser.add_argument("--out", type=Path, default=DATA, help="JSON written (and resumed from)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"JSON written and resumed from (default {DATA}; --quick: {QUICK_DIR})")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -280,9 +282,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
+    args.out = args.out or (QUICK_DIR / "memory.json" if args.quick else DATA)
     data = json.loads(args.out.read_text()) if args.out.exists() and not args.force else {}
     if data.get("quick", args.quick) != args.quick:
-        data = {}   # never mix quick and full results
+        raise ValueError(f"{args.out} holds {'quick' if data['quick'] else 'full'} results; "
+                         f"pass --force to replace them, or another --out")
     data["quick"] = args.quick
     data["machine"] = f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}"
     funcs = {"depth": step_depth, "length": step_length, "peak": step_peak,
