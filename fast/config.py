@@ -128,6 +128,7 @@ class TrainConfig:
     grad_clip: float = 1.0           # clip the global gradient norm (paper: 1.0); 0 = off
     precision: str = "auto"          # "auto" (fp16+loss scaling on CUDA, bf16 on CPU), "fp32", "bf16", "fp16"
     device: str = "auto"             # "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
+    cpu_threads: int | None = None   # torch.set_num_threads during the run (1 helps on a busy shared CPU); None = leave as is
     seed: int = 0                    # one seed: weights, data windows, dropout (see fast.seed)
     eval_interval: int = 100         # evaluate every this many steps (and at the end); 0 = only at the end
     eval_batches: int = 8            # batches per evaluation
@@ -145,6 +146,8 @@ class TrainConfig:
             _int(self, name, lo)
         if self.stop_iter is not None:
             _int(self, "stop_iter", 1)
+        if self.cpu_threads is not None:
+            _int(self, "cpu_threads", 1)
         _choice(self, "precision", PRECISIONS)
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")

@@ -23,9 +23,10 @@ continues to the same weights as an uninterrupted run. Under torchrun every rank
 draws its own batches (batch_size is split across ranks); only rank 0 writes
 checkpoints and shows progress.
 
-On a shared CPU, ``OMP_NUM_THREADS=1`` can be many times faster than letting
-two intra-op threads contend with other processes (measured on the project's
-2-core machine under load: 1.4 s vs 6.3 s per step of the "quick" preset at batch 16).
+On a shared CPU, one intra-op thread (``--cpu_threads 1`` or ``OMP_NUM_THREADS=1``)
+can be many times faster than two threads contending with other processes
+(measured on the project's 2-core machine under load: 1.4 s vs 6.3 s per step of
+the "quick" preset at batch 16).
 """
 
 from __future__ import annotations
@@ -190,10 +191,14 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, progress: bool = Tr
         raise ValueError(f"batch_size={train_cfg.batch_size} must divide evenly over "
                          f"{world} ranks")
     local_batch = train_cfg.batch_size // world
+    threads = torch.get_num_threads()
+    if train_cfg.cpu_threads is not None:
+        torch.set_num_threads(train_cfg.cpu_threads)
     try:
         return _train(model_cfg, train_cfg, progress, dataset, device, precision, rank,
                       world, local_batch)
     finally:
+        torch.set_num_threads(threads)
         if created_group:
             dist.destroy_process_group()
 
