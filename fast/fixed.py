@@ -127,15 +127,23 @@ class Summary:
     * tail: the rest of block b-1's summaries, u' > s mod c: one batch of (l, c)
       problems with a fixed mask (rows with s mod c = c-1 read nothing here).
     * own (``own=True``, A(2) alone): the query's own block, lo + u <= s.
+    * ``block=True`` (the merged head): the tail and A(1) share one call -- each
+      block's queries read [block b-1's summaries | block b] (c + l keys, one
+      copy) through a fixed (l, c + l) mask; block 0 is plain causal.
 
     fold + tail = the summaries of all earlier blocks, exactly once. Needs c | l;
     otherwise (one summary head only, see reference.patterns.check_summary)
-    ``SummaryEarlier``'s per-block loop stands in for fold + tail.
+    ``SummaryEarlier``'s per-block loop stands in for fold + tail (and the plan
+    adds ``BlockCausal`` itself).
     """
 
-    def __init__(self, l: int, c: int, los: list[int], scale: float, own: bool):
+    def __init__(self, l: int, c: int, los: list[int], scale: float, own: bool,
+                 block: bool = False):
         self.l, self.c, self.los, self.scale, self.own = l, c, los, scale, own
         self.loop = SummaryEarlier(l, c, los, scale) if l % c else None
+        if block and (own or self.loop is not None):
+            raise ValueError("block=True is the merged head: c must divide l and own=False")
+        self.block = block
 
     # -- masks --------------------------------------------------------------
     def _tail_mask(self, dtype, device):
@@ -143,6 +151,20 @@ class Summary:
         u = torch.arange(self.c, device=device)[None, :]
         mask = torch.zeros(self.l, self.c, dtype=dtype, device=device)
         return mask.masked_fill_(u <= s, float("-inf"))[None, None]    # (1, 1, l, c)
+
+    def _block_tail_mask(self, dtype, device):
+        """(1, 1, l, c + l): summary u' of block b-1 iff u' > s mod c, then own block t <= s."""
+        s = torch.arange(self.l, device=device)[:, None]
+        t = torch.arange(self.c + self.l, device=device)[None, :]
+        allowed = torch.where(t < self.c, t > s % self.c, t - self.c <= s)
+        mask = torch.zeros(self.l, self.c + self.l, dtype=dtype, device=device)
+        return mask.masked_fill_(~allowed, float("-inf"))[None, None]
+
+    def _block_tail_keys(self, t, sums, M):
+        """[summaries of block b-1 | block b] for b = 1..M-1: (G, M-1, c + l, d), a copy."""
+        S = (M - 1) * self.c
+        return torch.cat([sums[:, :S].unflatten(1, (M - 1, self.c)),
+                          t[:, self.l:].unflatten(1, (M - 1, self.l))], dim=2)
 
     def _own_mask(self, G: int, dtype, device):
         lo = _lo_rows(self.los, G, device)[:, None, None]               # (G, 1, 1)
@@ -176,13 +198,26 @@ class Summary:
                                        vs[:, None, :S].expand(G, g, S, d), is_causal=True,
                                        scale=self.scale)                # (G, g, S, d)
             chunks.append((l, self._unfold(o, M), self._unfold(lse, M)))
-            o, lse = attention_forward(q[:, l:].unflatten(1, (M - 1, l)),
-                                       ks[:, :S].unflatten(1, (M - 1, c)),
-                                       vs[:, :S].unflatten(1, (M - 1, c)),
-                                       mask=self._tail_mask(q.dtype, q.device),
-                                       scale=self.scale)                # (G, M-1, l, d)
-            empty = torch.arange(l, device=q.device) % c == c - 1
-            chunks.append((l, o, lse.masked_fill(empty, float("-inf"))))
+            if self.block:
+                o, lse = attention_forward(q[:, l:].unflatten(1, (M - 1, l)),
+                                           self._block_tail_keys(k, ks, M),
+                                           self._block_tail_keys(v, vs, M),
+                                           mask=self._block_tail_mask(q.dtype, q.device),
+                                           scale=self.scale)            # (G, M-1, l, d)
+                chunks.append((l, o, lse))
+            else:
+                o, lse = attention_forward(q[:, l:].unflatten(1, (M - 1, l)),
+                                           ks[:, :S].unflatten(1, (M - 1, c)),
+                                           vs[:, :S].unflatten(1, (M - 1, c)),
+                                           mask=self._tail_mask(q.dtype, q.device),
+                                           scale=self.scale)            # (G, M-1, l, d)
+                empty = torch.arange(l, device=q.device) % c == c - 1
+                chunks.append((l, o, lse.masked_fill(empty, float("-inf"))))
+        if self.block:
+            first = lambda t: t[:, :l].unsqueeze(1)                     # (G, 1, l, d)
+            o, lse = attention_forward(first(q), first(k), first(v), is_causal=True,
+                                       scale=self.scale)
+            chunks.insert(0, (0, o.squeeze(1), lse.squeeze(1)))
         if self.own:
             o, lse = attention_forward(q.unflatten(1, (M, l)), ks.unflatten(1, (M, c)),
                                        vs.unflatten(1, (M, c)), scale=self.scale,
@@ -211,12 +246,28 @@ class Summary:
             dks[:, :S].add_(gk.sum(1))
             dvs[:, :S].add_(gv.sum(1))
             r = lambda t: t[:, l:].unflatten(1, (M - 1, l))               # (G, M-1, l, ...)
-            gq, gk, gv = attention_backward(
-                r(go), r(q), ks[:, :S].unflatten(1, (M - 1, c)), vs[:, :S].unflatten(1, (M - 1, c)),
-                r(out), r(lse), mask=self._tail_mask(q.dtype, q.device), scale=self.scale)
+            if self.block:
+                gq, gk, gv = attention_backward(
+                    r(go), r(q), self._block_tail_keys(k, ks, M), self._block_tail_keys(v, vs, M),
+                    r(out), r(lse), mask=self._block_tail_mask(q.dtype, q.device),
+                    scale=self.scale)                                   # gk (G, M-1, c + l, d)
+                r(dk).add_(gk[:, :, c:])
+                r(dv).add_(gv[:, :, c:])
+                gk, gv = gk[:, :, :c], gv[:, :, :c]
+            else:
+                gq, gk, gv = attention_backward(
+                    r(go), r(q), ks[:, :S].unflatten(1, (M - 1, c)),
+                    vs[:, :S].unflatten(1, (M - 1, c)), r(out), r(lse),
+                    mask=self._tail_mask(q.dtype, q.device), scale=self.scale)
             r(dq).add_(gq)
             dks[:, :S].add_(gk.flatten(1, 2))
             dvs[:, :S].add_(gv.flatten(1, 2))
+        if self.block:
+            first = lambda t: t[:, :l].unsqueeze(1)                     # (G, 1, l, ...)
+            g = attention_backward(first(go), first(q), first(k), first(v), first(out),
+                                   first(lse), is_causal=True, scale=self.scale)
+            for acc, grad in zip((dq, dk, dv), g):
+                acc[:, :l].add_(grad.squeeze(1))
         if self.own:
             r = lambda t: t.unflatten(1, (M, l))                          # (G, M, l, ...)
             gq, gk, gv = attention_backward(

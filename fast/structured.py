@@ -11,7 +11,7 @@ Plan: the heads of a layer fall into groups that read the same pieces
   strided  merged        all                           LocalBand + Column(strict)
   strided  multihead     even / odd                    LocalBand / Column
   strided  interleaved   all (layer even / odd)        LocalBand / Column
-  fixed    merged        all                           BlockCausal + SummaryEarlier
+  fixed    merged        all                           Summary(block=True): A(1) inside
   fixed    multihead     even / odd                    BlockCausal / SummaryEarlier + SummaryOwn
   fixed    interleaved   all (layer even / odd)        BlockCausal / SummaryEarlier + SummaryOwn
 
@@ -62,6 +62,8 @@ def plan(pattern: str, combine: str, layer: int, n_heads: int, scale: float, str
     lo = lambda h: summary_range(l, c, summary_rank(h, combine))[0]
     los = lambda sl: [lo(h) for h in range(n_heads)[sl]]
     everyone, even, odd = slice(0, n_heads), slice(0, n_heads, 2), slice(1, n_heads, 2)
+    if combine == "merged" and l % c == 0:
+        return [(everyone, [Summary(l, c, los(everyone), scale, own=False, block=True)])]
     if combine == "merged":
         return [(everyone, [BlockCausal(l, scale), Summary(l, c, los(everyone), scale, own=False)])]
     if combine == "multihead":

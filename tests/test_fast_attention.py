@@ -66,6 +66,7 @@ CASES = [
     ("strided", {"stride": 31}, "multihead", 1000, 16, 4),
     ("fixed", {"stride": 8, "c": 2}, "merged", 1, 48, 4),
     ("fixed", {"stride": 8, "c": 2}, "multihead", 97, 16, 4),
+    ("fixed", {"stride": 8, "c": 2}, "merged", 97, 48, 4),
     ("fixed", {"stride": 6, "c": 3}, "interleaved", 7, 16, 4),
     ("fixed", {"stride": 5, "c": 2}, "merged", 97, 48, 1),
     ("fixed", {"stride": 5, "c": 2}, "multihead", 7, 16, 2),
