@@ -233,3 +233,92 @@ def test_bad_input_raises_value_error(change, message):
     with pytest.raises(ValueError) as err:
         sparse_attention(q, k, v, pattern, **args)
     assert message in str(err.value), str(err.value)
+
+
+def test_non_contiguous_inputs():
+    """q, k, v as transposed views of a (B, n, H, d) tensor, as a model makes them."""
+    B, H, n, d = 2, 4, 131, 16
+    g = torch.Generator().manual_seed(23)
+    qkv = torch.randn(B, n, 3, H, d, generator=g, dtype=torch.float64)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))          # (B, H, n, d) views
+    assert not q.is_contiguous()
+    for pattern, params in (("strided", {"stride": 16}), ("fixed", {"stride": 16, "c": 4})):
+        for combine in ("merged", "multihead"):
+            got = sparse_attention(q, k, v, pattern, combine=combine, backend="structured",
+                                   **params)
+            want = sparse_attention(q.contiguous(), k.contiguous(), v.contiguous(), pattern,
+                                    combine=combine, backend="naive", **params)
+            assert (got - want).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("pattern,params", [("strided", {"stride": 128}),
+                                            ("fixed", {"stride": 128, "c": 32})])
+def test_structured_makes_no_n_by_n_tensor(pattern, params):
+    """Peak memory of forward+backward at n = 8192 stays far below one n x n float32
+    matrix (256 MiB): the structured path is O(n sqrt(n)) in memory too."""
+    from fast.memory import peak_rss
+    n = 8192
+    q, k, v = (torch.randn(1, 1, n, 16, requires_grad=True) for _ in range(3))
+    with peak_rss() as peak:
+        sparse_attention(q, k, v, pattern, backend="structured", **params).sum().backward()
+    if peak["peak_bytes"] is None:
+        pytest.skip("peak RSS is not measurable here (not Linux)")
+    print(f"{pattern}: peak {peak['peak_bytes'] / 2**20:.1f} MiB")
+    assert peak["peak_bytes"] < n * n * 4 / 8
+
+
+def test_merge_of_two_key_sets_is_attention_over_their_union():
+    from fast.merge import merge_into
+    q, k, v, _ = _rand(1, 2, 9, 8, seed=29)
+    rng = np.random.default_rng(0)
+    a = rng.random((9, 9)) < 0.5
+    a[:, 0] = True                                    # piece a reads something in every row
+    b = ~a & (rng.random((9, 9)) < 0.5)
+    b[3] = False                                      # piece b reads nothing in row 3
+    parts = [attend(q.numpy(), k.numpy(), v.numpy(), m) for m in (a, b)]
+    (oa, la), (ob, lb) = [(torch.from_numpy(o), torch.from_numpy(l)) for o, l in parts]
+    out, lse = torch.empty_like(oa), torch.empty_like(la)
+    merge_into(out, lse, oa, la, ob, lb)
+    want, want_lse = attend(q.numpy(), k.numpy(), v.numpy(), a | b)
+    assert np.abs(out.numpy() - want).max() < 1e-12
+    assert np.abs(lse.numpy() - want_lse).max() < 1e-12
+
+
+def test_cpu_kernel_facts_and_math_fallback_agree():
+    """The facts fast.flash_cpu relies on (strided views, top-left causal, empty
+    rows give out 0), and its math fallback (used off the CPU) against the kernel."""
+    from fast import flash_cpu
+    if not flash_cpu.HAS_CPU_FLASH:
+        pytest.skip("this torch has no CPU flash operator")
+    q, k, v, g = _rand(2, 6, 12, 8, seed=31)
+    qv, kv_, vv, gv = (t.transpose(1, 2)[:, :, 1:] for t in (q, k, v, g))  # (2, 12, 5, 8) views
+    mask = torch.zeros(5, 5, dtype=torch.float64)
+    mask[2] = float("-inf")                                              # row 2 reads nothing
+    mask[3, 4] = float("-inf")
+    for kw in ({"is_causal": True}, {"mask": mask[None, None]}):
+        o1, l1 = flash_cpu.attention_forward(qv, kv_, vv, scale=0.3, **kw)
+        o2, l2 = flash_cpu._math_forward(qv, kv_, vv, kw.get("is_causal", False),
+                                         kw.get("mask"), 0.3)
+        assert (o1 - o2).abs().max() < 1e-12 and (l1 - l2).abs().max() < 1e-12
+        g1 = flash_cpu.attention_backward(gv, qv, kv_, vv, o1, l1, scale=0.3, **kw)
+        g2 = flash_cpu._math_backward(gv, qv, kv_, vv, o1, l1, kw.get("is_causal", False),
+                                      kw.get("mask"), 0.3)
+        for a, b in zip(g1, g2):
+            assert (a - b).abs().max() < 1e-12
+    o1, l1 = flash_cpu.attention_forward(qv, kv_, vv, mask=mask[None, None], scale=0.3)
+    assert (o1[:, :, 2] == 0).all() and (l1[:, :, 2] == 0).all()        # documented quirk
+
+
+@pytest.mark.parametrize("pattern,params,combine", [
+    ("strided", {"stride": 5}, "merged"), ("fixed", {"stride": 8, "c": 2}, "multihead"),
+    ("fixed", {"stride": 8, "c": 2}, "merged")])
+def test_structured_with_math_fallback(monkeypatch, pattern, params, combine):
+    """The path taken off the CPU (CUDA, or a torch without the CPU operator)."""
+    from fast import flash_cpu
+    monkeypatch.setattr(flash_cpu, "HAS_CPU_FLASH", False)
+    n, H, d = 41, 4, 16
+    q, k, v, g = _rand(1, H, n, d, seed=37)
+    want = _reference(q, k, v, g, _ref_masks(pattern, n, H, combine, 0, params))
+    got = _fast(q, k, v, g, pattern, combine, 0, "structured", params)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert (a - b).abs().max().item() < 1e-10, name
