@@ -15,9 +15,9 @@ log-sum-exp, which the public ``scaled_dot_product_attention`` does not return.
   ``lse`` is float32 for bfloat16/float16 inputs; a fully masked row gives
   out 0 but lse 0 (not -inf), so callers set such rows' lse themselves.
 * Anywhere else (CUDA, or a torch without the operator): ``_math_forward`` /
-  ``_math_backward``, plain matmul + softmax over the same pieces. The pieces are
-  O(n sqrt(n)) in total, so this fallback keeps the memory bound; it is correct
-  but not fast (on CUDA the "triton" backend is the fast path).
+  ``_math_backward``, plain matmul + softmax over the same pieces, query rows in
+  chunks of at most ``MATH_CHUNK_ELEMENTS`` scores, so memory stays bounded; it
+  is correct but not fast (on CUDA the "triton" backend is the fast path).
 
 Both return/accept ``lse`` in float32 (float64 for float64 inputs), shaped like
 q without its last dimension. The backward recomputes P = exp(scale q k^T - lse):
@@ -62,35 +62,55 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _scores(q, k, is_causal, mask, scale):
+# The fallback materialises scores for at most this many elements at a time
+# (query rows are processed in chunks), so its memory stays O(pieces), not O(n^2).
+MATH_CHUNK_ELEMENTS = 1 << 26
+
+
+def _row_chunks(q, k):
+    X, Y, L, _ = q.shape
+    rows = max(1, MATH_CHUNK_ELEMENTS // max(1, X * Y * k.shape[-2]))
+    return [(a, min(L, a + rows)) for a in range(0, L, rows)]
+
+
+def _scores(q, k, is_causal, mask, scale, a, b):
+    """Scaled scores of query rows [a, b), masked, in the accumulation dtype."""
     acc = _acc_dtype(q.dtype)
-    s = scale * (q.to(acc) @ k.to(acc).transpose(-1, -2))              # (X, Y, L, S)
+    s = scale * (q[..., a:b, :].to(acc) @ k.to(acc).transpose(-1, -2))  # (X, Y, b-a, S)
     if mask is not None:
-        s = s + mask.to(acc)
-    if is_causal:
-        L, S = s.shape[-2:]
-        upper = torch.ones(L, S, dtype=torch.bool, device=q.device).triu(1)
-        s = s.masked_fill(upper, float("-inf"))
+        s = s + (mask[..., a:b, :] if mask.shape[-2] > 1 else mask).to(acc)
+    if is_causal:                                  # top-left: row i reads keys j <= i
+        i = torch.arange(a, b, device=q.device)[:, None]
+        j = torch.arange(k.shape[-2], device=q.device)[None, :]
+        s = s.masked_fill(j > i, float("-inf"))
     return s
 
 
 def _math_forward(q, k, v, is_causal, mask, scale):
-    s = _scores(q, k, is_causal, mask, scale)
-    lse = torch.logsumexp(s, dim=-1)                                    # (X, Y, L)
-    p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0.0)[..., None])
-    out = (p @ v.to(p.dtype)).to(q.dtype)
-    return out, lse.masked_fill(lse == float("-inf"), 0.0)  # the CPU kernel's convention
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:-1], dtype=_acc_dtype(q.dtype), device=q.device)
+    for a, b in _row_chunks(q, k):
+        s = _scores(q, k, is_causal, mask, scale, a, b)
+        m = torch.logsumexp(s, dim=-1)                                  # (X, Y, b-a)
+        p = torch.exp(s - m.masked_fill(torch.isinf(m), 0.0)[..., None])
+        out[..., a:b, :] = (p @ v.to(p.dtype)).to(q.dtype)
+        lse[..., a:b] = m.masked_fill(m == float("-inf"), 0.0)  # the CPU kernel's convention
+    return out, lse
 
 
 def _math_backward(grad_out, q, k, v, out, lse, is_causal, mask, scale):
-    s = _scores(q, k, is_causal, mask, scale)
-    acc = s.dtype
-    p = torch.exp(s - lse.to(acc)[..., None])                           # (X, Y, L, S)
-    go = grad_out.to(acc)
-    dv = p.transpose(-1, -2) @ go
-    dp = go @ v.to(acc).transpose(-1, -2)
-    delta = (go * out.to(acc)).sum(-1, keepdim=True)
-    ds = p * (dp - delta)
-    dq = scale * (ds @ k.to(acc))
-    dk = scale * (ds.transpose(-1, -2) @ q.to(acc))
+    acc = _acc_dtype(q.dtype)
+    dq = torch.empty(q.shape, dtype=acc, device=q.device)
+    dk = torch.zeros(k.shape, dtype=acc, device=q.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=q.device)
+    for a, b in _row_chunks(q, k):
+        s = _scores(q, k, is_causal, mask, scale, a, b)
+        p = torch.exp(s - lse[..., a:b].to(acc)[..., None])             # (X, Y, b-a, S)
+        go = grad_out[..., a:b, :].to(acc)
+        dv += p.transpose(-1, -2) @ go
+        dp = go @ v.to(acc).transpose(-1, -2)
+        delta = (go * out[..., a:b, :].to(acc)).sum(-1, keepdim=True)
+        ds = p * (dp - delta)
+        dq[..., a:b, :] = scale * (ds @ k.to(acc))
+        dk += scale * (ds.transpose(-1, -2) @ q[..., a:b, :].to(acc))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -316,6 +316,7 @@ def test_structured_with_math_fallback(monkeypatch, pattern, params, combine):
     """The path taken off the CPU (CUDA, or a torch without the CPU operator)."""
     from fast import flash_cpu
     monkeypatch.setattr(flash_cpu, "HAS_CPU_FLASH", False)
+    monkeypatch.setattr(flash_cpu, "MATH_CHUNK_ELEMENTS", 2000)   # several row chunks
     n, H, d = 41, 4, 16
     q, k, v, g = _rand(1, H, n, d, seed=37)
     want = _reference(q, k, v, g, _ref_masks(pattern, n, H, combine, 0, params))
