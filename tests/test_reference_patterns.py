@@ -325,3 +325,26 @@ def test_closed_forms_random(n, l, c, head):
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# ----------------------------------------------------------------------------
+# fast/plot_patterns.keys_per_query: the closed forms the notebooks plot at
+# large n, checked against the masks.
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,l,c", SIZES)
+def test_keys_per_query_matches_masks(n, l, c):
+    from fast.plot_patterns import keys_per_query
+
+    np.testing.assert_array_equal(keys_per_query("full", n), P.full(n).sum(1))
+    for pattern, kw in (("strided", {"stride": l}), ("fixed", {"stride": l, "c": c})):
+        heads = range(3) if pattern == "fixed" and l % c == 0 else [0]
+        for head in heads:
+            a1, a2 = P.factorized(pattern, n, head, **kw)
+            for part, mask in (("A1", a1), ("A2", a2), ("merged", a1 | a2)):
+                got = keys_per_query(pattern, n, part, head=head, **kw)
+                np.testing.assert_array_equal(got, mask.sum(1))
+    with pytest.raises(ValueError, match="part must be one of"):
+        keys_per_query("full", n, "A3")
+    with pytest.raises(ValueError, match="needs the parameter 'c'"):
+        keys_per_query("fixed", n, stride=l)

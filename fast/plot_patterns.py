@@ -1,0 +1,245 @@
+"""Drawings of the attention patterns: connectivity matrices, Figure 3, keys per query.
+
+Child et al., 2019, "Generating Long Sequences with Sparse Transformers",
+section 4.3 and Figure 3 (a 6x6 image, n = 36, l = 6: for one query pixel, the
+pixels each of the two heads reads, over the n x n connectivity matrices), and
+the cost argument of section 4.2 (about sqrt(n) keys per query instead of n).
+
+``reference/`` stays NumPy-only, so the matplotlib code lives here. The masks
+come from ``reference.patterns``; ``keys_per_query`` gives the number of keys
+each row reads from closed forms, so it runs at n = 16,384 without an n x n mask
+(tests/test_reference_patterns.py checks it against the masks).
+
+Colours follow the paper: head A(1) dark blue, head A(2) light blue; a position
+both heads read is drawn in between; positions after the query (never read:
+causal) are grey.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import to_rgb
+from matplotlib.patches import Patch, Rectangle
+
+from reference import patterns as P
+
+A1_COLOUR = "#1b4f9c"     # head A(1): dark blue, as in Fig. 3
+A2_COLOUR = "#8cc0eb"     # head A(2): light blue
+BOTH_COLOUR = "#4d86c6"   # read by both heads
+FUTURE_COLOUR = "#e6e6e6"  # j > i: never read (causal)
+EMPTY_COLOUR = "#ffffff"   # allowed by causality but not read
+DPI = 110
+
+
+# ----------------------------------------------------------------------------
+# Closed forms: how many keys row i reads (no n x n mask needed).
+# ----------------------------------------------------------------------------
+
+def keys_per_query(pattern: str, n: int, part: str = "merged", stride: int | None = None,
+                   c: int | None = None, head: int = 0) -> np.ndarray:
+    """Number of keys each row i = 0..n-1 reads, as an int64 array of shape (n,).
+
+    part: "A1" (strided local / fixed block), "A2" (strided column / fixed
+    summary of head ``head``) or "merged" (their union). ``full`` reads i + 1.
+      strided  A1: min(i+1, l)        A2: floor(i/l) + 1   merged: min(i+1, l) + floor(i/l)
+      fixed    A1: (i mod l) + 1      A2: summaries [lo, hi) of every j <= i
+               merged: (i mod l) + 1 + floor(i/l) * c   (own block, earlier blocks' summaries)
+    """
+    n = P.check_n(n)
+    if part not in ("A1", "A2", "merged"):
+        raise ValueError(f"part must be one of ('A1', 'A2', 'merged'), got {part!r}")
+    i = np.arange(n, dtype=np.int64)
+    if pattern == "full":
+        return i + 1
+    if pattern not in P.PATTERNS:
+        raise ValueError(f"pattern must be one of {P.PATTERNS}, got {pattern!r}")
+    if stride is None:
+        raise ValueError(f"pattern {pattern!r} needs the parameter 'stride', got None")
+    l = P.check_stride(stride)
+    if pattern == "strided":
+        a1, a2 = np.minimum(i + 1, l), i // l + 1
+        return {"A1": a1, "A2": a2, "merged": a1 + a2 - 1}[part]  # they share only j = i
+    if c is None:
+        raise ValueError("pattern 'fixed' needs the parameter 'c', got None")
+    lo, hi = P.summary_range(l, c, head)
+    whole, rest = np.divmod(i + 1, l)
+    a1 = i % l + 1
+    a2 = whole * (hi - lo) + np.clip(rest - lo, 0, hi - lo)
+    return {"A1": a1, "A2": a2, "merged": a1 + (i // l) * (hi - lo)}[part]
+
+
+# ----------------------------------------------------------------------------
+# Colouring masks.
+# ----------------------------------------------------------------------------
+
+def _rgb(name: str) -> np.ndarray:
+    return np.array(to_rgb(name))
+
+
+def colour_parts(a1: np.ndarray, a2: np.ndarray | None = None,
+                 future: np.ndarray | None = None) -> np.ndarray:
+    """An RGB image (..., 3) of one or two bool masks of one shape: A(1) only dark
+    blue, A(2) only light blue, both in between, ``future`` grey, the rest white."""
+    a1 = np.asarray(a1, dtype=bool)
+    a2 = np.zeros_like(a1) if a2 is None else np.asarray(a2, dtype=bool)
+    img = np.empty(a1.shape + (3,))
+    img[...] = _rgb(EMPTY_COLOUR)
+    if future is not None:
+        img[np.asarray(future, dtype=bool)] = _rgb(FUTURE_COLOUR)
+    img[a1 & ~a2] = _rgb(A1_COLOUR)
+    img[a2 & ~a1] = _rgb(A2_COLOUR)
+    img[a1 & a2] = _rgb(BOTH_COLOUR)
+    return img
+
+
+def draw_connectivity(ax, a1: np.ndarray, a2: np.ndarray | None = None, title: str = "") -> None:
+    """Draw an (n, n) connectivity matrix (rows = outputs i, columns = inputs j)
+    on ``ax``; with two masks, each head in its own colour."""
+    n = a1.shape[-1]
+    future = np.triu(np.ones((n, n), dtype=bool), k=1)
+    ax.imshow(colour_parts(a1, a2, future), interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=9)
+
+
+def draw_query(ax, a1_row: np.ndarray, a2_row: np.ndarray | None, query: int, width: int,
+               title: str = "") -> None:
+    """Draw on the image grid (row-major, ``width`` pixels a row) which pixels the
+    query reads: ``a1_row``/``a2_row`` are the query's rows of the two heads' masks."""
+    n = len(a1_row)
+    height = -(-n // width)
+    pad = height * width - n  # a partial last row is drawn grey
+
+    def grid(x):
+        return np.concatenate([np.asarray(x, dtype=bool), np.zeros(pad, dtype=bool)]).reshape(height, width)
+
+    future = np.arange(height * width).reshape(height, width) > query  # also the padding
+    ax.imshow(colour_parts(grid(a1_row), None if a2_row is None else grid(a2_row), future),
+              interpolation="nearest")
+    r, col = divmod(query, width)
+    ax.add_patch(Rectangle((col - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
+    ax.set_xticks(np.arange(-0.5, width, 1), minor=True)
+    ax.set_yticks(np.arange(-0.5, height, 1), minor=True)
+    ax.grid(which="minor", color="white", linewidth=1)
+    ax.tick_params(which="both", length=0, labelbottom=False, labelleft=False)
+    ax.set_title(title, fontsize=9)
+
+
+def legend_patches(two_heads: bool = True) -> list[Patch]:
+    if not two_heads:
+        return [Patch(color=A1_COLOUR, label="read"), Patch(color=FUTURE_COLOUR, label="future (j > i)")]
+    return [Patch(color=A1_COLOUR, label="head A(1)"), Patch(color=A2_COLOUR, label="head A(2)"),
+            Patch(color=BOTH_COLOUR, label="both"), Patch(color=FUTURE_COLOUR, label="future (j > i)")]
+
+
+# ----------------------------------------------------------------------------
+# Figures.
+# ----------------------------------------------------------------------------
+
+def plot_pattern(pattern: str, n: int, stride: int | None = None, c: int | None = None):
+    """One pattern as connectivity matrices: A(1), A(2) and the merged head
+    (``full`` has a single panel). Returns the figure."""
+    parts = P.factorized(pattern, n, 0, stride=stride, c=c)
+    if len(parts) == 1:
+        fig, ax = plt.subplots(figsize=(3.2, 3.4))
+        draw_connectivity(ax, parts[0], title=f"full, n={n}: {int(parts[0].sum())} pairs")
+        fig.legend(handles=legend_patches(False), loc="lower center", ncol=2, fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.07, 1, 1))
+        return fig
+    a1, a2 = parts
+    names = {"strided": ("local", "column"), "fixed": ("block", "summary")}[pattern]
+    fig, axes = plt.subplots(1, 3, figsize=(8.4, 3.3))
+    draw_connectivity(axes[0], a1, title=f"A(1) {names[0]}: {int(a1.sum())} pairs")
+    draw_connectivity(axes[1], np.zeros_like(a1), a2,
+                      title=f"A(2) {names[1]}: {int(a2.sum())} pairs")
+    draw_connectivity(axes[2], a1, a2, title=f"merged A(1) | A(2): {int((a1 | a2).sum())} pairs")
+    p = f"l={stride}" + (f", c={c}" if pattern == "fixed" else "")
+    fig.suptitle(f"{pattern} pattern, n={n}, {p} (rows = outputs i, columns = inputs j)", fontsize=10)
+    fig.legend(handles=legend_patches(), loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    return fig
+
+
+def figure3(n: int = 36, stride: int = 6, c: int = 1, query: int = 27):
+    """The paper's Figure 3 for an image of ``stride`` x ``stride`` pixels:
+    top row, for pixel ``query``, which pixels each head reads on the image grid;
+    bottom row, the n x n connectivity matrices; (a) full, (b) strided, (c) fixed."""
+    full = P.full(n)
+    s1, s2 = P.strided(n, stride)
+    f1, f2 = P.fixed(n, stride, c)
+    panels = [("(a) Transformer (full)", full, None),
+              (f"(b) Sparse Transformer (strided, l={stride})", s1, s2),
+              (f"(c) Sparse Transformer (fixed, l={stride}, c={c})", f1, f2)]
+    fig, axes = plt.subplots(2, 3, figsize=(9.0, 6.4), gridspec_kw={"height_ratios": [1, 1]})
+    for col, (title, a1, a2) in enumerate(panels):
+        draw_query(axes[0, col], a1[query], None if a2 is None else a2[query], query, stride, title)
+        draw_connectivity(axes[1, col], a1, a2)
+    axes[0, 0].set_ylabel(f"query pixel {query}\n(black frame)", fontsize=9)
+    axes[1, 0].set_ylabel(f"{n} x {n} connectivity\n(rows = outputs)", fontsize=9)
+    fig.legend(handles=legend_patches(), loc="lower center", ncol=4, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig
+
+
+def plot_head_masks(masks: np.ndarray, parts: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+                    titles: Sequence[str] | None = None, suptitle: str = "", axes=None):
+    """One connectivity matrix per head of ``masks`` (H, n, n). With ``parts``
+    (each head's (A(1), A(2))), a head's entries are coloured by the part they
+    come from. Draws into ``axes`` (a row of H axes) or a new figure."""
+    masks = np.asarray(masks, dtype=bool)
+    H = masks.shape[0]
+    fig = None
+    if axes is None:
+        fig, axes = plt.subplots(1, H, figsize=(2.3 * H, 2.6), squeeze=False)
+        axes = axes[0]
+    for h in range(H):
+        title = titles[h] if titles is not None else f"head {h}"
+        if parts is None:
+            draw_connectivity(axes[h], masks[h], title=title)
+        else:
+            a1, a2 = parts[h]
+            draw_connectivity(axes[h], masks[h] & a1, masks[h] & a2, title=title)
+    if fig is not None:
+        if suptitle:
+            fig.suptitle(suptitle, fontsize=10)
+        fig.tight_layout()
+    return fig
+
+
+def plot_keys_per_query(ns: np.ndarray, curves: dict[str, tuple[np.ndarray, np.ndarray]]):
+    """Log-log: left, keys read per query (solid max, dashed mean) against n with
+    the sqrt(n) and n guides; right, pairs computed (sum over queries) against n
+    with n sqrt(n) and n^2 / 2. ``curves`` maps a label to (mean, max) arrays."""
+    ns = np.asarray(ns, dtype=float)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 4.0))
+    for idx, (label, (mean, top)) in enumerate(curves.items()):
+        colour = f"C{idx}"
+        left.loglog(ns, top, "-o", color=colour, markersize=3, label=f"{label}: max")
+        left.loglog(ns, mean, "--", color=colour, label=f"{label}: mean")
+        right.loglog(ns, np.asarray(mean) * ns, "-o", color=colour, markersize=3, label=label)
+    left.loglog(ns, np.sqrt(ns), ":", color="black", label="sqrt(n)")
+    left.loglog(ns, ns, ":", color="grey", label="n")
+    right.loglog(ns, ns ** 1.5, ":", color="black", label="n sqrt(n)")
+    right.loglog(ns, ns ** 2 / 2, ":", color="grey", label="n^2 / 2")
+    left.set(xlabel="sequence length n", ylabel="keys read by one query", title="keys per query")
+    right.set(xlabel="sequence length n", ylabel="query-key pairs (sum over queries)",
+              title="pairs computed per head")
+    left.legend(fontsize=7, ncol=2)
+    right.legend(fontsize=7)
+    for ax in (left, right):
+        ax.grid(True, which="major", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def save(fig, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG (dpi 110), creating the folder; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    return path
