@@ -153,7 +153,11 @@ def union(*masks: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------
 
 def _check_globals(n: int, global_tokens) -> np.ndarray:
-    g = np.asarray(list(global_tokens), dtype=np.int64).reshape(-1)
+    tokens = list(global_tokens)
+    bad = [t for t in tokens if not _is_int(t)]
+    if bad:
+        raise ValueError(f"global token positions must be integers, got {bad}")
+    g = np.asarray(tokens, dtype=np.int64).reshape(-1)
     if g.size and (g.min() < 0 or g.max() >= n):
         raise ValueError(
             f"global token positions must lie in [0, {n}), got {sorted(set(g.tolist()))}"

@@ -348,3 +348,8 @@ def test_keys_per_query_matches_masks(n, l, c):
         keys_per_query("full", n, "A3")
     with pytest.raises(ValueError, match="needs the parameter 'c'"):
         keys_per_query("fixed", n, stride=l)
+
+
+def test_longformer_rejects_non_integer_global_tokens():
+    with pytest.raises(ValueError, match="must be integers"):
+        P.longformer(8, 2, 1, [1.5])
