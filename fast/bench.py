@@ -4,9 +4,11 @@ Child et al., 2019, section 5.5 and Table 2 (sparse patterns pay only for what
 they compute). ``python -m fast.bench`` times, for n = 1024 .. 65536 (powers of 2),
 B=1, H=4, d=64, float32 on the CPU:
 
-  dense         scaled_dot_product_attention(is_causal=True)   (pattern-free)
+  dense         scaled_dot_product_attention(is_causal=True)   (pattern-free; up to
+                --dense-n-max = 32768: at 65536 one forward+backward takes minutes here)
   naive         SDPA with the pattern's boolean mask           (fast.naive; skipped
-                where the (H, n, n) mask and SDPA's float copy of it exceed --mask-gb)
+                where the (H, n, n) mask and SDPA's float copy of it exceed --mask-gb,
+                and past --naive-n-max = 8192, where it would take most of the run)
   flex          FlexAttention with the pattern's BlockMask      (fast.flex; forward only
                 on a CPU, and only at --flex-n: each new n compiles for ~25 s)
   structured    fast.sparse_attention(backend="structured")    (ours)
@@ -354,7 +356,14 @@ def run(args) -> dict:
                 jobs += [(x, pattern) for x in names]
             for name, pattern in jobs:
                 entry = {"contender": name, "pattern": pattern, "n": n, "dtype": dtype}
-                if name == "naive" and mask_bytes(pattern, n) > args.mask_gb * 2**30:
+                if name == "dense" and n > args.dense_n_max:
+                    entry["skipped"] = (f"dense causal attention is O(n^2): past --dense-n-max "
+                                        f"{args.dense_n_max} one call takes minutes here")
+                elif name == "naive" and n > args.naive_n_max:
+                    entry["skipped"] = (f"the naive path is O(n^2) and runs the full square: "
+                                        f"past --naive-n-max {args.naive_n_max} it would take "
+                                        f"most of the run")
+                elif name == "naive" and mask_bytes(pattern, n) > args.mask_gb * 2**30:
                     entry["skipped"] = (f"the n x n mask needs {mask_bytes(pattern, n) / 2**30:.1f}"
                                         f" GiB > --mask-gb {args.mask_gb}")
                 elif name == "flex" and (args.no_flex or n not in flex_ns):
@@ -377,6 +386,7 @@ def run(args) -> dict:
     info["wall_s"] = time.time() - t_start
     return {"machine": info,
             "config": {"B": B, "H": H, "d": D, "patterns": PATTERNS, "combine": "merged",
+                       "dense_n_max": args.dense_n_max, "naive_n_max": args.naive_n_max,
                        "device": device, "ns": ns, "flex_ns": sorted(flex_ns),
                        "target_s": args.target, "mask_gb": args.mask_gb,
                        "timing": "min over repetitions after a warm-up call",
@@ -398,6 +408,10 @@ def main(argv=None) -> int:
     p.add_argument("--flex-n", type=int, nargs="*", default=[4096, 16384],
                    help="n at which FlexAttention runs on the CPU")
     p.add_argument("--no-flex", action="store_true")
+    p.add_argument("--dense-n-max", type=int, default=32768,
+                   help="largest n for dense SDPA (O(n^2) time)")
+    p.add_argument("--naive-n-max", type=int, default=8192,
+                   help="largest n for the naive masked SDPA (O(n^2) time and memory)")
     p.add_argument("--mask-gb", type=float, default=3.0,
                    help="largest naive mask (bool + SDPA's float copy), GiB")
     p.add_argument("--target", type=float, default=1.0,
