@@ -64,11 +64,12 @@ def draw_dataflow(path, block_tensors=None):
             _box(ax, x, y, text, color, dashed=(recompute and not first_or_last))
             if i:
                 _arrow(ax, (x, nodes[i - 1][1] + 0.3), (x, y - 0.3))
-        # the residual stream around the block
-        _arrow(ax, (1.35, 0.0), (1.35, 9.6), rad=0.0)
-        ax.text(1.6, 4.8, "residual\nstream", fontsize=8, color=OP, va="center")
-        ax.text(3.1, 2.4, "sparse_attention\n(strided / fixed)", fontsize=8, color=OP,
-                ha="center", va="center")
+        # the residual stream around the block: H is added to both branches' outputs
+        ax.plot([1.34, 1.7, 1.7], [0.0, 0.0, 9.6], color=OP, lw=1.0)
+        _arrow(ax, (1.7, 9.6), (1.34, 9.6))
+        ax.text(1.8, 4.8, "residual\nstream", fontsize=8, color=OP, va="center")
+        ax.text(2.9, 3.0, "fast.sparse_attention\n(O(n d) kept:\nout and lse)", fontsize=7.5,
+                color=OP, ha="center", va="center")
         title = ("with recomputation: keep H only,\nrecompute the rest in backward"
                  if recompute else "without recomputation: keep every\nintermediate for backward")
         ax.set_title(title, fontsize=10)
