@@ -100,3 +100,15 @@ def test_format_bytes():
     assert format_bytes(1536) == "1.5 KiB"
     assert format_bytes(3 * 2**30) == "3.0 GiB"
     assert format_bytes(None) == "n/a"
+
+
+def test_memory_report_measures_one_block_input_per_layer_with_recomputation():
+    from fast.memory_report import measure, per_layer
+    base = dict(d=32, heads=2, stride=8, c=4, batch=1, pattern="strided", impl="sparse",
+                what="saved", n=64)
+    rows = {}
+    for recompute in (False, True):
+        small, large = ({**base, "recompute": recompute, "layers": L} for L in (1, 3))
+        rows[recompute] = per_layer({**small, **measure(small)}, {**large, **measure(large)})
+    assert rows[True] == 64 * 32 * 4                 # the block input, fp32
+    assert rows[False] >= 10 * rows[True]            # norms, q, k, v, attention, ff, ...
