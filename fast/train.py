@@ -384,8 +384,28 @@ def parse_args(argv: list[str]) -> tuple[str, dict]:
     return name, overrides
 
 
+def usage() -> str:
+    """The --help text: presets, then every field with its default in the quick preset."""
+    model_cfg, train_cfg = preset("quick")
+    lines = ["usage: python -m fast.train [--preset NAME] [--field value ...]", "",
+             "Train a Sparse Transformer (Child et al., 2019). Every ModelConfig and",
+             "TrainConfig field (fast/config.py documents each) is an option.", "",
+             f"presets: {', '.join(sorted(PRESETS))} (default: quick)", "", "fields (quick preset's value):"]
+    for cfg in (model_cfg, train_cfg):
+        for f in dataclasses.fields(cfg):
+            lines.append(f"  --{f.name:<20} {getattr(cfg, f.name)!r}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
-    name, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(usage())
+        raise SystemExit(0)
+    try:
+        name, overrides = parse_args(argv)
+    except ValueError as err:
+        raise SystemExit(f"python -m fast.train: {err}\n(see --help)") from None
     model_cfg, train_cfg = preset(name, **overrides)
     result = train(model_cfg, train_cfg, progress=True)
     if int(os.environ.get("RANK", "0")) == 0:

@@ -185,3 +185,12 @@ def test_text_sampling_continues_a_prompt():
     assert model.training and not model.blocks[0].attn.qk_fp32     # state restored
     with pytest.raises(ValueError, match="length must be"):
         sampling.sample(model, 1, length=25)
+
+
+def test_cli_help_and_bad_option(capsys):
+    with pytest.raises(SystemExit) as ok:
+        training.main(["--help"])
+    assert ok.value.code == 0 and "presets:" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as bad:
+        training.main(["--layers", "2"])
+    assert "unknown option --layers" in str(bad.value.code)
