@@ -23,7 +23,8 @@ reset (Linux /proc/self/clear_refs, ``fast.memory.peak_rss``), the first
 forward runs -> ``peak_fwd`` (bytes above the RSS with the inputs allocated);
 reset again, one forward+backward -> ``peak_fb``. These first calls are the
 warm-up; then each measurement repeats until about --target seconds (at least
-one repetition; a first call longer than 2 s counts as the only repetition).
+one repetition, three for calls under 0.3 s; a first call longer than 2 s
+counts as the only repetition).
 Times reported are the minimum over repetitions (the machine is shared: the
 minimum is the least disturbed run); all repetitions are kept in the JSON. On
 CUDA peak memory is torch.cuda.max_memory_allocated above the inputs.
@@ -131,7 +132,8 @@ def _timed(fn, device, target: float, first: float) -> list[float]:
         first = time.perf_counter() - t
         if first > 2.0 or first * 2 > target:
             return [first]
-    reps = max(1, min(20, math.ceil(target / max(first, 1e-4))))
+    # at least 3 repetitions of a short call: on a shared machine one run can be unlucky
+    reps = max(3 if first < 0.3 else 1, min(20, math.ceil(target / max(first, 1e-4))))
     times = []
     for _ in range(reps):
         _sync(device)
