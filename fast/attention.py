@@ -15,9 +15,10 @@ Backends (one flag, the slow and the fast path side by side):
                -> flash attention over the transposed grid, bands and gathered
                summaries, merged through their log-sum-exp (``fast.structured``);
 * "triton"     the block-sparse Triton kernel (``fast.triton_attention``);
-* "auto"       full -> causal SDPA; strided, fixed -> "structured";
-               longformer, bigbird -> "triton" on CUDA when Triton is importable,
-               else "naive".
+* "auto"       full -> causal SDPA everywhere. On CUDA, with Triton importable and
+               a float16/bfloat16/float32 input, every other pattern -> "triton"
+               (the structured path's CUDA fallback is exact but not fast). Else
+               strided, fixed -> "structured"; longformer, bigbird -> "naive".
 
 Every bad input raises ValueError saying what was given and what is allowed.
 Non-finite q, k or v (NaN, inf) are rejected: the check is one read-only pass
@@ -148,8 +149,9 @@ def _triton_available() -> bool:
             and importlib.util.find_spec("fast.triton_attention") is not None)
 
 
-def resolve_backend(backend, pattern: str, device: torch.device) -> str:
-    """The backend that ``backend`` means for ``pattern`` on ``device``."""
+def resolve_backend(backend, pattern: str, device: torch.device,
+                    dtype: torch.dtype = torch.float32) -> str:
+    """The backend that ``backend`` means for ``pattern`` on ``device`` in ``dtype``."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "structured" and pattern in ("longformer", "bigbird"):
@@ -157,9 +159,11 @@ def resolve_backend(backend, pattern: str, device: torch.device) -> str:
                          f"'fixed'), got pattern {pattern!r}; use 'naive' or 'triton'")
     if backend != "auto":
         return backend
-    if pattern in ("full", "strided", "fixed"):
+    if pattern == "full":
         return "structured"
-    return "triton" if device.type == "cuda" and _triton_available() else "naive"
+    if device.type == "cuda" and dtype != torch.float64 and _triton_available():
+        return "triton"
+    return "structured" if pattern in ("strided", "fixed") else "naive"
 
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, *,
@@ -181,7 +185,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     params = check_pattern(pattern, n, H, combine, layer,
                            {"stride": stride, "c": c, **pattern_params})
     scale = _check_scale(scale, d)
-    which = resolve_backend(backend, pattern, q.device)
+    which = resolve_backend(backend, pattern, q.device, q.dtype)
 
     if which == "naive":
         from fast.naive import naive_sparse_attention

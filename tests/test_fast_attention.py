@@ -323,3 +323,16 @@ def test_structured_with_math_fallback(monkeypatch, pattern, params, combine):
     got = _fast(q, k, v, g, pattern, combine, 0, "structured", params)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
         assert (a - b).abs().max().item() < 1e-10, name
+
+
+def test_auto_backend_choice():
+    """auto: SDPA for full; Triton for the sparse patterns on CUDA (not float64); else CPU paths."""
+    from fast.attention import resolve_backend, _triton_available
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_backend("auto", "full", cuda, torch.float16) == "structured"
+    assert resolve_backend("auto", "strided", cpu) == "structured"
+    assert resolve_backend("auto", "bigbird", cpu) == "naive"
+    assert resolve_backend("auto", "fixed", cuda, torch.float64) == "structured"
+    expected = "triton" if _triton_available() else "structured"
+    assert resolve_backend("auto", "strided", cuda, torch.bfloat16) == expected
+    assert resolve_backend("naive", "strided", cuda) == "naive"
