@@ -47,14 +47,7 @@ def mask_mod(pattern: str, n: int, n_heads: int, combine: str = "merged", layer:
 
 def _mask_mod(pattern, n, n_heads, combine, layer, device, params):
     # The checks of fast.layout.block_layout, so both accept the same inputs.
-    if pattern not in fl.PATTERNS:
-        raise ValueError(f"pattern must be one of {fl.PATTERNS}, got {pattern!r}")
-    if combine not in ref.COMBINES:
-        raise ValueError(f"combine must be one of {ref.COMBINES}, got {combine!r}")
-    if not ref._is_int(n_heads) or n_heads < 1:
-        raise ValueError(f"n_heads must be an integer >= 1, got {n_heads!r}")
-    if not ref._is_int(layer) or layer < 0:
-        raise ValueError(f"layer must be an integer >= 0, got {layer!r}")
+    fl.check_head_args(pattern, n_heads, combine, layer)
     n = ref.check_n(n)
     params = fl._check_params(pattern, n, params)
     table = fl._head_table(pattern, int(n_heads), combine, layer, params).to(device)  # (H, k)

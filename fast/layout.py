@@ -173,16 +173,9 @@ def block_layout(pattern: str, n: int, n_heads: int = 1, combine: str = "merged"
     the gathered global tokens), "global_queries" (queries the gathered global
     tokens, keys natural); bigbird -> those and "random" (natural order).
     """
-    if pattern not in PATTERNS:
-        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    if combine not in ref.COMBINES:
-        raise ValueError(f"combine must be one of {ref.COMBINES}, got {combine!r}")
-    if not ref._is_int(n_heads) or n_heads < 1:
-        raise ValueError(f"n_heads must be an integer >= 1, got {n_heads!r}")
-    if not ref._is_int(layer) or layer < 0:
-        raise ValueError(f"layer must be an integer >= 0, got {layer!r}")
+    check_head_args(pattern, n_heads, combine, layer)
     if not ref._is_int(block_size) or block_size < 1:
         raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
     n, n_heads, block_size = ref.check_n(n), int(n_heads), int(block_size)
@@ -200,6 +193,18 @@ def block_layout(pattern: str, n: int, n_heads: int = 1, combine: str = "merged"
 # ----------------------------------------------------------------------------
 # Parameters and per-head behaviour.
 # ----------------------------------------------------------------------------
+
+def check_head_args(pattern: str, n_heads, combine: str, layer) -> None:
+    """ValueError unless pattern, n_heads, combine and layer are allowed (shared with fast.flex)."""
+    if pattern not in PATTERNS:
+        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+    if combine not in ref.COMBINES:
+        raise ValueError(f"combine must be one of {ref.COMBINES}, got {combine!r}")
+    if not ref._is_int(n_heads) or n_heads < 1:
+        raise ValueError(f"n_heads must be an integer >= 1, got {n_heads!r}")
+    if not ref._is_int(layer) or layer < 0:
+        raise ValueError(f"layer must be an integer >= 0, got {layer!r}")
+
 
 def _check_params(pattern: str, n: int, params: dict) -> dict:
     if pattern in ref.PATTERNS:

@@ -7,6 +7,8 @@ Kept small and stable on purpose, other test files import from it:
 
 * ``make_qkv(shape, d, seed)``  seeded float64 q, k, v (importable helper);
 * ``rng``                       a seeded ``np.random.Generator`` fixture;
+* ``one_thread``                one intra-op torch thread for a module's tiny
+                                models (use: ``pytestmark = pytest.mark.usefixtures("one_thread")``);
 * hypothesis profile "ci" (loaded by default): ``deadline=None`` (the machine is
   shared and slow, so timing-based failures would be noise), few examples and a
   derandomized search so that a run is reproducible. Set
@@ -53,3 +55,16 @@ def make_qkv(n: int, d: int, batch: tuple[int, ...] = (), seed: int = SEED, d_v:
 def rng() -> np.random.Generator:
     """A fresh generator with the suite's seed, so every test is reproducible."""
     return np.random.default_rng(SEED)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op torch thread while a module runs, restored after. Tiny models
+    gain nothing from a second OpenMP thread, and on a busy 2-core machine the
+    threads contend with other processes and run many times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
