@@ -44,9 +44,11 @@ def plot_curves(data: dict, path):
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        lo = [run["test_bits"] for k, run in data["runs"].items() if k.startswith(modality)]
-        if lo:
-            ax.set_ylim(min(lo) - 0.5, min(lo) + 3.0)
+        runs = [run for k, run in data["runs"].items() if k.startswith(modality)]
+        if runs:   # from the lowest training bits to a little above the first evaluation
+            lo = min(min(r["history"]["bits"]) for r in runs)
+            hi = max(r["evals"][0]["val"] for r in runs)
+            ax.set_ylim(lo - 0.2, hi + 0.5)
     fig.suptitle("Table 2 at CPU scale: training (line) and validation (markers) bits", fontsize=10.5)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
