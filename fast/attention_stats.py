@@ -122,13 +122,15 @@ def pattern_mass(weights, pattern_mask, queries) -> np.ndarray:
     return (a * m[q]).sum(-1).mean(-1)
 
 
-def classify_layer(mass, norm_entropy, topk_mass, uniform_mass) -> str:
+def classify_layer(mass, topk_mass, uniform_mass) -> str:
     """A one-word description of a layer (or head) from its summaries.
 
     mass, uniform_mass: (4,) region masses (REGIONS order) of the layer and of
-    uniform attention. Rules, in order:
-      "local"       local mass >= 0.5 and >= 3x uniform's;
-      "row/column"  row + column mass >= 0.4 and >= 3x uniform's;
+    uniform attention. Every rule is relative to uniform attention, because the
+    regions differ in size (a 3x3 window holds a few percent of an image).
+    Rules, in order:
+      "local"       local mass >= 4x uniform's (and at least 0.1);
+      "row/column"  row + column mass >= 3x uniform's;
       "sparse"      top-k mass >= 0.7 (a handful of positions take most weight);
       "global"      otherwise (weight spread widely, above all 'elsewhere').
     """
@@ -136,10 +138,9 @@ def classify_layer(mass, norm_entropy, topk_mass, uniform_mass) -> str:
     uni = np.asarray(uniform_mass, dtype=np.float64)
     if mass.shape != (4,) or uni.shape != (4,):
         raise ValueError(f"mass and uniform_mass must have shape (4,), got {mass.shape}, {uni.shape}")
-    if mass[0] >= 0.5 and mass[0] >= 3 * uni[0]:
+    if mass[0] >= 0.1 and mass[0] >= 4 * uni[0]:
         return "local"
-    rc, rc_uni = mass[1] + mass[2], uni[1] + uni[2]
-    if rc >= 0.4 and rc >= 3 * rc_uni:
+    if mass[1] + mass[2] >= 3 * (uni[1] + uni[2]):
         return "row/column"
     if topk_mass >= 0.7:
         return "sparse"

@@ -163,9 +163,9 @@ def layer_summary(maps: np.ndarray, image_shape=SHAPE, window: int = 1, k: int =
     uni_mass = stats.region_mass(uni_pix, image_shape, q, window)
     uni_ent, uni_top = stats.concentration(uni, q, k)
     layer_mass = mass.mean(1)                                            # (L, 4)
-    labels = [stats.classify_layer(layer_mass[i], ent[i].mean(), top[i].mean(), uni_mass)
+    labels = [stats.classify_layer(layer_mass[i], top[i].mean(), uni_mass)
               for i in range(len(layer_mass))]
-    head_labels = [[stats.classify_layer(mass[i, h], ent[i, h], top[i, h], uni_mass)
+    head_labels = [[stats.classify_layer(mass[i, h], top[i, h], uni_mass)
                     for h in range(mass.shape[1])] for i in range(len(mass))]
     return {
         "regions": list(stats.REGIONS), "window": window, "k": k,

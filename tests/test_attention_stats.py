@@ -67,7 +67,7 @@ def test_batched_leading_axes_and_bad_input():
 
 def test_classify_layer_rules():
     uni = np.array([0.05, 0.05, 0.05, 0.85])
-    assert classify_layer([0.8, 0.1, 0.05, 0.05], 0.3, 0.9, uni) == "local"
-    assert classify_layer([0.1, 0.3, 0.3, 0.3], 0.5, 0.5, uni) == "row/column"
-    assert classify_layer([0.1, 0.05, 0.05, 0.8], 0.2, 0.9, uni) == "sparse"
-    assert classify_layer([0.1, 0.05, 0.05, 0.8], 0.9, 0.2, uni) == "global"
+    assert classify_layer([0.8, 0.1, 0.05, 0.05], 0.9, uni) == "local"
+    assert classify_layer([0.1, 0.3, 0.3, 0.3], 0.5, uni) == "row/column"
+    assert classify_layer([0.1, 0.05, 0.05, 0.8], 0.9, uni) == "sparse"
+    assert classify_layer([0.1, 0.05, 0.05, 0.8], 0.2, uni) == "global"
