@@ -85,15 +85,20 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt: torch.Tens
     return seq
 
 
-def image_grid(samples: np.ndarray, image_shape, levels: int = 256) -> np.ndarray:
-    """(N, H*W*C) sequences -> one uint8 grid image (rows*H + gaps, cols*W + gaps, 3)."""
+def image_grid(samples: np.ndarray, image_shape, levels: int = 256,
+               cols: int | None = None) -> np.ndarray:
+    """(N, H*W*C) sequences -> one uint8 grid image (rows*H + gaps, cols*W + gaps, 3).
+
+    ``cols`` images per row (default: about sqrt(N), a square grid)."""
     h, w, ch = image_shape
     imgs = samples.reshape(-1, h, w, ch).astype(np.float64) * (255.0 / (levels - 1))
     imgs = np.clip(np.rint(imgs), 0, 255).astype(np.uint8)
     if ch == 1:
         imgs = np.repeat(imgs, 3, axis=-1)
     n = len(imgs)
-    cols = math.ceil(math.sqrt(n))
+    cols = math.ceil(math.sqrt(n)) if cols is None else cols
+    if cols < 1:
+        raise ValueError(f"cols must be >= 1, got {cols}")
     rows = math.ceil(n / cols)
     grid = np.full((rows * (h + 1) + 1, cols * (w + 1) + 1, 3), 255, dtype=np.uint8)
     for i, img in enumerate(imgs):

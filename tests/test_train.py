@@ -7,6 +7,7 @@ import os
 import socket
 
 import matplotlib.image
+import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -187,3 +188,12 @@ def test_cli_help_and_bad_option(capsys):
     with pytest.raises(SystemExit) as bad:
         training.main(["--layers", "2"])
     assert "unknown option --layers" in str(bad.value.code)
+
+
+def test_image_grid_layout():
+    from fast.sample import image_grid
+    seqs = np.arange(8 * 4, dtype=np.int64).reshape(8, 4) % 256   # eight 2x2 grey images
+    assert image_grid(seqs, (2, 2, 1)).shape == (3 * 3 + 1, 3 * 3 + 1, 3)        # square: 3x3 cells
+    assert image_grid(seqs, (2, 2, 1), cols=4).shape == (2 * 3 + 1, 4 * 3 + 1, 3)  # 2 rows of 4
+    with pytest.raises(ValueError, match="cols"):
+        image_grid(seqs, (2, 2, 1), cols=0)
