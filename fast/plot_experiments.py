@@ -19,6 +19,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from fast.sample import image_grid  # noqa: E402
+
 COLORS = {"full": "#4a5568", "fixed": "#2b6cb0", "strided": "#dd6b20"}
 NAMES = {"full": "dense", "fixed": "fixed", "strided": "strided"}
 DPI = 110
@@ -90,15 +92,9 @@ def plot_samples(data: dict, path):
             if f"image/{p}" in data["runs"]]
     fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs), 3.0), squeeze=False)
     for ax, (pattern, run) in zip(axes[0], runs):
-        h, w, _ = run["model_cfg"]["image_shape"]
-        imgs = np.asarray(run["samples"], dtype=np.uint8).reshape(-1, h, w)
-        cols = int(np.ceil(np.sqrt(len(imgs))))
-        rows = int(np.ceil(len(imgs) / cols))
-        grid = np.full((rows * (h + 1) + 1, cols * (w + 1) + 1), 255, dtype=np.uint8)
-        for i, img in enumerate(imgs):
-            r, c = divmod(i, cols)
-            grid[1 + r * (h + 1):1 + r * (h + 1) + h, 1 + c * (w + 1):1 + c * (w + 1) + w] = img
-        ax.imshow(grid, cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+        grid = image_grid(np.asarray(run["samples"]), run["model_cfg"]["image_shape"],
+                          levels=run["model_cfg"]["vocab_size"])
+        ax.imshow(grid, interpolation="nearest")
         ax.set_title(f"{NAMES[pattern]} ({run['test_bits']:.2f} bits/dim)", fontsize=9)
         ax.axis("off")
     fig.suptitle("samples of the image models (fast.sample, seed 0)", fontsize=10)

@@ -38,6 +38,7 @@ except ImportError as err:  # pragma: no cover - exercised only without triton
     ) from err
 
 from fast import triton_kernels as K
+from fast.layout_tiles import tables
 
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 128
@@ -96,6 +97,14 @@ def device_part(part, block: int, device) -> DevicePart:
         if ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any():
             raise ValueError(f"layout part {getattr(part, 'name', '?')!r}: {field} holds a "
                              "position twice in one head; every position may own one slot")
+    name = getattr(part, "name", "?")
+    part_block = getattr(part, "block_size", block)
+    n_qb, n_kb = torch.as_tensor(part.kv_count).shape[-1], torch.as_tensor(part.q_count).shape[-1]
+    if (part_block != block or torch.as_tensor(part.q_pos).shape[-1] != n_qb * block
+            or torch.as_tensor(part.k_pos).shape[-1] != n_kb * block):
+        raise ValueError(f"layout part {name!r} was built for another block size "
+                         f"({part_block}; {n_qb} query blocks over "
+                         f"{torch.as_tensor(part.q_pos).shape[-1]} slots) than block_size={block}")
     kv_index, kv_mask = _table(part.kv_index, part.kv_mask, device)
     q_index, q_mask = _table(part.q_index, part.q_mask, device)
     tm = torch.as_tensor(part.token_masks).reshape(-1, block, block)
@@ -126,22 +135,6 @@ class MaskPart:
     q_index: torch.Tensor
     q_mask: torch.Tensor
     token_masks: torch.Tensor
-
-
-def _tables(h, row, col, mid, n_heads: int, n_rows: int):
-    """Per (head, row): count (H, R), ascending col (H, R, MAXK), mask index (H, R, MAXK)."""
-    order = torch.argsort((h * n_rows + row) * (n_rows + 1) + col)
-    h, row, col, mid = h[order], row[order], col[order], mid[order]
-    group = h * n_rows + row
-    count = torch.bincount(group, minlength=n_heads * n_rows)
-    maxk = max(1, int(count.max()) if count.numel() else 1)
-    slot = torch.arange(group.numel()) - (torch.cumsum(count, 0) - count)[group]
-    index = torch.zeros(n_heads * n_rows, maxk, dtype=torch.int32)
-    mask = torch.full((n_heads * n_rows, maxk), -1, dtype=torch.int32)
-    index[group, slot] = col.to(torch.int32)
-    mask[group, slot] = mid.to(torch.int32)
-    return (count.view(n_heads, n_rows).to(torch.int32),
-            index.view(n_heads, n_rows, maxk), mask.view(n_heads, n_rows, maxk))
 
 
 def parts_from_masks(masks, block: int, names=None) -> list[MaskPart]:
@@ -179,8 +172,8 @@ def parts_from_masks(masks, block: int, names=None) -> list[MaskPart]:
             token, inv = torch.unique(sel.flatten(1), dim=0, return_inverse=True)
             token = token.view(-1, block, block)
             mid[part_idx] = inv
-        kv = _tables(h, qb, kb, mid, hh, nb)
-        qt = _tables(h, kb, qb, mid, hh, nb)
+        kv = tables(h, qb, kb, mid, hh, nb)
+        qt = tables(h, kb, qb, mid, hh, nb)
         name = names[p] if names is not None else f"mask{p}"
         parts.append(MaskPart(name, pos.expand(hh, size).clone(), pos.expand(hh, size).clone(),
                               *kv, *qt, token))
@@ -339,24 +332,34 @@ class BlockSparseAttention(torch.autograd.Function):
 def attention_with_parts(q, k, v, parts, *, scale=None, block_size: int) -> torch.Tensor:
     """Run the kernels on already-built layout parts (``LayoutPart``-like objects or
     ``DevicePart``); q, k, v (B, H, n, d). Used by the wrapper and by the tests."""
-    _check_qkv(q, k, v)
-    _check_runnable(q)
-    parts = [p if isinstance(p, DevicePart) else device_part(p, block_size, q.device)
-             for p in parts]
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    q, k, v = (t.contiguous() for t in (q, k, v))
+    q, k, v, parts, scale = _prepare(q, k, v, parts, scale, block_size)
     return BlockSparseAttention.apply(q, k, v, parts, scale, block_size)
 
 
 def attention_lse(q, k, v, parts, *, scale=None, block_size: int):
     """Forward only, returning (out, lse) in float32 (for tests and the notebook)."""
+    q, k, v, parts, scale = _prepare(q, k, v, parts, scale, block_size)
+    return forward(q, k, v, parts, scale, block_size)
+
+
+def _prepare(q, k, v, parts, scale, block_size: int):
+    """Checks, parts on q's device, the default scale, contiguous q, k, v."""
     _check_qkv(q, k, v)
     _check_runnable(q)
     parts = [p if isinstance(p, DevicePart) else device_part(p, block_size, q.device)
              for p in parts]
+    n_heads, n = q.shape[1], q.shape[2]
+    for p in parts:
+        if p.n_heads not in (1, n_heads):
+            raise ValueError(f"layout part {p.name!r} has {p.n_heads} heads; q has {n_heads} "
+                             f"(a part serves 1 head, shared, or all of them)")
+        top = max(int(p.q_pos.max()), int(p.k_pos.max()))
+        if top >= n:
+            raise ValueError(f"layout part {p.name!r} reads position {top}, but n = {n}: it "
+                             f"was built for a longer sequence")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     q, k, v = (t.contiguous() for t in (q, k, v))
-    return forward(q, k, v, parts, scale, block_size)
+    return q, k, v, parts, scale
 
 
 # ----------------------------------------------------------------------------

@@ -214,7 +214,7 @@ def _dq_kernel(
     o_base = b * stride_ob + h64 * stride_oh
     q = _slot_rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
     do = _slot_rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
-    lse2, delta = _row_stats(Lse, Delta, bh * N, q_pos, q_ok)
+    lse2, delta = _row_stats(Lse, Delta, bh.to(tl.int64) * N, q_pos, q_ok)
 
     dq = tl.zeros([BLOCK, BLOCK_D], tl.float32)
     lut = (hl * NQB + qb) * MAXK
@@ -289,7 +289,7 @@ def _dkdv_kernel(
         q_ok = q_pos >= 0
         q = _slot_rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
         do = _slot_rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
-        lse2, delta = _row_stats(Lse, Delta, bh * N, q_pos, q_ok)
+        lse2, delta = _row_stats(Lse, Delta, bh.to(tl.int64) * N, q_pos, q_ok)
 
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale   # (BLOCK_q, BLOCK_k)
         allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]

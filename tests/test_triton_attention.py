@@ -277,3 +277,18 @@ def test_gpu_low_precision_flash_rule(dtype, pattern, params):
         print(f"{dtype} {name}: err_fast {err_fast:.2e}  err_ref_lowprec {err_ref:.2e}")
         floor = 1e-4 if dtype == torch.float32 else 1e-5  # float32 runs as tf32x3 on a GPU
         assert err_fast <= 2 * err_ref + floor, name
+
+
+def test_parts_that_do_not_fit_the_inputs_are_rejected():
+    """A part built for another block size, head count or a longer sequence raises."""
+    from fast.layout import block_layout
+    q = k = v = torch.randn(1, 2, 40, 16)
+    parts16 = block_layout("strided", 40, 2, block_size=16, stride=5).parts
+    with pytest.raises(ValueError, match="block size"):
+        T.attention_with_parts(q, k, v, parts16, block_size=32)
+    parts3 = block_layout("strided", 40, 3, combine="multihead", block_size=16, stride=5).parts
+    with pytest.raises(ValueError, match="heads"):
+        T.attention_with_parts(q, k, v, parts3, block_size=16)
+    longer = block_layout("strided", 64, 2, block_size=16, stride=5).parts
+    with pytest.raises(ValueError, match="longer sequence"):
+        T.attention_with_parts(q, k, v, longer, block_size=16)
