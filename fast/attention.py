@@ -125,7 +125,11 @@ def check_pattern(pattern, n: int, n_heads: int, combine, layer, params: dict) -
         _check_int("window", out["window"], 1)
     if pattern == "longformer":
         _check_int("dilation", out["dilation"], 1)
-        g = list(out["global_tokens"])
+        try:
+            g = list(out["global_tokens"])
+        except TypeError:
+            raise ValueError(f"global_tokens must be an iterable of integer positions in "
+                             f"[0, {n}), got {out['global_tokens']!r}") from None
         if any(not _is_int(x) or not 0 <= x < n for x in g):
             raise ValueError(f"global_tokens must be integer positions in [0, {n}), got {g}")
         out["global_tokens"] = tuple(int(x) for x in g)

@@ -243,8 +243,8 @@ class Summary:
                 f(go), f(q), ks[:, None, :S].expand(G, g, S, d), vs[:, None, :S].expand(G, g, S, d),
                 f(out), f(lse), is_causal=True, scale=self.scale)
             dq[:, l:].unflatten(1, (M - 1, g, c)).add_(self._unfold(gq, M))
-            dks[:, :S].add_(gk.sum(1))
-            dvs[:, :S].add_(gv.sum(1))
+            dks[:, :S].add_(gk.sum(1, dtype=dks.dtype))
+            dvs[:, :S].add_(gv.sum(1, dtype=dvs.dtype))
             r = lambda t: t[:, l:].unflatten(1, (M - 1, l))               # (G, M-1, l, ...)
             if self.block:
                 gq, gk, gv = attention_backward(

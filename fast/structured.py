@@ -11,9 +11,14 @@ Plan: the heads of a layer fall into groups that read the same pieces
   strided  merged        all                           LocalBand + Column(strict)
   strided  multihead     even / odd                    LocalBand / Column
   strided  interleaved   all (layer even / odd)        LocalBand / Column
-  fixed    merged        all                           Summary(block=True): A(1) inside
-  fixed    multihead     even / odd                    BlockCausal / SummaryEarlier + SummaryOwn
-  fixed    interleaved   all (layer even / odd)        BlockCausal / SummaryEarlier + SummaryOwn
+  fixed    merged        all, c | l                    Summary(block=True): A(1) inside
+  fixed    merged        all, c does not divide l      BlockCausal + Summary(own=False)
+  fixed    multihead     even / odd                    BlockCausal / Summary(own=True)
+  fixed    interleaved   all (layer even / odd)        BlockCausal / Summary(own=True)
+
+Summary(own=True) also reads the summaries of the query's own block (j <= i);
+it runs as SummaryEarlier internally when c does not divide l. The first piece
+of a group reads something in every row (the merge relies on it, ``fast.merge``).
 
 (each fixed summary piece gathers every head's own sub-block, ``summary_rank``).
 The pieces of a group cover disjoint key sets, so their outputs merge exactly

@@ -63,7 +63,8 @@ def _check(q, k, v, mask, grad_out=None):
 def _scale(scale, d: int) -> float:
     if scale is None:
         return 1.0 / np.sqrt(d)
-    if not np.isfinite(scale):
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.number)) \
+            or not np.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale!r}")
     return float(scale)
 

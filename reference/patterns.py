@@ -153,7 +153,11 @@ def union(*masks: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------
 
 def _check_globals(n: int, global_tokens) -> np.ndarray:
-    tokens = list(global_tokens)
+    try:
+        tokens = list(global_tokens)
+    except TypeError:
+        raise ValueError(f"global_tokens must be an iterable of integer positions in "
+                         f"[0, {n}), got {global_tokens!r}") from None
     bad = [t for t in tokens if not _is_int(t)]
     if bad:
         raise ValueError(f"global token positions must be integers, got {bad}")

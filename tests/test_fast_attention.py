@@ -336,3 +336,9 @@ def test_auto_backend_choice():
     expected = "triton" if _triton_available() else "structured"
     assert resolve_backend("auto", "strided", cuda, torch.bfloat16) == expected
     assert resolve_backend("naive", "strided", cuda) == "naive"
+
+
+def test_non_iterable_global_tokens_is_a_value_error():
+    q = torch.zeros(1, 1, 8, 4)
+    with pytest.raises(ValueError, match="iterable"):
+        sparse_attention(q, q, q, "longformer", window=2, global_tokens=5)

@@ -316,3 +316,10 @@ def test_bad_scale_and_grad_out():
         attend_backward(q, k, v, m, np.zeros((6, 3)))
     with pytest.raises(ValueError, match="grad_out holds non-finite"):
         attend_backward(q, k, v, m, np.full((6, 4), np.nan))
+
+
+@pytest.mark.parametrize("scale", ["a", True, float("nan")])
+def test_bad_scale_is_a_value_error(scale):
+    q = np.ones((3, 2))
+    with pytest.raises(ValueError, match="scale"):
+        attend(q, q, q, np.tril(np.ones((3, 3), dtype=bool)), scale=scale)

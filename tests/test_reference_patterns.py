@@ -353,3 +353,8 @@ def test_keys_per_query_matches_masks(n, l, c):
 def test_longformer_rejects_non_integer_global_tokens():
     with pytest.raises(ValueError, match="must be integers"):
         P.longformer(8, 2, 1, [1.5])
+
+
+def test_longformer_rejects_a_non_iterable_global_tokens():
+    with pytest.raises(ValueError, match="iterable"):
+        P.longformer(8, 2, 1, 5)
