@@ -51,6 +51,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from fast.checkpoint import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 B, H, D = 1, 4, 64
@@ -446,7 +447,7 @@ def main(argv=None) -> int:
     out = args.out or ROOT / "figures"
     (out / "data").mkdir(parents=True, exist_ok=True)
     path = out / "data" / f"bench_{args.device}.json"
-    path.write_text(json.dumps(data, indent=1))
+    write_json(path, data, indent=1)
     from fast.plot_bench import plot
     png = plot(data, out / f"bench_{args.device}.png")
     print(f"\nwrote {path} and {png} ({data['machine']['wall_s']:.0f} s)")

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from fast.checkpoint import as_dict
+from fast.checkpoint import as_dict, save_checkpoint, write_json
 from fast.config import ModelConfig, TrainConfig
 
 DATA = Path("figures/data/table2.json")
@@ -98,7 +98,7 @@ def _save_model(model, path: Path) -> None:
     """Model weights only, in fp16 (small enough to commit), with the config."""
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}
-    torch.save({"model": state, "model_cfg": as_dict(model.cfg)}, path)
+    save_checkpoint(path, {"model": state, "model_cfg": as_dict(model.cfg)})
 
 
 def load_kept_model(path):
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             r = data["runs"][key]
             print(f"experiments: {key}: test {r['test_bits']:.3f} {r['unit']}, "
                   f"{r['time_per_iter']:.3f} s/iter, {r['wall_s']:.0f} s", flush=True)
-        args.out.write_text(json.dumps(data))
+        write_json(args.out, data)
     from fast import plot_experiments
     for path in plot_experiments.make_all(data, figdir):
         print(f"experiments: wrote {path}")

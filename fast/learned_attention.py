@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from fast import attention_stats as stats
-from fast.checkpoint import as_dict
+from fast.checkpoint import as_dict, save_checkpoint, write_json
 from fast.config import ModelConfig, TrainConfig
 from reference import patterns
 
@@ -86,7 +86,7 @@ def train_model(quick: bool = False, iters: int | None = None) -> tuple[torch.nn
 
 def save_model(model, path: Path) -> None:
     state = {k: v.half() for k, v in model.state_dict().items()}
-    torch.save({"model": state, "model_cfg": as_dict(model.cfg)}, path)
+    save_checkpoint(path, {"model": state, "model_cfg": as_dict(model.cfg)})
 
 
 def load_model(path) -> torch.nn.Module:
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     maps = attention_maps(model, test_images())
     summary.update(layer_summary(maps))
     summary["query_pixels"] = [list(p) for p in QUERY_PIXELS]
-    summary_path.write_text(json.dumps(summary))
+    write_json(summary_path, summary)
     from fast import plot_attention
     image = test_images(1)[0]
     for path in plot_attention.make_all(maps[:, 0], image, summary, figdir):

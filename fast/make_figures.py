@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from fast.checkpoint import write_json
 
 # name -> (module, takes --force/--quick, rough minutes on an idle 2-core CPU)
 STEPS = {
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         old["steps"].update(log["steps"])          # --only keeps the other steps' times
         old.update({k: v for k, v in log.items() if k != "steps"})
         LOG.parent.mkdir(parents=True, exist_ok=True)
-        LOG.write_text(json.dumps(old, indent=1))
+        write_json(LOG, old, indent=1)
     print(f"make_figures: all done in {log['total_seconds'] / 60:.1f} min")
     return 0
 

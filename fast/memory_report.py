@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from fast.checkpoint import write_json
 
 DATA = Path("figures/data/memory.json")
 QUICK_DIR = Path("runs/quick")     # --quick writes here, never over the real caches
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         data[name] = step_figures(data) if name == "figures" else funcs[name](args.quick)
         data[name]["seconds"] = round(time.perf_counter() - t0, 1)
-        args.out.write_text(json.dumps(data, indent=1))
+        write_json(args.out, data, indent=1)
         tqdm.write(f"memory_report: {name} done in {data[name]['seconds']} s")
     return 0
 

@@ -228,10 +228,12 @@ def _train(model_cfg, train_cfg, progress, dataset, device, precision, rank, wor
 
     if train_cfg.resume:
         state = ckpt.load_checkpoint(path, map_location=device)
-        saved_cfg, _ = ckpt.configs_from(state)
+        saved_cfg, saved_train = ckpt.configs_from(state)
         if saved_cfg != model_cfg:
             raise ValueError(f"cannot resume {path}: it was trained with {saved_cfg}, "
                              f"the run asks for {model_cfg}")
+        _check_same_trajectory(path, saved_train, train_cfg,
+                               state.get("data_position", {}).get("world_size", world), world)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -339,6 +341,27 @@ def _train(model_cfg, train_cfg, progress, dataset, device, precision, rank, wor
         "n_params": model.num_params(), "device": str(device), "precision": precision,
         "world_size": world, "unit": unit,
     }
+
+
+# Fields that change which batches are drawn or how the weights move: a resumed run
+# must keep them, or it would silently stop being the run it continues.
+TRAJECTORY_FIELDS = ("dataset", "data_path", "data_max_bytes", "batch_size", "max_iters",
+                     "lr", "min_lr_frac", "warmup_iters", "weight_decay", "beta1", "beta2",
+                     "grad_clip", "precision", "seed")
+
+
+def _check_same_trajectory(path, saved: TrainConfig | None, now: TrainConfig,
+                           saved_world: int, world: int) -> None:
+    """ValueError unless resuming ``now`` continues the run saved at ``path`` exactly
+    (stop_iter, resume, logging and evaluation fields may differ)."""
+    changed = [f"{name}: {getattr(saved, name)!r} -> {getattr(now, name)!r}"
+               for name in TRAJECTORY_FIELDS
+               if saved is not None and getattr(saved, name) != getattr(now, name)]
+    if saved_world != world:
+        changed.append(f"world size: {saved_world} -> {world}")
+    if changed:
+        raise ValueError(f"cannot resume {path}: the run would not continue the saved one "
+                         f"({'; '.join(changed)}); start a new out_dir or keep these values")
 
 
 # ----------------------------------------------------------------------------

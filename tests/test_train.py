@@ -63,6 +63,9 @@ def test_resume_reaches_the_same_weights(tmp_path, digits):
         training.train(dataclasses.replace(m, n_layers=1),
                        dataclasses.replace(part_cfg, resume=True), progress=False,
                        dataset=digits)
+    with pytest.raises(ValueError, match="lr: "):                    # another trajectory
+        training.train(m, dataclasses.replace(part_cfg, resume=True, lr=part_cfg.lr * 2),
+                       progress=False, dataset=digits)
 
 
 def test_loss_falls_on_real_data(tmp_path, digits):
