@@ -173,6 +173,17 @@ class _Peak:
         return False
 
 
+def _first_call(call, device) -> tuple[float, int]:
+    """Seconds and peak bytes of the first call (allocations, caches, masks included)."""
+    with _Peak(device) as peak:
+        _sync(device)
+        t = time.perf_counter()
+        call()
+        _sync(device)
+        seconds = time.perf_counter() - t
+    return seconds, peak.bytes
+
+
 def measure(name: str, pattern: str, n: int, device: str, dtype_name: str,
             target: float, backward: bool) -> dict:
     """Time and peak memory of one contender at one n (call in a fresh process)."""
@@ -191,13 +202,7 @@ def measure(name: str, pattern: str, n: int, device: str, dtype_name: str,
         t = time.perf_counter()
         fwd()
         res["compile_s"] = time.perf_counter() - t
-    with _Peak(device) as peak:
-        _sync(device)
-        t = time.perf_counter()
-        fwd()
-        _sync(device)
-        first = time.perf_counter() - t
-    res["peak_fwd_bytes"] = peak.bytes
+    first, res["peak_fwd_bytes"] = _first_call(fwd, device)
     if getattr(fn, "builds_mask", False):
         res["first_call_s"], first = first, 0.0      # the mask is built: not a timing
     res["fwd_s_all"] = _timed(fwd, device, target, first)
@@ -213,13 +218,7 @@ def measure(name: str, pattern: str, n: int, device: str, dtype_name: str,
 
         if getattr(fn, "builds_mask", False):
             fn.reset()                    # rebuilt inside the window: the mask counts here too
-        with _Peak(device) as peak:
-            _sync(device)
-            t = time.perf_counter()
-            fb()
-            _sync(device)
-            first = time.perf_counter() - t
-        res["peak_fb_bytes"] = peak.bytes
+        first, res["peak_fb_bytes"] = _first_call(fb, device)
         if getattr(fn, "builds_mask", False):
             first = 0.0
         res["fb_s_all"] = _timed(fb, device, target, first)
