@@ -36,14 +36,14 @@ test: $(STAMP)
 
 # Re-execute the notebooks in place, so their committed outputs are current.
 notebooks: $(STAMP)
-	TRITON_INTERPRET=1 $(PY) -m fast.run_notebooks notebooks/*.ipynb
+	TRITON_INTERPRET=1 $(PY) -m fast.experiments.run_notebooks notebooks/*.ipynb
 
 figures: $(STAMP)
-	$(PY) -m fast.make_figures
+	$(PY) -m fast.experiments.make_figures
 	$(MAKE) notebooks
 
 bench: $(STAMP)
-	$(PY) -m fast.bench
+	$(PY) -m fast.measure.bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

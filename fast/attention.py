@@ -10,11 +10,11 @@ in every head (combine and layer do not change them).
 Backends (one flag, the slow and the fast path side by side):
 
 * "naive"      SDPA with a boolean (H, n, n) mask built from closed forms:
-               O(n^2), the obviously-correct path (``fast.naive``);
+               O(n^2), the obviously-correct path (``fast.backends.naive``);
 * "structured" no n x n tensor anywhere: full -> causal SDPA; strided and fixed
                -> flash attention over the transposed grid, bands and gathered
-               summaries, merged through their log-sum-exp (``fast.structured``);
-* "triton"     the block-sparse Triton kernel (``fast.triton_attention``);
+               summaries, merged through their log-sum-exp (``fast.backends.structured``);
+* "triton"     the block-sparse Triton kernel (``fast.kernels.triton_attention``);
 * "auto"       full -> causal SDPA everywhere. On CUDA, with Triton importable and
                a float16/bfloat16/float32 input, every other pattern -> "triton"
                (the structured path's CUDA fallback is exact but not fast). Else
@@ -150,7 +150,7 @@ def _check_scale(scale, d: int) -> float:
 
 def _triton_available() -> bool:
     return (importlib.util.find_spec("triton") is not None
-            and importlib.util.find_spec("fast.triton_attention") is not None)
+            and importlib.util.find_spec("fast.kernels.triton_attention") is not None)
 
 
 def resolve_backend(backend, pattern: str, device: torch.device,
@@ -192,14 +192,14 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     which = resolve_backend(backend, pattern, q.device, q.dtype)
 
     if which == "naive":
-        from fast.naive import naive_sparse_attention
+        from fast.backends.naive import naive_sparse_attention
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
                                       scale=scale, **params)
     if which == "triton":
         try:
-            from fast.triton_attention import triton_sparse_attention
+            from fast.kernels.triton_attention import triton_sparse_attention
         except ModuleNotFoundError as err:
-            if err.name not in ("fast.triton_attention", "triton"):
+            if err.name not in ("fast.kernels.triton_attention", "triton"):
                 raise
             raise ImportError(f"backend 'triton' needs the module {err.name!r}, which is not "
                               f"installed or not written yet; use backend 'naive' or "
@@ -209,6 +209,6 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     # "structured"
     if pattern == "full":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    from fast.structured import structured_attention
+    from fast.backends.structured import structured_attention
     return structured_attention(q, k, v, pattern, combine=combine, layer=layer, scale=scale,
                                 **params)

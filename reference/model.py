@@ -18,7 +18,7 @@ paper's GeLU f(x) = x sigmoid(1.702 x). Evaluation mode: no dropout.
 ``weights`` is a dict of arrays named as the PyTorch model's ``state_dict``
 (``embed.tok.weight``, ``embed.pos.0.weight``, ``blocks.3.attn.q.weight``, ...);
 linear weights are (out, in) as in ``torch.nn.Linear`` (y = x W^T + b). ``cfg`` is
-anything with the ModelConfig attributes used below (fast.config.ModelConfig
+anything with the ModelConfig attributes used below (fast.transformer.config.ModelConfig
 works; this file does not import torch).
 """
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fast.attention_stats import (classify_layer, concentration, coordinates, pattern_mass,
+from fast.measure.attention_stats import (classify_layer, concentration, coordinates, pattern_mass,
                                   region_mass, region_masks, uniform_weights)
 from reference.patterns import strided, union
 

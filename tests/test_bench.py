@@ -1,4 +1,4 @@
-"""Smoke test of the benchmark machinery (fast.bench), at tiny n, in-process.
+"""Smoke test of the benchmark machinery (fast.measure.bench), at tiny n, in-process.
 
 Child et al., 2019, Table 2: the benchmark compares sparse and dense attention.
 Timings are not checked (noisy, shared machine); the structure, the slope fit,
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 
-from fast import bench
+from fast.measure import bench
 
 
 def test_fitted_slope_recovers_power_law():

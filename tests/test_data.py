@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from fast import data_images, data_text
+from fast.data import images as data_images
+from fast.data import text as data_text
 from fast.data import Dataset, load
 
 

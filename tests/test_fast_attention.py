@@ -256,7 +256,7 @@ def test_non_contiguous_inputs():
 def test_structured_makes_no_n_by_n_tensor(pattern, params):
     """Peak memory of forward+backward at n = 8192 stays far below one n x n float32
     matrix (256 MiB): the structured path is O(n sqrt(n)) in memory too."""
-    from fast.memory import peak_rss
+    from fast.measure.memory import peak_rss
     n = 8192
     q, k, v = (torch.randn(1, 1, n, 16, requires_grad=True) for _ in range(3))
     with peak_rss() as peak:
@@ -268,7 +268,7 @@ def test_structured_makes_no_n_by_n_tensor(pattern, params):
 
 
 def test_merge_of_two_key_sets_is_attention_over_their_union():
-    from fast.merge import merge_into
+    from fast.core.merge import merge_into
     q, k, v, _ = _rand(1, 2, 9, 8, seed=29)
     rng = np.random.default_rng(0)
     a = rng.random((9, 9)) < 0.5
@@ -285,9 +285,9 @@ def test_merge_of_two_key_sets_is_attention_over_their_union():
 
 
 def test_cpu_kernel_facts_and_math_fallback_agree():
-    """The facts fast.flash_cpu relies on (strided views, top-left causal, empty
+    """The facts fast.backends.flash_cpu relies on (strided views, top-left causal, empty
     rows give out 0), and its math fallback (used off the CPU) against the kernel."""
-    from fast import flash_cpu
+    from fast.backends import flash_cpu
     if not flash_cpu.HAS_CPU_FLASH:
         pytest.skip("this torch has no CPU flash operator")
     q, k, v, g = _rand(2, 6, 12, 8, seed=31)
@@ -314,7 +314,7 @@ def test_cpu_kernel_facts_and_math_fallback_agree():
     ("fixed", {"stride": 8, "c": 2}, "merged")])
 def test_structured_with_math_fallback(monkeypatch, pattern, params, combine):
     """The path taken off the CPU (CUDA, or a torch without the CPU operator)."""
-    from fast import flash_cpu
+    from fast.backends import flash_cpu
     monkeypatch.setattr(flash_cpu, "HAS_CPU_FLASH", False)
     monkeypatch.setattr(flash_cpu, "MATH_CHUNK_ELEMENTS", 2000)   # several row chunks
     n, H, d = 41, 4, 16

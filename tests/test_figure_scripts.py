@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fast import learned_attention as LA
-from fast.experiments import run_configs, timing_configs
-from fast.make_figures import STEPS, command
+from fast.experiments import learned_attention as LA
+from fast.experiments.table2 import run_configs, timing_configs
+from fast.experiments.make_figures import STEPS, command
 
 
 @pytest.mark.parametrize("modality", ["text", "image"])
@@ -62,7 +62,7 @@ def test_layer_summary_sees_column_attention_inside_the_strided_pattern():
 def test_make_figures_commands():
     assert set(STEPS) >= {"bench", "memory", "experiments", "learned_attention"}
     fresh = command("memory", quick=False, resume=False)
-    assert fresh[-2:] == ["fast.memory_report", "--force"]
+    assert fresh[-2:] == ["fast.experiments.memory_report", "--force"]
     assert "--force" not in command("experiments", quick=False, resume=True)
     assert "--quick" in command("learned_attention", quick=True, resume=False)
     assert command("bench", quick=True, resume=False) is None

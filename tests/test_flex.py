@@ -1,4 +1,4 @@
-"""Tests of fast.flex: FlexAttention mask_mod / BlockMask against reference/.
+"""Tests of fast.backends.flex: FlexAttention mask_mod / BlockMask against reference/.
 
 Child et al., 2019, sec. 4.3 and 5.1 (patterns, combine modes); sec. 7 of
 ``shared/paper-notes.md`` (Longformer, BigBird). PyTorch 2.13 has no FlexAttention
@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from fast.flex import block_mask, flex_sparse_attention, mask_mod
+from fast.backends.flex import block_mask, flex_sparse_attention, mask_mod
 from fast.layout import block_layout
 from reference import patterns as ref
 from reference.attention import attend

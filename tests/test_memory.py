@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from fast.memory import count_saved, format_bytes, peak_rss, saved_bytes
+from fast.measure.memory import count_saved, format_bytes, peak_rss, saved_bytes
 
 
 def test_counts_activations_and_parameters_apart():
@@ -103,7 +103,7 @@ def test_format_bytes():
 
 
 def test_memory_report_measures_one_block_input_per_layer_with_recomputation():
-    from fast.memory_report import measure, per_layer
+    from fast.experiments.memory_report import measure, per_layer
     base = dict(d=32, heads=2, stride=8, c=4, batch=1, pattern="strided", impl="sparse",
                 what="saved", n=64)
     rows = {}

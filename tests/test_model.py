@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from fast import masks_torch
-from fast.config import PRESETS, ModelConfig, preset
-from fast.model import SparseTransformer, gelu
+from fast.backends import masks as masks_torch
+from fast.transformer.config import PRESETS, ModelConfig, preset
+from fast.transformer.model import SparseTransformer, gelu
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

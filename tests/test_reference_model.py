@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from fast.config import ModelConfig
-from fast.model import SparseTransformer
+from fast.transformer.config import ModelConfig
+from fast.transformer.model import SparseTransformer
 from reference import model as ref_model
 
 

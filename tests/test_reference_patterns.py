@@ -334,7 +334,7 @@ def test_bad_input(call, match):
 
 @pytest.mark.parametrize("n,l,c", SIZES)
 def test_keys_per_query_matches_masks(n, l, c):
-    from fast.plot_patterns import keys_per_query
+    from fast.plots.patterns import keys_per_query
 
     np.testing.assert_array_equal(keys_per_query("full", n), P.full(n).sum(1))
     for pattern, kw in (("strided", {"stride": l}), ("fixed", {"stride": l, "c": c})):

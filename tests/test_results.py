@@ -1,8 +1,8 @@
-"""fast.results prints the README's tables from the figure scripts' JSON (figures/data)."""
+"""fast.experiments.results prints the README's tables from the figure scripts' JSON (figures/data)."""
 
 import json
 
-from fast import results
+from fast.experiments import results
 
 
 def test_results_from_minimal_json(tmp_path, capsys):

@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from fast import sample as sampling
-from fast import train as training
-from fast.checkpoint import load_checkpoint, load_model
-from fast.config import preset
+from fast.transformer import sample as sampling
+from fast.transformer import train as training
+from fast.transformer.checkpoint import load_checkpoint, load_model
+from fast.transformer.config import preset
 from fast.data import load
 
 
@@ -173,7 +173,7 @@ def test_command_lines_train_then_sample(tmp_path):
 def test_text_sampling_continues_a_prompt():
     m, _ = preset("quick_text", d_model=16, n_heads=2, n_layers=1, n_ctx=24, stride=8, c=2)
     torch.manual_seed(0)
-    from fast.model import SparseTransformer
+    from fast.transformer.model import SparseTransformer
     model = SparseTransformer(m)
     prompt = torch.tensor(list(b"def "))
     out = sampling.sample(model, 2, length=12, prompt=prompt,
@@ -194,7 +194,7 @@ def test_cli_help_and_bad_option(capsys):
 
 
 def test_image_grid_layout():
-    from fast.sample import image_grid
+    from fast.transformer.sample import image_grid
     seqs = np.arange(8 * 4, dtype=np.int64).reshape(8, 4) % 256   # eight 2x2 grey images
     assert image_grid(seqs, (2, 2, 1)).shape == (3 * 3 + 1, 3 * 3 + 1, 3)        # square: 3x3 cells
     assert image_grid(seqs, (2, 2, 1), cols=4).shape == (2 * 3 + 1, 4 * 3 + 1, 3)  # 2 rows of 4

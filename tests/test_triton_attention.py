@@ -27,7 +27,7 @@ pytest.importorskip("triton")
 
 from reference import attention as A  # noqa: E402
 from reference import patterns as P  # noqa: E402
-from fast import triton_attention as T  # noqa: E402
+from fast.kernels import triton_attention as T  # noqa: E402
 
 if T.interpreted():
     DEVICE = "cpu"
@@ -174,7 +174,7 @@ def test_layout_is_cached_and_results_are_deterministic():
 
 @needs_runner
 def test_bench_contenders_and_ideal_speedup():
-    from fast.bench_triton import contenders, ideal_speedup
+    from fast.measure.bench_triton import contenders, ideal_speedup
     params = dict(stride=8, combine="multihead")
     fns = contenders("strided", params, torch.float32, block_size=BLOCK)
     assert set(fns) == {"triton block-sparse", "triton natural order"}

@@ -1,0 +1,280 @@
+"""The two heads of the fixed pattern as dense pieces, without any n x n tensor.
+
+Child et al., 2019, section 4.3 (Fig. 3c) and section 5.5 ("fixed positions are
+gathered and computed in blocks"). Blocks of length l (n padded up to N = M l).
+Every head reads its own summary sub-block: positions [lo, lo + c) of each block,
+lo = ``summary_range(l, c, rank)[0]``; ``los`` lists lo for the heads of a
+group, and row g of a (G, N, d) tensor (G = batch x heads) is head g mod len(los).
+
+* ``BlockCausal``    -- A(1): causal attention inside each block, one batch of M
+  (l, l) causal problems.
+* ``Summary``        -- A(2): the summaries of strictly earlier blocks, as a
+  causal "fold" plus a (l, c) "tail" (see the class), and, when A(2) stands
+  alone (multihead, interleaved), the query's own block's summaries
+  lo + u <= s. The merged head takes only the earlier blocks: its own block's
+  summary positions j <= i are already in A(1), so nothing is counted twice.
+* ``SummaryEarlier`` -- the same earlier-block summaries by one call per query
+  block (a prefix of the gathered keys, no mask): the fallback when c does not
+  divide l.
+
+Pieces return (start_row, out, lse) chunks and add their share of the gradient
+given the merged out and lse (see ``fast.backends.strided`` for the chunk format).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fast.backends.flash_cpu import attention_backward, attention_forward
+
+
+def _lo_rows(los: list[int], G: int, device) -> torch.Tensor:
+    """lo of every row g of a (G, ...) tensor: head g mod len(los)."""
+    los_t = torch.as_tensor(los, device=device)
+    return los_t.repeat(G // len(los))                                   # (G,)
+
+
+def _gather_index(G: int, M: int, l: int, c: int, los: list[int], device) -> torch.Tensor:
+    """Positions of the summaries of blocks 0..M-1 for every row: (G, M c)."""
+    lo = _lo_rows(los, G, device)[:, None, None]                         # (G, 1, 1)
+    blocks = torch.arange(M, device=device)[None, :, None] * l           # (1, M, 1)
+    return (blocks + lo + torch.arange(c, device=device)[None, None, :]).flatten(1)
+
+
+def _gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """t (G, N, d) at positions idx (G, S) -> (G, S, d)."""
+    return t.gather(1, idx[..., None].expand(*idx.shape, t.shape[-1]))
+
+
+def _scatter_add(dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> None:
+    dst.scatter_add_(1, idx[..., None].expand(*idx.shape, dst.shape[-1]), src.to(dst.dtype))
+
+
+class BlockCausal:
+    """A(1) of the fixed pattern: floor(j / l) == floor(i / l), j <= i."""
+
+    def __init__(self, l: int, scale: float):
+        self.l, self.scale = l, scale
+
+    def _blocks(self, t):
+        return t.unflatten(1, (-1, self.l)).flatten(0, 1).unsqueeze(1)   # (G M, 1, l, ...)
+
+    def forward(self, q, k, v):
+        G, N, d = q.shape
+        o, lse = attention_forward(self._blocks(q), self._blocks(k), self._blocks(v),
+                                   is_causal=True, scale=self.scale)    # (G M, 1, l, d)
+        return [(0, o.reshape(G, N, d), lse.reshape(G, N))]
+
+    def backward(self, q, k, v, go, out, lse, dq, dk, dv):
+        b = self._blocks
+        g = attention_backward(b(go), b(q), b(k), b(v), b(out), b(lse), is_causal=True,
+                               scale=self.scale)
+        for acc, grad in zip((dq, dk, dv), g):
+            b(acc).add_(grad)
+
+
+class SummaryEarlier:
+    """Summary positions [lo, lo + c) of the blocks before the query's block."""
+
+    def __init__(self, l: int, c: int, los: list[int], scale: float):
+        self.l, self.c, self.los, self.scale = l, c, los, scale
+
+    def forward(self, q, k, v):
+        G, N, d = q.shape
+        l, c, M = self.l, self.c, N // self.l
+        if M < 2:
+            return []
+        idx = _gather_index(G, M - 1, l, c, self.los, q.device)
+        ks, vs = _gather(k, idx), _gather(v, idx)                        # (G, (M-1) c, d)
+        out = torch.empty(G, N - l, d, dtype=q.dtype, device=q.device)
+        lse = torch.empty(G, N - l, dtype=torch.float64 if q.dtype == torch.float64
+                          else torch.float32, device=q.device)
+        for b in range(1, M):                     # query block b reads key blocks 0..b-1
+            o, s = attention_forward(q[:, None, b * l:(b + 1) * l], ks[:, None, :b * c],
+                                     vs[:, None, :b * c], scale=self.scale)  # (G, 1, l, d)
+            out[:, (b - 1) * l:b * l] = o[:, 0]
+            lse[:, (b - 1) * l:b * l] = s[:, 0]
+        return [(l, out, lse)]
+
+    def backward(self, q, k, v, go, out, lse, dq, dk, dv):
+        G, N, d = q.shape
+        l, c, M = self.l, self.c, N // self.l
+        if M < 2:
+            return
+        idx = _gather_index(G, M - 1, l, c, self.los, q.device)
+        ks, vs = _gather(k, idx), _gather(v, idx)
+        dks = torch.zeros(G, (M - 1) * c, d, dtype=dk.dtype, device=dk.device)
+        dvs = torch.zeros_like(dks)
+        for b in range(1, M):
+            rows = slice(b * l, (b + 1) * l)
+            gq, gk, gv = attention_backward(
+                go[:, None, rows], q[:, None, rows], ks[:, None, :b * c], vs[:, None, :b * c],
+                out[:, None, rows], lse[:, None, rows], scale=self.scale)
+            dq[:, rows].add_(gq[:, 0])
+            dks[:, :b * c].add_(gk[:, 0])
+            dvs[:, :b * c].add_(gv[:, 0])
+        _scatter_add(dk, idx, dks)
+        _scatter_add(dv, idx, dvs)
+
+
+class Summary:
+    """A(2) of the fixed pattern in three batched pieces (no per-block loop):
+
+    * fold: the rows of blocks 1.. are regrouped as l / c sequences (query s of
+      block b goes to sequence s div c, slot (b-1) c + s mod c), each read by
+      causal attention over the gathered summaries of blocks 0..M-2. Slot
+      (b-1) c + u reads blocks < b-1 and the first u+1 summaries of block b-1.
+    * tail: the rest of block b-1's summaries, u' > s mod c: one batch of (l, c)
+      problems with a fixed mask (rows with s mod c = c-1 read nothing here).
+    * own (``own=True``, A(2) alone): the query's own block, lo + u <= s.
+    * ``block=True`` (the merged head): the tail and A(1) share one call -- each
+      block's queries read [block b-1's summaries | block b] (c + l keys, one
+      copy) through a fixed (l, c + l) mask; block 0 is plain causal.
+
+    fold + tail = the summaries of all earlier blocks, exactly once. Needs c | l;
+    otherwise (one summary head only, see reference.patterns.check_summary)
+    ``SummaryEarlier``'s per-block loop stands in for fold + tail (and the plan
+    adds ``BlockCausal`` itself).
+    """
+
+    def __init__(self, l: int, c: int, los: list[int], scale: float, own: bool,
+                 block: bool = False):
+        self.l, self.c, self.los, self.scale, self.own = l, c, los, scale, own
+        self.loop = SummaryEarlier(l, c, los, scale) if l % c else None
+        if block and (own or self.loop is not None):
+            raise ValueError("block=True is the merged head: c must divide l and own=False")
+        self.block = block
+
+    # -- masks --------------------------------------------------------------
+    def _tail_mask(self, dtype, device):
+        s = torch.arange(self.l, device=device)[:, None] % self.c
+        u = torch.arange(self.c, device=device)[None, :]
+        mask = torch.zeros(self.l, self.c, dtype=dtype, device=device)
+        return mask.masked_fill_(u <= s, float("-inf"))[None, None]    # (1, 1, l, c)
+
+    def _block_tail_mask(self, dtype, device):
+        """(1, 1, l, c + l): summary u' of block b-1 iff u' > s mod c, then own block t <= s."""
+        s = torch.arange(self.l, device=device)[:, None]
+        t = torch.arange(self.c + self.l, device=device)[None, :]
+        allowed = torch.where(t < self.c, t > s % self.c, t - self.c <= s)
+        mask = torch.zeros(self.l, self.c + self.l, dtype=dtype, device=device)
+        return mask.masked_fill_(~allowed, float("-inf"))[None, None]
+
+    def _block_tail_keys(self, t, sums, M):
+        """[summaries of block b-1 | block b] for b = 1..M-1: (G, M-1, c + l, d), a copy."""
+        S = (M - 1) * self.c
+        return torch.cat([sums[:, :S].unflatten(1, (M - 1, self.c)),
+                          t[:, self.l:].unflatten(1, (M - 1, self.l))], dim=2)
+
+    def _own_mask(self, G: int, dtype, device):
+        lo = _lo_rows(self.los, G, device)[:, None, None]               # (G, 1, 1)
+        s = torch.arange(self.l, device=device)[None, :, None]
+        u = torch.arange(self.c, device=device)[None, None, :]
+        mask = torch.zeros(G, self.l, self.c, dtype=dtype, device=device)
+        return mask.masked_fill_(lo + u > s, float("-inf"))[:, None]    # (G, 1, l, c)
+
+    # -- layouts ------------------------------------------------------------
+    def _fold(self, t, M):
+        """Rows [l, N) of (G, N, ...) -> (G, l/c, (M-1) c, ...), a copy."""
+        g, c = self.l // self.c, self.c
+        t = t[:, self.l:].unflatten(1, (M - 1, g, c))                   # (G, M-1, g, c, ...)
+        return t.transpose(1, 2).flatten(2, 3)                          # (G, g, (M-1) c, ...)
+
+    def _unfold(self, t, M):
+        """Inverse of _fold as a view: (G, g, (M-1) c, ...) -> (G, M-1, g, c, ...)."""
+        return t.unflatten(2, (M - 1, self.c)).transpose(1, 2)
+
+    def forward(self, q, k, v):
+        G, N, d = q.shape
+        l, c, M = self.l, self.c, N // self.l
+        idx = _gather_index(G, M, l, c, self.los, q.device)
+        ks, vs = _gather(k, idx), _gather(v, idx)                        # (G, M c, d)
+        chunks = []
+        if M >= 2 and self.loop is not None:
+            chunks += self.loop.forward(q, k, v)
+        elif M >= 2:
+            g, S = l // c, (M - 1) * c
+            o, lse = attention_forward(self._fold(q, M), ks[:, None, :S].expand(G, g, S, d),
+                                       vs[:, None, :S].expand(G, g, S, d), is_causal=True,
+                                       scale=self.scale)                # (G, g, S, d)
+            chunks.append((l, self._unfold(o, M), self._unfold(lse, M)))
+            if self.block:
+                o, lse = attention_forward(q[:, l:].unflatten(1, (M - 1, l)),
+                                           self._block_tail_keys(k, ks, M),
+                                           self._block_tail_keys(v, vs, M),
+                                           mask=self._block_tail_mask(q.dtype, q.device),
+                                           scale=self.scale)            # (G, M-1, l, d)
+                chunks.append((l, o, lse))
+            else:
+                o, lse = attention_forward(q[:, l:].unflatten(1, (M - 1, l)),
+                                           ks[:, :S].unflatten(1, (M - 1, c)),
+                                           vs[:, :S].unflatten(1, (M - 1, c)),
+                                           mask=self._tail_mask(q.dtype, q.device),
+                                           scale=self.scale)            # (G, M-1, l, d)
+                empty = torch.arange(l, device=q.device) % c == c - 1
+                chunks.append((l, o, lse.masked_fill(empty, float("-inf"))))
+        if self.block:
+            first = lambda t: t[:, :l].unsqueeze(1)                     # (G, 1, l, d)
+            o, lse = attention_forward(first(q), first(k), first(v), is_causal=True,
+                                       scale=self.scale)
+            chunks.insert(0, (0, o.squeeze(1), lse.squeeze(1)))
+        if self.own:
+            o, lse = attention_forward(q.unflatten(1, (M, l)), ks.unflatten(1, (M, c)),
+                                       vs.unflatten(1, (M, c)), scale=self.scale,
+                                       mask=self._own_mask(G, q.dtype, q.device))  # (G, M, l, d)
+            lo = _lo_rows(self.los, G, q.device)[:, None, None]
+            empty = torch.arange(l, device=q.device)[None, None, :] < lo    # (G, 1, l)
+            chunks.append((0, o, lse.masked_fill(empty, float("-inf"))))
+        return chunks
+
+    def backward(self, q, k, v, go, out, lse, dq, dk, dv):
+        G, N, d = q.shape
+        l, c, M = self.l, self.c, N // self.l
+        idx = _gather_index(G, M, l, c, self.los, q.device)
+        ks, vs = _gather(k, idx), _gather(v, idx)                        # (G, M c, d)
+        dks = torch.zeros(G, M * c, d, dtype=dk.dtype, device=dk.device)
+        dvs = torch.zeros_like(dks)
+        if M >= 2 and self.loop is not None:
+            self.loop.backward(q, k, v, go, out, lse, dq, dk, dv)
+        elif M >= 2:
+            g, S = l // c, (M - 1) * c
+            f = lambda t: self._fold(t, M)
+            gq, gk, gv = attention_backward(
+                f(go), f(q), ks[:, None, :S].expand(G, g, S, d), vs[:, None, :S].expand(G, g, S, d),
+                f(out), f(lse), is_causal=True, scale=self.scale)
+            dq[:, l:].unflatten(1, (M - 1, g, c)).add_(self._unfold(gq, M))
+            dks[:, :S].add_(gk.sum(1, dtype=dks.dtype))
+            dvs[:, :S].add_(gv.sum(1, dtype=dvs.dtype))
+            r = lambda t: t[:, l:].unflatten(1, (M - 1, l))               # (G, M-1, l, ...)
+            if self.block:
+                gq, gk, gv = attention_backward(
+                    r(go), r(q), self._block_tail_keys(k, ks, M), self._block_tail_keys(v, vs, M),
+                    r(out), r(lse), mask=self._block_tail_mask(q.dtype, q.device),
+                    scale=self.scale)                                   # gk (G, M-1, c + l, d)
+                r(dk).add_(gk[:, :, c:])
+                r(dv).add_(gv[:, :, c:])
+                gk, gv = gk[:, :, :c], gv[:, :, :c]
+            else:
+                gq, gk, gv = attention_backward(
+                    r(go), r(q), ks[:, :S].unflatten(1, (M - 1, c)),
+                    vs[:, :S].unflatten(1, (M - 1, c)), r(out), r(lse),
+                    mask=self._tail_mask(q.dtype, q.device), scale=self.scale)
+            r(dq).add_(gq)
+            dks[:, :S].add_(gk.flatten(1, 2))
+            dvs[:, :S].add_(gv.flatten(1, 2))
+        if self.block:
+            first = lambda t: t[:, :l].unsqueeze(1)                     # (G, 1, l, ...)
+            g = attention_backward(first(go), first(q), first(k), first(v), first(out),
+                                   first(lse), is_causal=True, scale=self.scale)
+            for acc, grad in zip((dq, dk, dv), g):
+                acc[:, :l].add_(grad.squeeze(1))
+        if self.own:
+            r = lambda t: t.unflatten(1, (M, l))                          # (G, M, l, ...)
+            gq, gk, gv = attention_backward(
+                r(go), r(q), ks.unflatten(1, (M, c)), vs.unflatten(1, (M, c)), r(out), r(lse),
+                mask=self._own_mask(G, q.dtype, q.device), scale=self.scale)
+            r(dq).add_(gq)
+            dks.add_(gk.flatten(1, 2))
+            dvs.add_(gv.flatten(1, 2))
+        _scatter_add(dk, idx, dks)
+        _scatter_add(dv, idx, dvs)

@@ -1,0 +1,180 @@
+"""The Sparse Transformer patterns as PyTorch FlexAttention masks.
+
+Child et al., 2019, "Generating Long Sequences with Sparse Transformers", sec. 4.3
+(strided and fixed patterns) and sec. 5.1 (merged / multi-head / interleaved heads),
+exactly as ``reference.patterns.head_masks`` (off-by-ones: ``shared/paper-notes.md``
+sec. 2); Longformer and BigBird (sec. 7) as ``reference.patterns.longformer`` /
+``bigbird``, every head reading the same mask.
+
+* ``mask_mod``: the pattern as a FlexAttention ``mask_mod(b, h, q_idx, kv_idx)``,
+  built from closed forms (tensor ops only); per-head behaviour comes from small
+  per-head lookup tensors, BigBird's random keys from an (n, n_random) table.
+* ``block_mask``: a ``BlockMask`` built from the NATURAL-order ``fast.layout``
+  (partial tiles -> kv_num_blocks / kv_indices, full tiles -> full_kv_*), via
+  ``BlockMask.from_kv_blocks``: no n x n evaluation (``create_block_mask`` would
+  run the mask_mod on all n^2 pairs).
+* ``flex_sparse_attention``: q, k, v -> output, with the BlockMask and the compiled
+  ``flex_attention`` cached.
+
+FlexAttention sees the natural order, where strided and fixed touch almost every
+causal 128-block (paper-notes sec. 8): it skips the upper triangle, not more; see
+``fast.layout`` for the structured (transposed / gathered) layouts. PyTorch 2.13
+has no FlexAttention backward on CPU ("does not support backward on CPU").
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from fast.layout import blocks as fl
+from reference import patterns as ref
+
+
+def mask_mod(pattern: str, n: int, n_heads: int, combine: str = "merged", layer: int = 0,
+             **params):
+    """A FlexAttention mask_mod (b, h, q_idx, kv_idx) -> bool for ``pattern``.
+
+    Arguments as ``fast.layout.block_layout`` (and ``reference.patterns.head_masks``
+    for full / strided / fixed). Its lookup tensors live on the CPU; ``block_mask``
+    builds one on the mask's device.
+    """
+    return _mask_mod(pattern, n, n_heads, combine, layer, "cpu", params)
+
+
+def _mask_mod(pattern, n, n_heads, combine, layer, device, params):
+    # The checks of fast.layout.block_layout, so both accept the same inputs.
+    fl.check_head_args(pattern, n_heads, combine, layer)
+    n = ref.check_n(n)
+    params = fl._check_params(pattern, n, params)
+    table = fl._head_table(pattern, int(n_heads), combine, layer, params).to(device)  # (H, k)
+    table = [table[:, col].contiguous() for col in range(table.shape[1])]  # one (H,) per column
+
+    if pattern == "full":
+        def full_mod(b, h, q_idx, kv_idx):
+            return kv_idx <= q_idx
+        return full_mod
+
+    if pattern == "strided":
+        l = params["stride"]
+        reads_local, reads_column = table[0].bool(), table[1].bool()
+
+        def strided_mod(b, h, q_idx, kv_idx):
+            back = q_idx - kv_idx
+            local = (back >= 0) & (back < l)
+            column = (back >= 0) & (back % l == 0)
+            return (reads_local[h] & local) | (reads_column[h] & column)
+        return strided_mod
+
+    if pattern == "fixed":
+        l = params["stride"]
+        reads_block, reads_summary = table[0].bool(), table[1].bool()
+        lo, hi = table[2], table[3]
+
+        def fixed_mod(b, h, q_idx, kv_idx):
+            causal = kv_idx <= q_idx
+            block = causal & (kv_idx // l == q_idx // l)
+            phase = kv_idx % l
+            summary = causal & (phase >= lo[h]) & (phase < hi[h])
+            return (reads_block[h] & block) | (reads_summary[h] & summary)
+        return fixed_mod
+
+    window, dilation = params["window"], params.get("dilation", 1)
+    is_global = torch.zeros(n, dtype=torch.bool, device=device)
+    if pattern == "longformer":
+        is_global[list(params["global_tokens"])] = True
+        random_keys = None
+    else:
+        is_global[: params["n_global"]] = True
+        random_keys = torch.from_numpy(np.asarray(ref.bigbird_random_keys(
+            n, params["n_random"], params["seed"]), dtype=np.int64)).to(device)  # (n, n_random)
+    columns = [] if random_keys is None else [random_keys[:, r].contiguous()
+               for r in range(random_keys.shape[1])]  # (n,) each: contiguous for inductor
+
+    def neighbour_mod(b, h, q_idx, kv_idx):
+        back = q_idx - kv_idx
+        causal = back >= 0
+        out = causal & (back < window * dilation) & (back % dilation == 0)
+        out = out | (causal & (is_global[q_idx] | is_global[kv_idx]))
+        for keys in columns:  # BigBird: kv_idx is one of the random keys of q_idx
+            out = out | (keys[q_idx] == kv_idx)
+        return out
+    return neighbour_mod
+
+
+def block_mask(pattern: str, n: int, n_heads: int, combine: str = "merged", layer: int = 0,
+               *, block_size: int = 128, device="cpu", **params) -> BlockMask:
+    """A FlexAttention BlockMask of ``pattern`` (batch dimension 1, broadcast).
+
+    Built from ``fast.layout.block_layout(..., order="natural")``: its partial
+    tiles become (kv_num_blocks, kv_indices), where FlexAttention applies the
+    mask_mod; its full tiles become (full_kv_num_blocks, full_kv_indices), where
+    it does not. The tables are padded to the full block width, as FlexAttention
+    derives the transposed (q) tables from that width.
+    """
+    layout = fl.block_layout(pattern, n, n_heads, combine, layer, block_size=block_size,
+                             order="natural", **params)
+    part = layout.parts[0]
+    nb = layout.n_blocks
+    valid = torch.arange(part.kv_index.shape[-1]) < part.kv_count[..., None].long()
+    is_full = valid & (part.kv_mask < 0)
+    is_partial = valid & (part.kv_mask >= 0)
+    partial_count, partial_index = _select(part.kv_index, is_partial, nb)
+    full_count, full_index = _select(part.kv_index, is_full, nb)
+    mod = _mask_mod(pattern, n, n_heads, combine, layer, device, params)
+    return BlockMask.from_kv_blocks(
+        partial_count[None].to(device), partial_index[None].to(device),    # (1, H, NB[, NB])
+        full_count[None].to(device), full_index[None].to(device),
+        BLOCK_SIZE=block_size, mask_mod=mod, seq_lengths=(n, n))
+
+
+def _select(index: torch.Tensor, keep: torch.Tensor, width: int):
+    """Keep the entries ``keep`` of each row of ``index`` (H, R, K), in order, as
+    (count (H, R), index (H, R, width)) int32, 0-padded."""
+    count = keep.sum(-1)
+    rank = torch.cumsum(keep.long(), -1) - 1                # slot of each kept entry
+    out = torch.zeros(*index.shape[:2], width + 1, dtype=torch.int32)
+    out.scatter_(-1, torch.where(keep, rank, width), index.int())  # dropped ones -> column `width`
+    return count.int(), out[..., :width].contiguous()
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_flex():
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_block_mask(pattern, n, n_heads, combine, layer, device, items):
+    return block_mask(pattern, n, n_heads, combine, layer, device=device, **dict(items))
+
+
+def flex_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, *,
+                          stride=None, c=None, combine: str = "merged", layer: int = 0,
+                          scale=None, compile: bool = True, **params) -> torch.Tensor:
+    """FlexAttention with the pattern's BlockMask: q, k (B, H, n, d), v (B, H, n, d_v)
+    -> output (B, H, n, d_v). Rows that read nothing give 0.
+
+    The BlockMask (block 128) is cached per (pattern, n, H, combine, layer, params,
+    device); ``compile=True`` uses one cached ``torch.compile(flex_attention)``
+    (its first call compiles, about 25 s on a CPU), ``compile=False`` the eager
+    version (slow, materialises the scores; for tests). Forward only on a CPU.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"q, k, v must be (B, H, n, d), got shapes {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if stride is not None:
+        params["stride"] = stride
+    if c is not None:
+        params["c"] = c
+    items = tuple(sorted((key, tuple(val) if isinstance(val, (list, tuple)) else val)
+                         for key, val in params.items()))
+    _, n_heads, n, _ = q.shape
+    mask = _cached_block_mask(pattern, n, n_heads, combine, layer, str(q.device), items)
+    attend = _compiled_flex() if compile else flex_attention
+    return attend(q, k, v, block_mask=mask, scale=scale)
+
+
+__all__ = ["mask_mod", "block_mask", "flex_sparse_attention"]

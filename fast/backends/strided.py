@@ -1,0 +1,154 @@
+"""The two heads of the strided pattern as dense pieces, without any n x n tensor.
+
+Child et al., 2019, section 4.3 (Fig. 3b) and section 5.5 ("a stride-l pattern
+is computed by transposing the sequence into an (n/l, l) grid"). Positions
+i = r l + s sit at row r, column s of that grid (n padded up to N = M l).
+
+* ``LocalBand`` -- A(1), 0 <= i - j < l. Block 0 (rows [0, l)) is plain causal
+  attention. From row l on, queries go in chunks of C rows (C divides l); chunk
+  w reads the C + l keys before and at it, a strided window of k (no copy),
+  through a fixed (C, C + l) band mask  s < t <= s + l  (query s, key t).
+* ``Column`` -- A(2), (i - j) mod l == 0. Transposing the grid makes every
+  column a contiguous sequence of M rows, and the column head is causal
+  attention along it. With ``strict=True`` the key row r reads only rows < r
+  (the diagonal j = i already belongs to the local band), which is what the
+  merged head needs so that no position is counted twice.
+
+Each piece returns (start_row, out, lse) chunks -- out (G, R, d) in natural row
+order, or (G, R1, R2, d) with R1 R2 consecutive rows blocked as the kernel left
+them -- and adds its share of the gradient given the merged out and lse (see
+``fast.backends.flash_cpu``).
+Tensors are (G, N, d), G = batch x heads, contiguous.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fast.backends.flash_cpu import attention_backward, attention_forward
+
+_MASKS: dict = {}
+
+
+def band_mask(C: int, l: int, dtype, device) -> torch.Tensor:
+    """Additive (1, 1, C, C + l) mask: query s of a chunk reads window key t iff
+    s < t <= s + l (the window starts l positions before the chunk)."""
+    key = ("band", C, l, dtype, device)
+    if key not in _MASKS:
+        s = torch.arange(C, device=device)[:, None]
+        t = torch.arange(C + l, device=device)[None, :]
+        allowed = (t > s) & (t <= s + l)                                # (C, C + l)
+        mask = torch.zeros(C, C + l, dtype=dtype, device=device)
+        _MASKS[key] = mask.masked_fill_(~allowed, float("-inf"))[None, None]
+    return _MASKS[key]
+
+
+def band_chunk(l: int) -> int:
+    """Query chunk C of the band: a divisor of l near 32. Small chunks waste less
+    of the (C, C + l) rectangle (the band fills l / (C + l) of it); too small
+    ones starve the kernel's tiles."""
+    for C in (32, 64, 16, 48, 24, 40, 56):
+        if l % C == 0 and C <= l:
+            return C
+    return l
+
+
+def _windows(t: torch.Tensor, l: int, C: int) -> torch.Tensor:
+    """Overlapping key windows, a view: (G, N, d) -> (G, nc, C + l, d), window w =
+    rows [w C, w C + C + l), the keys of query chunk w (rows l + w C ...)."""
+    G, N, d = t.shape
+    nc = (N - l) // C
+    return t.as_strided((G, nc, C + l, d), (t.stride(0), C * t.stride(1), t.stride(1), 1),
+                        t.storage_offset())
+
+
+def _fold_add(dst: torch.Tensor, dwin: torch.Tensor, l: int, C: int) -> None:
+    """dst (G, N, d) += the overlapping windows dwin (G, nc, C + l, d) (inverse of
+    ``_windows``): window w's slice j (rows j C .. j C + C) lands at chunk w + j."""
+    G, N, d = dst.shape
+    nc = dwin.shape[1]
+    chunks = dst.view(G, N // C, C, d)                                  # (G, N/C, C, d)
+    for j in range((C + l) // C):
+        chunks[:, j:j + nc].add_(dwin[:, :, j * C:(j + 1) * C].to(dst.dtype))
+
+
+class LocalBand:
+    """A(1) of the strided pattern: the last l positions, i itself included."""
+
+    def __init__(self, l: int, scale: float):
+        self.l, self.scale, self.C = l, scale, band_chunk(l)
+
+    def forward(self, q, k, v):
+        G, N, d = q.shape
+        l, C = self.l, self.C
+        first = lambda t: t[:, :l].unsqueeze(1)                         # (G, 1, l, d)
+        o0, lse0 = attention_forward(first(q), first(k), first(v), is_causal=True,
+                                     scale=self.scale)
+        chunks = [(0, o0.squeeze(1), lse0.squeeze(1))]
+        if N > l:
+            qb = q[:, l:].unflatten(1, (-1, C))                          # (G, nc, C, d)
+            o, lse = attention_forward(qb, _windows(k, l, C), _windows(v, l, C),
+                                       mask=band_mask(C, l, q.dtype, q.device),
+                                       scale=self.scale)                # (G, nc, C, d)
+            chunks.append((l, o, lse))   # rows blocked (nc, C): no copy to natural order
+        return chunks
+
+    def backward(self, q, k, v, go, out, lse, dq, dk, dv):
+        G, N, d = q.shape
+        l, C = self.l, self.C
+        first = lambda t: t[:, :l].unsqueeze(1)                         # (G, 1, l, ...)
+        g = attention_backward(first(go), first(q), first(k), first(v), first(out),
+                               lse[:, :l].unsqueeze(1), is_causal=True, scale=self.scale)
+        for acc, grad in zip((dq, dk, dv), g):
+            acc[:, :l].add_(grad.squeeze(1))
+        if N > l:
+            rows = lambda t: t[:, l:].unflatten(1, (-1, C))             # (G, nc, C, ...)
+            dqb, dkw, dvw = attention_backward(
+                rows(go), rows(q), _windows(k, l, C), _windows(v, l, C), rows(out),
+                rows(lse), mask=band_mask(C, l, q.dtype, q.device), scale=self.scale)
+            rows(dq).add_(dqb)
+            _fold_add(dk, dkw, l, C)
+            _fold_add(dv, dvw, l, C)
+
+
+def _columns(t: torch.Tensor, l: int, start: int, stop: int) -> torch.Tensor:
+    """Rows [start, stop) of (G, N, ...) as the transposed grid (G, l, R, ...), a view:
+    column s becomes the contiguous-in-index sequence of its R grid rows."""
+    return t[:, start:stop].unflatten(1, (-1, l)).transpose(1, 2)
+
+
+class Column:
+    """A(2) of the strided pattern: every l-th earlier position, (i - j) mod l == 0.
+    strict=True leaves out j = i (for the merged head)."""
+
+    def __init__(self, l: int, scale: float, strict: bool):
+        self.l, self.scale, self.strict = l, scale, strict
+
+    def _qkv_rows(self, N: int):
+        """(query rows, key rows): grid row r reads key rows <= r, or < r if strict."""
+        l = self.l
+        return ((l, N), (0, N - l)) if self.strict else ((0, N), (0, N))
+
+    def forward(self, q, k, v):
+        G, N, d = q.shape
+        (qa, qb), (ka, kb) = self._qkv_rows(N)
+        if qb <= qa:
+            return []
+        o, lse = attention_forward(_columns(q, self.l, qa, qb), _columns(k, self.l, ka, kb),
+                                   _columns(v, self.l, ka, kb), is_causal=True,
+                                   scale=self.scale)                    # (G, l, R, d)
+        return [(qa, o.transpose(1, 2).flatten(1, 2), lse.transpose(1, 2).flatten(1, 2))]
+
+    def backward(self, q, k, v, go, out, lse, dq, dk, dv):
+        G, N, d = q.shape
+        (qa, qb), (ka, kb) = self._qkv_rows(N)
+        if qb <= qa:
+            return
+        l = self.l
+        g = attention_backward(_columns(go, l, qa, qb), _columns(q, l, qa, qb),
+                               _columns(k, l, ka, kb), _columns(v, l, ka, kb),
+                               _columns(out, l, qa, qb), _columns(lse, l, qa, qb),
+                               is_causal=True, scale=self.scale)
+        _columns(dq, l, qa, qb).add_(g[0])
+        _columns(dk, l, ka, kb).add_(g[1])
+        _columns(dv, l, ka, kb).add_(g[2])

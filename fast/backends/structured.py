@@ -1,0 +1,185 @@
+"""The structured backend: strided and fixed attention at O(n sqrt(n)), with autograd.
+
+Child et al., 2019, section 4.3 (the patterns), section 5.1 (eq. 5-8: merged,
+multi-head and interleaved heads) and section 5.5 (transpose the sequence into
+an (n/l, l) grid; gather the fixed positions; never compute the upper triangle).
+
+Plan: the heads of a layer fall into groups that read the same pieces
+(``fast.backends.strided``, ``fast.backends.fixed``):
+
+  pattern  combine       heads                         pieces
+  strided  merged        all                           LocalBand + Column(strict)
+  strided  multihead     even / odd                    LocalBand / Column
+  strided  interleaved   all (layer even / odd)        LocalBand / Column
+  fixed    merged        all, c | l                    Summary(block=True): A(1) inside
+  fixed    merged        all, c does not divide l      BlockCausal + Summary(own=False)
+  fixed    multihead     even / odd                    BlockCausal / Summary(own=True)
+  fixed    interleaved   all (layer even / odd)        BlockCausal / Summary(own=True)
+
+Summary(own=True) also reads the summaries of the query's own block (j <= i);
+it runs as SummaryEarlier internally when c does not divide l. The first piece
+of a group reads something in every row (the merge relies on it, ``fast.core.merge``).
+
+(each fixed summary piece gathers every head's own sub-block, ``summary_rank``).
+The pieces of a group cover disjoint key sets, so their outputs merge exactly
+through the log-sum-exp (``fast.core.merge``). The backward saves only q, k, v, the
+merged out and the merged lse, and runs each piece's flash backward with the
+merged out and lse: recomputing P = exp(s - lse_merged) gives each piece its
+exact share of the merged gradient. No tensor of size n x n is ever made; the
+largest pieces are (l, 2 l) bands, (n/l, n/l) column problems and
+(l, n c / l) summary problems.
+
+n is padded with zeros up to a multiple of l inside (padded rows come after all
+real rows, so causality keeps real rows from reading them; their gradients are
+cut off). Sequences shorter than l are one dense block: they go to the naive
+path, which is no bigger than one block.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fast.backends.fixed import BlockCausal, Summary
+from fast.core.merge import merge_into
+from fast.backends.strided import Column, LocalBand
+from reference.patterns import summary_range, summary_rank
+
+
+def _lse_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def plan(pattern: str, combine: str, layer: int, n_heads: int, scale: float, stride: int,
+         c: int | None = None) -> list[tuple[slice, list]]:
+    """[(head slice, pieces)] for one layer; see the table in the module docstring."""
+    l = stride
+    if pattern == "strided":
+        first, second = [LocalBand(l, scale)], [Column(l, scale, strict=False)]
+        if combine == "merged":
+            return [(slice(0, n_heads), [LocalBand(l, scale), Column(l, scale, strict=True)])]
+        if combine == "multihead":
+            return [(slice(0, n_heads, 2), first), (slice(1, n_heads, 2), second)]
+        return [(slice(0, n_heads), first if layer % 2 == 0 else second)]
+    # fixed: the r-th summary-reading head reads sub-block r mod (l / c)
+    lo = lambda h: summary_range(l, c, summary_rank(h, combine))[0]
+    los = lambda sl: [lo(h) for h in range(n_heads)[sl]]
+    everyone, even, odd = slice(0, n_heads), slice(0, n_heads, 2), slice(1, n_heads, 2)
+    if combine == "merged" and l % c == 0:
+        return [(everyone, [Summary(l, c, los(everyone), scale, own=False, block=True)])]
+    if combine == "merged":
+        return [(everyone, [BlockCausal(l, scale), Summary(l, c, los(everyone), scale, own=False)])]
+    if combine == "multihead":
+        return [(even, [BlockCausal(l, scale)]), (odd, [Summary(l, c, los(odd), scale, own=True)])]
+    if layer % 2 == 0:
+        return [(everyone, [BlockCausal(l, scale)])]
+    return [(everyone, [Summary(l, c, los(everyone), scale, own=True)])]
+
+
+def _combine(chunk_lists, out, lse) -> None:
+    """Write the pieces' chunks into out (G, N, d) and lse (G, N): rows covered by
+    one chunk are copied, rows covered by several are merged through the lse.
+    A chunk (start, o, m) holds rows [start, start + R) either in natural order,
+    o (G, R, d), or in a blocked view o (G, R1, ..., d) whose row index is
+    mixed-radix over (R1, ...) (as the kernel left it, no copy). A segment is
+    handled in the shape of its most blocked chunk; the others are viewed so."""
+    N = out.shape[1]
+    chunks = [(s, o, m) for chs in chunk_lists for s, o, m in chs]
+    rows_of = lambda m: m.numel() // m.shape[0]
+    cuts = sorted({0, N} | {s for s, _, _ in chunks} | {s + rows_of(m) for s, _, m in chunks})
+
+    def rows(t, lo, hi, shape, tail):
+        """Rows [lo, hi) of t (G, R1, ..., *tail), shaped (G, *shape[1:], *tail)."""
+        inner = math.prod(t.shape[2:t.dim() - tail])       # rows per step of dim 1
+        t = t[:, lo // inner:hi // inner]
+        return t.reshape(*shape, *t.shape[t.dim() - tail:]) if shape else t
+
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        here = [(s, o, m) for s, o, m in chunks if s <= a and b <= s + rows_of(m)]
+        ref_s, _, ref_m = max(here, key=lambda ch: ch[2].dim())
+        shape = rows(ref_m, a - ref_s, b - ref_s, None, 0).shape if ref_m.dim() > 2 else None
+        pieces = [(rows(o, a - s, b - s, shape, 1), rows(m, a - s, b - s, shape, 0))
+                  for s, o, m in here]
+        dst_o, dst_m = rows(out, a, b, shape, 1), rows(lse, a, b, shape, 0)
+        if len(pieces) == 1:
+            dst_o.copy_(pieces[0][0])
+            dst_m.copy_(pieces[0][1])
+            continue
+        merge_into(dst_o, dst_m, *pieces[0], *pieces[1])
+        for o, m in pieces[2:]:
+            merge_into(dst_o, dst_m, dst_o, dst_m, o, m)
+
+
+def _group(t: torch.Tensor, heads: slice) -> torch.Tensor:
+    """(B, H, N, ...) -> the heads' (B Hg, N, ...), contiguous (a view when possible)."""
+    t = t[:, heads]
+    return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]).contiguous()
+
+
+class _StructuredAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, groups, stride):
+        B, H, n, d = q.shape
+        N = -(-n // stride) * stride
+        pad = lambda t: F.pad(t, (0, 0, 0, N - n)) if N != n else t.contiguous()
+        q, k, v = pad(q), pad(k), pad(v)                                 # (B, H, N, d)
+        out = torch.empty(B, H, N, d, dtype=q.dtype, device=q.device)
+        lse = torch.empty(B, H, N, dtype=_lse_dtype(q.dtype), device=q.device)
+        for heads, pieces in groups:
+            qg, kg, vg = _group(q, heads), _group(k, heads), _group(v, heads)   # (G, N, d)
+            if qg.shape[0] == 0:
+                continue
+            chunk_lists = [p.forward(qg, kg, vg) for p in pieces]
+            if len(groups) == 1:
+                _combine(chunk_lists, out.view(B * H, N, d), lse.view(B * H, N))
+            else:
+                og = torch.empty_like(qg)
+                lg = torch.empty(qg.shape[:2], dtype=lse.dtype, device=q.device)
+                _combine(chunk_lists, og, lg)
+                out[:, heads] = og.view(B, -1, N, d)
+                lse[:, heads] = lg.view(B, -1, N)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.groups, ctx.n = groups, n
+        return out if N == n else out[:, :, :n].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        B, H, N, d = q.shape
+        n = ctx.n
+        go = F.pad(grad_out, (0, 0, 0, N - n)) if N != n else grad_out.contiguous()
+        # rows that read nothing (lse = -inf) must contribute nothing: exp(s - inf) = 0
+        lse_b = lse.masked_fill(lse == float("-inf"), float("inf"))
+        acc = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
+        grads = [torch.zeros(B, H, N, d, dtype=acc, device=q.device) for _ in range(3)]
+        for heads, pieces in ctx.groups:
+            views = [_group(t, heads) for t in (q, k, v, go, out, lse_b)]
+            if views[0].shape[0] == 0:
+                continue
+            if len(ctx.groups) == 1:
+                gq, gk, gv = (g.view(B * H, N, d) for g in grads)
+            else:
+                gq, gk, gv = (torch.zeros_like(views[0], dtype=acc) for _ in range(3))
+            for p in pieces:
+                p.backward(*views, gq, gk, gv)
+            if len(ctx.groups) > 1:
+                for g, part in zip(grads, (gq, gk, gv)):
+                    g[:, heads] = part.view(B, -1, N, d)
+        dq, dk, dv = (g[:, :, :n].to(q.dtype) for g in grads)
+        return dq, dk, dv, None, None
+
+
+def structured_attention(q, k, v, pattern: str, *, combine: str = "merged", layer: int = 0,
+                         scale: float, stride: int, c: int | None = None) -> torch.Tensor:
+    """Strided or fixed attention, q, k, v (B, H, n, d) already validated
+    (``fast.attention``). Returns (B, H, n, d)."""
+    n = q.shape[2]
+    if n < stride:
+        from fast.backends.naive import naive_sparse_attention
+        params = {"stride": stride} if pattern == "strided" else {"stride": stride, "c": c}
+        return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
+                                      scale=scale, **params)
+    groups = plan(pattern, combine, layer, q.shape[1], scale, stride, c)
+    return _StructuredAttention.apply(q, k, v, groups, stride)

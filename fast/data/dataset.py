@@ -1,0 +1,126 @@
+"""Datasets and batching: ``load(name, ...)`` -> ``Dataset`` with ``batch`` and ``eval_batches``.
+
+Child et al., 2019, section 7: images are modelled as sequences of bytes (bits
+per dim), text as a stream of bytes (bits per byte). Loaders live in
+``fast/data_images.py`` and ``fast/data_text.py``; nothing is downloaded.
+
+Batching (section 7 trains on random windows of text and whole images):
+
+* text: random windows of n + 1 bytes from the split's stream; x = window[:n],
+  y = window[1:]. Evaluation reads consecutive non-overlapping windows from the
+  start of the stream.
+* images: whole sequences of n = H*W*C bytes; x is the image shifted right by one
+  with the start token (id = vocab_size) in front, y is the image, so every
+  pixel value is predicted. Evaluation reads images in order from the first.
+
+Random draws use a ``torch.Generator`` passed in (``fast.transformer.seed.data_generator``),
+so a batch is a pure function of (seed, step, rank).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fast.data import images as data_images
+from fast.data import text as data_text
+
+DATASETS = ("grey16", "photos32", "digits", "stdlib", "enwik8", "cifar10", "npy_images")
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class Dataset:
+    name: str                        # the name load() was given
+    kind: str                        # "image" (bits per dim) or "text" (bits per byte)
+    vocab_size: int                  # distinct values: 256 bytes, or 17 for digits
+    splits: dict                     # split -> uint8 array: (N, H*W*C) images or (T,) text
+    image_shape: tuple | None = None  # (H, W, C) for images
+
+    def __post_init__(self):
+        for split, arr in self.splits.items():
+            if self.kind == "image" and arr.ndim != 2:
+                raise ValueError(f"image split {split!r} must be (N, H*W*C), got {arr.shape}")
+            if self.kind == "text" and arr.ndim != 1:
+                raise ValueError(f"text split {split!r} must be (T,), got {arr.shape}")
+
+    @property
+    def seq_len(self) -> int | None:
+        """Sequence length of an image (None for text: any window length works)."""
+        return int(np.prod(self.image_shape)) if self.kind == "image" else None
+
+    def _split(self, split: str) -> np.ndarray:
+        if split not in self.splits:
+            raise ValueError(f"split must be one of {sorted(self.splits)}, got {split!r}")
+        return self.splits[split]
+
+    def check_length(self, n: int, split: str = "train") -> None:
+        """Raise ValueError unless sequences of length n can be drawn from ``split``."""
+        data = self._split(split)
+        if self.kind == "image":
+            if n != data.shape[1]:
+                raise ValueError(f"{self.name} images are sequences of {data.shape[1]} bytes "
+                                 f"(image_shape={self.image_shape}); the model's n_ctx must "
+                                 f"equal that, got n={n}")
+        elif len(data) < n + 1:
+            raise ValueError(f"{self.name} split {split!r} holds {len(data)} bytes, too few "
+                             f"for one window of n + 1 = {n + 1}")
+
+    def _pairs(self, data: np.ndarray, rows: np.ndarray, n: int):
+        """(x, y) LongTensors (B, n) for image indices or text window starts ``rows``."""
+        if self.kind == "image":
+            y = torch.from_numpy(data[rows].astype(np.int64))              # (B, n)
+            start = torch.full((len(rows), 1), self.vocab_size, dtype=torch.long)
+            return torch.cat([start, y[:, :-1]], dim=1), y                 # (B, n)
+        idx = rows[:, None] + np.arange(n + 1)[None, :]                   # (B, n+1)
+        w = torch.from_numpy(data[idx].astype(np.int64))
+        return w[:, :-1], w[:, 1:]
+
+    def batch(self, split: str, batch_size: int, n: int, generator: torch.Generator):
+        """A random batch (x, y), LongTensors (batch_size, n), drawn with ``generator``."""
+        data = self._split(split)
+        self.check_length(n, split)
+        high = len(data) if self.kind == "image" else len(data) - n
+        rows = torch.randint(high, (batch_size,), generator=generator).numpy()
+        return self._pairs(data, rows, n)
+
+    def eval_batches(self, split: str, batch_size: int, n: int, max_batches: int | None = None):
+        """Deterministic batches covering ``split`` from its start (at most max_batches)."""
+        data = self._split(split)
+        self.check_length(n, split)
+        count = len(data) if self.kind == "image" else (len(data) - 1) // n
+        starts = np.arange(count) if self.kind == "image" else np.arange(count) * n
+        for b, i in enumerate(range(0, count, batch_size)):
+            if max_batches is not None and b >= max_batches:
+                return
+            yield self._pairs(data, starts[i:i + batch_size], n)
+
+
+def load(name: str, *, path=None, max_bytes: int | None = None, image_shape=None,
+         enwik8_sizes=data_text.ENWIK8_SIZES) -> Dataset:
+    """Load dataset ``name`` (see DATASETS) without network access.
+
+    path: local file or folder for enwik8 (zip or raw), cifar10 (cifar-10-batches-py
+    folder) and npy_images (folder with train.npy, val.npy[, test.npy]).
+    max_bytes: cap on each text split. image_shape: expected (H, W, C) for npy_images.
+    """
+    if name == "grey16":
+        return Dataset(name, "image", 256, data_images.grey16(), (16, 16, 1))
+    if name == "photos32":
+        return Dataset(name, "image", 256, data_images.photos32(), (32, 32, 3))
+    if name == "digits":
+        return Dataset(name, "image", 17, data_images.digits(), (8, 8, 1))
+    if name == "cifar10":
+        return Dataset(name, "image", 256, data_images.cifar10(path), (32, 32, 3))
+    if name == "npy_images":
+        if image_shape is None:
+            raise ValueError("npy_images needs image_shape=(H, W, C) to know the layout")
+        return Dataset(name, "image", 256, data_images.npy_images(path, image_shape),
+                       tuple(image_shape))
+    if name == "stdlib":
+        return Dataset(name, "text", 256, data_text.stdlib(max_bytes))
+    if name == "enwik8":
+        return Dataset(name, "text", 256, data_text.enwik8(path, enwik8_sizes, max_bytes))
+    raise ValueError(f"dataset must be one of {DATASETS}, got {name!r}")

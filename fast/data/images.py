@@ -1,0 +1,183 @@
+"""Image data as byte sequences: bundled photographs, digits, CIFAR-10, local .npy.
+
+Child et al., 2019, section 7.2 (CIFAR-10 "represented as sequences of 3072
+bytes") and section 7.4 (ImageNet 64x64). Every loader returns a dict
+``{"train", "val", "test"} -> uint8 array (N, H*W*C)``: each image flattened in
+raster order with channels interleaved, position p = (row * W + col) * C + ch
+(R, G, B for colour) -- the order that fast.transformer.model's (row, column, channel)
+embeddings assume. Nothing is downloaded: the photographs are the files that
+ship inside scikit-image (``skimage/data/``) and scikit-learn
+(``sklearn/datasets/images/``); CIFAR-10 and .npy images are read from a local path.
+
+Photographs -> crops (deterministic, split by source photograph, so no test
+pixel was seen in training):
+
+    train: astronaut, rocket, hubble_deep_field, ihc, motorcycle_left (skimage), china (sklearn)
+    val:   coffee (skimage)
+    test:  chelsea (skimage), flower (sklearn)
+
+Each photo is cut into non-overlapping 32x32 tiles on a grid from its top-left
+corner, tiles listed row by row, photos in the order above. ``grey16`` turns each
+32x32 colour tile into a 16x16 greyscale one (luma 0.299 R + 0.587 G + 0.114 B,
+then a 2x2 mean, rounded).
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+PHOTO_SPLITS = {
+    "train": ["skimage:astronaut.png", "skimage:rocket.jpg", "skimage:hubble_deep_field.jpg",
+              "skimage:ihc.png", "skimage:motorcycle_left.png", "sklearn:china.jpg"],
+    "val": ["skimage:coffee.png"],
+    "test": ["skimage:chelsea.png", "sklearn:flower.jpg"],
+}
+
+
+def _photo_path(source: str) -> Path:
+    package, name = source.split(":")
+    if package == "skimage":
+        import skimage
+        folder = Path(skimage.__file__).parent / "data"
+    else:
+        import sklearn
+        folder = Path(sklearn.__file__).parent / "datasets" / "images"
+    path = folder / name
+    if not path.is_file():
+        raise FileNotFoundError(f"photograph {name!r} is not inside the installed {package} "
+                                f"package (looked for {path}); install scikit-image>=0.21 "
+                                f"and scikit-learn>=1.3 (pip install -e .[data])")
+    return path
+
+
+def load_photo(source: str) -> np.ndarray:
+    """One bundled photograph as uint8 (H, W, 3)."""
+    from PIL import Image
+    with Image.open(_photo_path(source)) as im:
+        return np.asarray(im.convert("RGB"), dtype=np.uint8)
+
+
+def tiles(image: np.ndarray, size: int) -> np.ndarray:
+    """Non-overlapping size x size tiles of an (H, W, C) image, row by row: (N, size, size, C)."""
+    h, w, ch = image.shape
+    rows, cols = h // size, w // size
+    t = image[:rows * size, :cols * size].reshape(rows, size, cols, size, ch)
+    return t.transpose(0, 2, 1, 3, 4).reshape(rows * cols, size, size, ch)   # (N, s, s, C)
+
+
+def to_grey16(crops: np.ndarray) -> np.ndarray:
+    """(N, 32, 32, 3) colour crops -> (N, 16, 16, 1) greyscale (luma, 2x2 mean)."""
+    luma = crops.astype(np.float64) @ np.array([0.299, 0.587, 0.114])        # (N, 32, 32)
+    n = luma.shape[0]
+    small = luma.reshape(n, 16, 2, 16, 2).mean(axis=(2, 4))                    # (N, 16, 16)
+    return np.clip(np.rint(small), 0, 255).astype(np.uint8)[..., None]
+
+
+def photos32() -> dict[str, np.ndarray]:
+    """32x32x3 crops of the bundled photographs, flattened: uint8 (N, 3072) per split."""
+    return {split: x.copy() for split, x in _photos32_cached().items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _photos32_cached() -> dict[str, np.ndarray]:
+    out = {}
+    for split, sources in PHOTO_SPLITS.items():
+        crops = np.concatenate([tiles(load_photo(s), 32) for s in sources])
+        out[split] = crops.reshape(len(crops), -1)                       # (N, 3072)
+    return out
+
+
+def grey16() -> dict[str, np.ndarray]:
+    """16x16 greyscale versions of the photos32 crops: uint8 (N, 256) per split."""
+    return {split: to_grey16(x.reshape(-1, 32, 32, 3)).reshape(len(x), -1)
+            for split, x in photos32().items()}
+
+
+def digits() -> dict[str, np.ndarray]:
+    """scikit-learn's 8x8 digits, values 0..16 (17 grey levels): uint8 (N, 64).
+    Split by a fixed permutation (NumPy default_rng(0)): 1437 / 180 / 180."""
+    from sklearn.datasets import load_digits
+    images = load_digits().images.astype(np.uint8).reshape(-1, 64)           # (1797, 64)
+    order = np.random.default_rng(0).permutation(len(images))
+    return {"train": images[order[:1437]], "val": images[order[1437:1617]],
+            "test": images[order[1617:]]}
+
+
+# ----------------------------------------------------------------------------
+# Local files.
+# ----------------------------------------------------------------------------
+
+CIFAR_TRAIN = [f"data_batch_{i}" for i in range(1, 6)]
+CIFAR_TEST = "test_batch"
+
+
+def _cifar_batch(path: Path) -> np.ndarray:
+    if not path.is_file():
+        raise FileNotFoundError(f"CIFAR-10 batch {path} not found; expected the python "
+                                f"version's folder (cifar-10-batches-py) holding "
+                                f"{CIFAR_TRAIN + [CIFAR_TEST]}")
+    try:
+        with open(path, "rb") as f:
+            batch = pickle.load(f, encoding="bytes")
+    except Exception as err:  # unpickling errors come in many types
+        raise ValueError(f"{path} is not a CIFAR-10 python pickle batch: {err}") from err
+    if not isinstance(batch, dict) or b"data" not in batch:
+        keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        raise ValueError(f"{path}: a CIFAR-10 batch is a dict with key b'data', got {keys}")
+    data = batch[b"data"]
+    if (not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2
+            or data.shape[1] != 3072):
+        raise ValueError(f"{path}: b'data' must be a uint8 array (N, 3072), got "
+                         f"{getattr(data, 'dtype', type(data).__name__)} "
+                         f"{getattr(data, 'shape', '')}")
+    # CIFAR stores each image channel-major (1024 R, 1024 G, 1024 B); we use raster
+    # order with channels interleaved.
+    return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).reshape(-1, 3072)
+
+
+def cifar10(path) -> dict[str, np.ndarray]:
+    """CIFAR-10 from the python pickle batches in folder ``path``: uint8 (N, 3072).
+    train: data_batch_1..4 and the first half of data_batch_5; val: the second half
+    of data_batch_5; test: test_batch."""
+    if path is None:
+        raise ValueError("cifar10 needs data_path: the local cifar-10-batches-py folder")
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"CIFAR-10 folder {folder} not found (nothing is downloaded; "
+                                f"put the python version's batches there)")
+    train = [_cifar_batch(folder / name) for name in CIFAR_TRAIN]
+    half = len(train[-1]) // 2
+    return {"train": np.concatenate(train[:-1] + [train[-1][:half]]),
+            "val": train[-1][half:], "test": _cifar_batch(folder / CIFAR_TEST)}
+
+
+def npy_images(path, image_shape=None) -> dict[str, np.ndarray]:
+    """uint8 images (N, H, W, C) from ``path``/{train,val,test}.npy (test optional),
+    e.g. downsampled ImageNet 64x64 prepared by the user."""
+    if path is None:
+        raise ValueError("npy_images needs data_path: a folder with train.npy and val.npy")
+    folder = Path(path)
+    out = {}
+    for split in ("train", "val", "test"):
+        file = folder / f"{split}.npy"
+        if not file.is_file():
+            if split == "test":
+                continue
+            raise FileNotFoundError(f"{file} not found; npy_images reads uint8 arrays "
+                                    f"(N, H, W, C) from {folder}/train.npy, val.npy [, test.npy]")
+        x = np.load(file, mmap_mode="r", allow_pickle=False)
+        if x.dtype != np.uint8 or x.ndim != 4:
+            raise ValueError(f"{file} must hold uint8 (N, H, W, C), got {x.dtype} {x.shape}")
+        if image_shape is not None and tuple(x.shape[1:]) != tuple(image_shape):
+            raise ValueError(f"{file} holds images of shape {x.shape[1:]}, the model "
+                             f"expects {tuple(image_shape)}")
+        out[split] = np.ascontiguousarray(x).reshape(len(x), -1)
+    return out
+
+
+__all__ = ["photos32", "grey16", "digits", "cifar10", "npy_images", "load_photo", "tiles",
+           "to_grey16", "PHOTO_SPLITS"]

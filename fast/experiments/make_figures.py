@@ -1,0 +1,102 @@
+"""Regenerate every figure of the project, training included: ``make figures``.
+
+Child et al., 2019 -- the scripts below redraw Figure 2 (learned attention),
+Figure 4 and the blog's memory table (recomputation), Table 2 (dense / fixed /
+strided) and the CPU attention benchmark. Each runs in its own process, in this
+order, with its own progress bar; the Makefile then re-executes the notebooks
+(``python -m fast.experiments.run_notebooks notebooks/*.ipynb``), which read the caches
+these scripts write under figures/data/.
+
+    python -m fast.experiments.make_figures            # from scratch (about 40 min on 2 CPU cores)
+    python -m fast.experiments.make_figures --resume   # after an interruption: keep what is cached
+    python -m fast.experiments.make_figures --quick    # tiny versions, written under runs/quick/
+    python -m fast.experiments.make_figures --only memory,experiments
+
+From scratch, every script is given ``--force`` (it rewrites its cache step by
+step, so ``--resume`` continues where it stopped). Wall times go to
+figures/data/make_figures.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from fast.transformer.checkpoint import write_json
+
+# name -> (module, takes --force/--quick, rough minutes on an idle 2-core CPU)
+STEPS = {
+    "bench": ("fast.measure.bench", False, 8),
+    "memory": ("fast.experiments.memory_report", True, 5),
+    "experiments": ("fast.experiments.table2", True, 18),
+    "learned_attention": ("fast.experiments.learned_attention", True, 6),
+}
+BENCH_OUTPUT = Path("figures/data/bench_cpu.json")
+LOG = Path("figures/data/make_figures.json")
+
+
+def command(name: str, quick: bool, resume: bool) -> list[str] | None:
+    """The command line of step ``name``, or None when it is to be skipped."""
+    module, flags, _ = STEPS[name]
+    if not flags:
+        # fast.measure.bench has no cache logic of its own: skip it when resuming over its output.
+        if quick or (resume and BENCH_OUTPUT.exists()):
+            return None
+        return [sys.executable, "-m", module]
+    cmd = [sys.executable, "-m", module]
+    if quick:
+        cmd.append("--quick")
+    if not resume:
+        cmd.append("--force")
+    return cmd
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--resume", action="store_true", help="keep cached results, do the rest")
+    parser.add_argument("--quick", action="store_true", help="tiny versions under runs/quick/")
+    parser.add_argument("--only", default="", help=f"comma list of {list(STEPS)}")
+    args = parser.parse_args(argv)
+    names = [s for s in args.only.split(",") if s] or list(STEPS)
+    bad = sorted(set(names) - set(STEPS))
+    if bad:
+        raise ValueError(f"--only takes names from {list(STEPS)}, got {bad}")
+
+    from tqdm import tqdm
+
+    log = {"steps": {}, "quick": args.quick, "resume": args.resume}
+    start = time.perf_counter()
+    bar = tqdm(names, desc="make_figures", unit="script")
+    for name in bar:
+        cmd = command(name, args.quick, args.resume)
+        bar.set_postfix(step=name, budget=f"~{STEPS[name][2]} min")
+        if cmd is None:
+            tqdm.write(f"make_figures: {name} skipped")
+            continue
+        tqdm.write(f"make_figures: {' '.join(cmd[1:])}")
+        t0 = time.perf_counter()
+        result = subprocess.run(cmd)
+        seconds = round(time.perf_counter() - t0, 1)
+        log["steps"][name] = {"command": " ".join(cmd[2:]), "seconds": seconds,
+                              "returncode": result.returncode}
+        if result.returncode != 0:
+            tqdm.write(f"make_figures: {name} failed (exit {result.returncode}) after {seconds} s; "
+                       f"fix it and rerun with --resume")
+            return result.returncode
+        tqdm.write(f"make_figures: {name} done in {seconds} s")
+    log["total_seconds"] = round(time.perf_counter() - start, 1)
+    if not args.quick:
+        old = json.loads(LOG.read_text()) if LOG.exists() else {"steps": {}}
+        old["steps"].update(log["steps"])          # --only keeps the other steps' times
+        old.update({k: v for k, v in log.items() if k != "steps"})
+        LOG.parent.mkdir(parents=True, exist_ok=True)
+        write_json(LOG, old, indent=1)
+    print(f"make_figures: all done in {log['total_seconds'] / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

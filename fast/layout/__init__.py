@@ -1,0 +1,12 @@
+"""Block-sparse layouts of the Sparse Transformer patterns (Child et al., 2019, sec. 5.5).
+
+A layout says, for every head, which (query block, key block) tiles a pattern
+touches and with which exact token mask, in a token order of its own per part
+(strided columns transposed, fixed summaries gathered), without ever forming an
+n x n mask. ``blocks`` holds the public ``block_layout``; ``parts`` enumerates
+candidate tiles from closed forms; ``tiles`` turns candidates into tables.
+"""
+
+from fast.layout.blocks import BlockLayout, LayoutPart, block_layout
+
+__all__ = ["BlockLayout", "LayoutPart", "block_layout"]

@@ -1,0 +1,367 @@
+"""Block-sparse layouts of the Sparse Transformer patterns, for block-sparse kernels.
+
+Child et al., 2019, "Generating Long Sequences with Sparse Transformers", sec. 4.3
+(strided and fixed patterns), sec. 5.1 (merged / multi-head / interleaved heads) and
+sec. 5.5 (kernels: "a stride-l pattern is computed by transposing the sequence into
+an (n/l, l) grid and running a local window; fixed positions are gathered and
+computed in blocks; the upper triangle is never computed"). Patterns, combine modes
+and off-by-ones are exactly those of ``reference.patterns.head_masks`` (see
+``shared/paper-notes.md`` sec. 2-3); Longformer and BigBird (sec. 7) as in
+``reference.patterns.longformer`` / ``bigbird``, every head reading the same mask.
+
+A layout is a list of DISJOINT parts whose union is the pattern. Each part has its
+own token order (q_pos / k_pos: the position held by each slot), and for that order
+the list of non-empty (query block, key block) tiles, with an exact token mask for
+every tile that is not full (causal inside diagonal blocks, padding never allowed).
+
+    order="natural":    one part, natural order (what FlexAttention sees; strided
+                        and fixed touch almost every causal block at block 128).
+    order="structured": strided -> "local" (natural) + "column" (transposed by l);
+                        fixed -> "block" (natural) + "summary" (keys gathered);
+                        full -> "full"; longformer -> "window" (natural, or
+                        transposed by the dilation) + "global_keys" +
+                        "global_queries"; bigbird -> those + "random".
+
+Building a layout never forms an n x n mask (paper-notes sec. 8): candidate tiles
+come from closed forms on block ranges (``fast.layout.parts``), and token rules are
+evaluated only on candidate tiles (``fast.layout.tiles``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fast.layout import parts as lp
+from fast.layout.tiles import build_part
+from reference import patterns as ref
+
+PATTERNS = ("full", "strided", "fixed", "longformer", "bigbird")
+ORDERS = ("structured", "natural")
+
+
+@dataclass(repr=False)
+class LayoutPart:
+    """One part of a layout: a token order and its non-empty tiles.
+
+    Tables are per head; "slot" means a position in this part's token order.
+    """
+    name: str                  # "local", "column", "block", "summary", "full", ...
+    block_size: int            # B: slots per block
+    q_pos: torch.Tensor        # (H, Mq) int64: position held by each query slot, -1 = padding
+    k_pos: torch.Tensor        # (H, Mk) int64: same for key slots; Mq, Mk multiples of B
+    kv_count: torch.Tensor     # (H, NQB) int32: non-empty key blocks of each query block
+    kv_index: torch.Tensor     # (H, NQB, MAXK) int32: their key-block indices, ascending, 0-padded
+    kv_mask: torch.Tensor      # (H, NQB, MAXK) int32: index into token_masks, -1 = full block
+    q_count: torch.Tensor      # (H, NKB) int32: the transpose: query blocks of each key block
+    q_index: torch.Tensor      # (H, NKB, MAXQ) int32: ascending, 0-padded
+    q_mask: torch.Tensor       # (H, NKB, MAXQ) int32: as kv_mask
+    token_masks: torch.Tensor  # (NM, B, B) bool: deduplicated masks of the partial tiles
+
+    @property
+    def n_blocks_computed(self) -> int:
+        """Tiles computed, summed over heads."""
+        return int(self.kv_count.sum())
+
+    def __repr__(self) -> str:
+        nh, mq = self.q_pos.shape
+        return (f"LayoutPart({self.name!r}, H={nh}, B={self.block_size}, slots q/k="
+                f"{mq}/{self.k_pos.shape[1]}, tiles={self.n_blocks_computed}, "
+                f"partial masks={self.token_masks.shape[0]})")
+
+    def allowed_pairs(self) -> torch.Tensor:
+        """Allowed (query, key) pairs per head: int64 (H,)."""
+        b = self.block_size
+        per_mask = self.token_masks.reshape(-1, b * b).sum(1)
+        per_mask = torch.cat([per_mask, per_mask.new_full((1,), b * b)])  # -1: full tile
+        valid = torch.arange(self.kv_mask.shape[-1]) < self.kv_count[..., None].long()
+        counts = per_mask[self.kv_mask.long()]  # (H, NQB, MAXK)
+        return (counts * valid).sum((1, 2))
+
+    def to_dense(self, n: int) -> torch.Tensor:
+        """bool (H, n, n): the pairs of this part, at their positions. Tests only."""
+        b, n_heads = self.block_size, self.q_pos.shape[0]
+        out = torch.zeros(n_heads, n, n, dtype=torch.bool)
+        valid = torch.arange(self.kv_index.shape[-1]) < self.kv_count[..., None].long()
+        h, qb, slot = torch.nonzero(valid, as_tuple=True)
+        kb, m = self.kv_index[h, qb, slot].long(), self.kv_mask[h, qb, slot].long()
+        tiles = torch.ones(h.shape[0], b, b, dtype=torch.bool)
+        tiles[m >= 0] = self.token_masks[m[m >= 0]]
+        qp = self.q_pos.view(n_heads, -1, b)[h, qb]  # (P, B)
+        kp = self.k_pos.view(n_heads, -1, b)[h, kb]  # (P, B)
+        t, x, y = torch.nonzero(tiles, as_tuple=True)
+        i, j = qp[t, x], kp[t, y]
+        if (i < 0).any() or (j < 0).any():
+            raise AssertionError(f"part {self.name!r} allows a padding slot")
+        out[h[t], i, j] = True
+        return out
+
+
+@dataclass(repr=False)
+class BlockLayout:
+    """A pattern as disjoint block-sparse parts (see the module docstring)."""
+    n: int
+    n_heads: int
+    block_size: int
+    pattern: str
+    params: dict
+    parts: list[LayoutPart] = field(default_factory=list)
+
+    @property
+    def n_blocks(self) -> int:
+        """Blocks of the natural order: ceil(n / B)."""
+        return -(-self.n // self.block_size)
+
+    @property
+    def density(self) -> float:
+        """Tiles computed (all parts, averaged over heads) / n_blocks^2 (the dense grid)."""
+        return sum(p.n_blocks_computed for p in self.parts) / self.n_heads / self.n_blocks ** 2
+
+    @property
+    def causal_density(self) -> float:
+        """Tiles computed / n_blocks (n_blocks + 1) / 2 (what dense causal flash computes)."""
+        nb = self.n_blocks
+        return sum(p.n_blocks_computed for p in self.parts) / self.n_heads / (nb * (nb + 1) / 2)
+
+    @property
+    def token_density(self) -> float:
+        """Allowed (i, j) pairs (averaged over heads) / n (n + 1) / 2."""
+        pairs = sum(int(p.allowed_pairs().sum()) for p in self.parts)
+        return pairs / self.n_heads / (self.n * (self.n + 1) / 2)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{p.name}: {p.n_blocks_computed} tiles" for p in self.parts)
+        return (f"BlockLayout({self.pattern!r}, n={self.n}, H={self.n_heads}, "
+                f"B={self.block_size}, params={self.params}, parts=[{parts}], "
+                f"density={self.density:.4f}, causal_density={self.causal_density:.4f})")
+
+    def to_dense(self) -> torch.Tensor:
+        """bool (H, n, n): union of the parts at their positions. Tests only (small n)."""
+        out = torch.zeros(self.n_heads, self.n, self.n, dtype=torch.bool)
+        for p in self.parts:
+            out |= p.to_dense(self.n)
+        return out
+
+
+def block_layout(pattern: str, n: int, n_heads: int = 1, combine: str = "merged",
+                 layer: int = 0, *, block_size: int = 64, order: str = "structured",
+                 **params) -> BlockLayout:
+    """The block-sparse layout of ``pattern`` for every head of layer ``layer``.
+
+    pattern, params: "full"; "strided" (stride); "fixed" (stride, c);
+        "longformer" (window, dilation=1, global_tokens=());
+        "bigbird" (window, n_random, n_global, seed=0).
+    n_heads, combine, layer: exactly as ``reference.patterns.head_masks`` (merged:
+        every head reads A(1) | A(2); multihead: head h reads A(h mod 2); interleaved:
+        layer r reads A(r mod 2); fixed summary heads read sub-block
+        ``summary_rank(h, combine)`` mod l/c). Longformer and BigBird: every head
+        reads the same mask; combine and layer are checked and have no effect.
+    block_size: B, slots per block (any integer >= 1; n need not be a multiple).
+    order: "structured" (several disjoint parts, each in its own token order, so
+        that each is truly block-sparse) or "natural" (one part, natural order).
+
+    Structured parts: strided -> "local" (natural order, 0 <= i-j < l) and
+    "column" (slot of i = (i mod l) * R_pad + i // l, R_pad = ceil(ceil(n/l)/B)*B;
+    the diagonal j == i is in "local" for heads that read both); fixed -> "block"
+    (natural, causal inside each l-block) and "summary" (queries natural, keys
+    gathered: head h's summary positions in order; a query in l-block b reads the
+    summaries of l-blocks < b, and its own block's too when it reads no "block"
+    part); full -> "full"; longformer -> "window" ("natural" order for dilation 1,
+    transposed by the dilation otherwise), "global_keys" (queries natural, keys
+    the gathered global tokens), "global_queries" (queries the gathered global
+    tokens, keys natural); bigbird -> those and "random" (natural order).
+    """
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    check_head_args(pattern, n_heads, combine, layer)
+    if not ref._is_int(block_size) or block_size < 1:
+        raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+    n, n_heads, block_size = ref.check_n(n), int(n_heads), int(block_size)
+    build = _BUILDERS[pattern]
+    params = _check_params(pattern, n, params)
+    table = _head_table(pattern, n_heads, combine, layer, params)  # (H, k) per-head params
+    uniq, inverse = torch.unique(table, dim=0, return_inverse=True)
+    plans = build(n, block_size, order, uniq, params)
+    parts = [_expand(LayoutPart(**build_part(p.name, p.q_pos, p.k_pos, block_size, p.cand,
+                                             p.rule, p.tile_key, p.pairs)), inverse)
+             for p in plans]
+    return BlockLayout(n, n_heads, block_size, pattern, params, parts)
+
+
+# ----------------------------------------------------------------------------
+# Parameters and per-head behaviour.
+# ----------------------------------------------------------------------------
+
+def check_head_args(pattern: str, n_heads, combine: str, layer) -> None:
+    """ValueError unless pattern, n_heads, combine and layer are allowed (shared with fast.backends.flex)."""
+    if pattern not in PATTERNS:
+        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+    if combine not in ref.COMBINES:
+        raise ValueError(f"combine must be one of {ref.COMBINES}, got {combine!r}")
+    if not ref._is_int(n_heads) or n_heads < 1:
+        raise ValueError(f"n_heads must be an integer >= 1, got {n_heads!r}")
+    if not ref._is_int(layer) or layer < 0:
+        raise ValueError(f"layer must be an integer >= 0, got {layer!r}")
+
+
+def _check_params(pattern: str, n: int, params: dict) -> dict:
+    if pattern in ref.PATTERNS:
+        # the reference's own checks, without building its masks:
+        allowed = {"full": (), "strided": ("stride",), "fixed": ("stride", "c")}[pattern]
+        ref._no_extra(pattern, params, allowed)
+        out = {k: ref._need(params, k, pattern) for k in allowed}
+        if "stride" in out:
+            out["stride"] = ref.check_stride(out["stride"])
+        if "c" in out:
+            out["c"] = ref.check_summary(out["stride"], out["c"])
+        return out
+    if pattern == "longformer":
+        ref._no_extra(pattern, params, ("window", "dilation", "global_tokens"))
+        window = ref._need(params, "window", pattern)
+        dilation = params.get("dilation", 1)
+        if not ref._is_int(window) or window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {window!r}")
+        if not ref._is_int(dilation) or dilation < 1:
+            raise ValueError(f"dilation must be an integer >= 1, got {dilation!r}")
+        glob = ref._check_globals(n, params.get("global_tokens") or ())
+        return dict(window=int(window), dilation=int(dilation),
+                    global_tokens=tuple(int(g) for g in glob))
+    ref._no_extra(pattern, params, ("window", "n_random", "n_global", "seed"))
+    window = ref._need(params, "window", pattern)
+    if not ref._is_int(window) or window < 1:
+        raise ValueError(f"window must be an integer >= 1, got {window!r}")
+    n_random, n_global = ref._need(params, "n_random", pattern), ref._need(params, "n_global", pattern)
+    if not ref._is_int(n_random) or n_random < 0:
+        raise ValueError(f"n_random must be an integer >= 0, got {n_random!r}")
+    if not ref._is_int(n_global) or n_global < 0 or n_global > n:
+        raise ValueError(f"n_global must be an integer in [0, n={n}], got {n_global!r}")
+    return dict(window=int(window), n_random=int(n_random), n_global=int(n_global),
+                seed=params.get("seed", 0) or 0)
+
+
+def _head_table(pattern, n_heads, combine, layer, params) -> torch.Tensor:
+    """Per-head behaviour as a small int64 table (H, k); equal rows build once.
+
+    strided: (reads local, reads column, first column row: 1 if local has the diagonal)
+    fixed:   (reads block, reads summary, summary lo, summary hi, summary strict)
+    """
+    rows = []
+    for h in range(n_heads):
+        which = {"merged": (1, 1), "multihead": ((h + 1) % 2, h % 2),
+                 "interleaved": ((layer + 1) % 2, layer % 2)}[combine]
+        if pattern == "strided":
+            rows.append((*which, int(which[0] == 1)))
+        elif pattern == "fixed":
+            lo, hi = ref.summary_range(params["stride"], params["c"], ref.summary_rank(h, combine))
+            rows.append((*which, lo, hi, int(which[0] == 1)))
+        else:
+            rows.append((0,))
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def _expand(part: LayoutPart, inverse: torch.Tensor) -> LayoutPart:
+    """Per-head tensors of the distinct head behaviours -> every head."""
+    if torch.equal(inverse, torch.arange(inverse.shape[0])):
+        return part
+    per_head = ("q_pos", "k_pos", "kv_count", "kv_index", "kv_mask", "q_count", "q_index", "q_mask")
+    for name in per_head:
+        setattr(part, name, getattr(part, name)[inverse].contiguous())
+    return part
+
+
+# ----------------------------------------------------------------------------
+# One builder per pattern: its parts (structured) or its natural-order part.
+# ----------------------------------------------------------------------------
+
+def _full(n, block, order, table, params):
+    nh = table.shape[0]
+    zero, big = torch.zeros(nh, dtype=torch.long), torch.full((nh,), lp.BIG)
+    plan = lp.band("full", n, block, 1, zero, big, torch.ones(nh, dtype=torch.bool))
+    if order == "structured":
+        return [plan]
+    return [lp.natural(n, block, nh, [plan.rule], None, True, _translation_key(nh))]
+
+
+def _strided(n, block, order, table, params):
+    l, nh = params["stride"], table.shape[0]
+    reads_local, reads_column, col_lo = table[:, 0].bool(), table[:, 1].bool(), table[:, 2]
+    local = lp.band("local", n, block, 1, torch.zeros(nh, dtype=torch.long),
+                    torch.full((nh,), l), reads_local)
+    column = lp.band("column", n, block, l, col_lo, torch.full((nh,), lp.BIG), reads_column)
+    if order == "structured":
+        return [local, column]
+    rules = [_only(local.rule, reads_local), _only(column.rule, reads_column)]
+    return [lp.natural(n, block, nh, rules, None, False, _translation_key(nh))]
+
+
+def _fixed(n, block, order, table, params):
+    l, nh = params["stride"], table.shape[0]
+    reads_block, reads_summary = table[:, 0].bool(), table[:, 1].bool()
+    lo, hi, strict = table[:, 2], table[:, 3], table[:, 4].bool()
+    if order == "structured":
+        return [lp.fixed_block(n, block, l, reads_block),
+                lp.fixed_summary(n, block, l, lo, hi, strict, reads_summary)]
+    rules = [_only(lp.fixed_block_rule(l), reads_block),
+             _only(lp.summary_rule(l, lo, hi, strict), reads_summary)]
+
+    def key(h, qb, kb):  # depends on the block offset and the phase of q_lo in l
+        return ((qb - kb) * l + (qb * block) % l) * nh + h
+    return [lp.natural(n, block, nh, rules, None, False, key)]
+
+
+def _neighbour(n, block, order, table, params, glob, keys):
+    """Longformer / BigBird: window + global tokens (+ random keys)."""
+    nh = table.shape[0]
+    window, dilation = params["window"], params.get("dilation", 1)
+    in_window = lp.window_rule(window, dilation)
+    is_global = torch.zeros(n, dtype=torch.bool)
+    is_global[glob] = True
+    if order == "natural":
+        rules = [in_window, lambda h, i, j: (j <= i) & (is_global[i] | is_global[j])]
+        cands = [lp.band_natural_candidates(n, block, nh, window, dilation)]
+        if glob.numel():
+            cands += lp.global_natural_candidates(n, block, nh, glob)
+        pairs = None
+        if keys is not None:
+            cands.append(lp.random_natural_candidates(block, nh, keys))
+            pairs = lp.per_head_pairs(*lp.random_pairs(keys), nh)
+        return [lp.natural(n, block, nh, rules, cands, False, None, pairs)]
+    plans = [lp.band("window", n, block, dilation, torch.zeros(nh, dtype=torch.long),
+                     torch.full((nh,), window), torch.ones(nh, dtype=torch.bool))]
+    if glob.numel():
+        reach = (window - 1) * dilation + 1  # the window reads only i - j < reach
+        plans += [lp.global_keys(n, block, nh, glob, is_global, in_window, reach),
+                  lp.global_queries(n, block, nh, glob, is_global, in_window)]
+    if keys is not None:
+        plans.append(lp.bigbird_random(n, block, nh, keys, is_global, in_window))
+    return plans
+
+
+def _longformer(n, block, order, table, params):
+    glob = torch.tensor(params["global_tokens"], dtype=torch.long)
+    return _neighbour(n, block, order, table, params, glob, None)
+
+
+def _bigbird(n, block, order, table, params):
+    keys = torch.from_numpy(np.asarray(ref.bigbird_random_keys(
+        n, params["n_random"], params["seed"]), dtype=np.int64))  # (n, n_random), -1 padded
+    glob = torch.arange(params["n_global"])
+    return _neighbour(n, block, order, table, params, glob, keys)
+
+
+def _only(rule, active):
+    """A rule that holds only for heads with ``active[h]``."""
+    return lambda h, i, j: rule(h, i, j) & active[h]
+
+
+def _translation_key(n_heads):
+    """Natural-order tiles of a band pattern depend only on the block offset."""
+    return lambda h, qb, kb: (qb - kb) * n_heads + h
+
+
+_BUILDERS = {"full": _full, "strided": _strided, "fixed": _fixed,
+             "longformer": _longformer, "bigbird": _bigbird}
+
+__all__ = ["BlockLayout", "LayoutPart", "block_layout", "PATTERNS", "ORDERS"]

@@ -1,0 +1,333 @@
+"""The part kinds of a block layout: slot orders, candidate tiles, token rules.
+
+Child et al., 2019, "Generating Long Sequences with Sparse Transformers", sec. 4.3
+(strided and fixed patterns) and sec. 5.5 ("a stride-l pattern is computed by
+transposing the sequence into an (n/l, l) grid and running a local window; fixed
+positions are gathered and computed in blocks"). Definitions and off-by-ones as
+in ``shared/paper-notes.md`` sec. 2 and ``reference/patterns.py``.
+
+Each function below is one part kind. It returns a ``Plan``: the position held by
+every query and key slot (its token order), the candidate tiles enumerated by
+interval arithmetic on block ranges (never an n x n mask), which candidates are
+certainly full, the exact token rule on positions, and optionally a tile key
+(tiles with one key have one mask). ``fast.layout.tiles.build_part`` turns a plan
+into tables. Per-head behaviour comes from small per-head tensors indexed by h.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from fast.layout.tiles import Rule, TileKey, expand_ranges
+
+BIG = 1 << 40  # "no upper bound" on a band's rows back
+
+
+class Plan(NamedTuple):
+    name: str
+    q_pos: torch.Tensor   # (H, Mq) position of each query slot, -1 = padding
+    k_pos: torch.Tensor   # (H, Mk)
+    cand: tuple           # (h, qb, kb, full), each (P,)
+    rule: Rule
+    tile_key: TileKey | None
+    pairs: tuple | None = None  # (h, i, j): explicit allowed pairs OR-ed into the rule
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _fdiv(a: torch.Tensor, b) -> torch.Tensor:
+    return torch.div(a, b, rounding_mode="floor")
+
+
+# ----------------------------------------------------------------------------
+# Slot orders.
+# ----------------------------------------------------------------------------
+
+def natural_slots(n: int, block: int, n_heads: int) -> torch.Tensor:
+    """Natural order, padded to a multiple of the block: (H, ceil(n/B)*B)."""
+    pos = torch.arange(_cdiv(n, block) * block)
+    pos[pos >= n] = -1
+    return pos.expand(n_heads, -1).contiguous()
+
+
+def transposed_slots(n: int, period: int, block: int, n_heads: int) -> torch.Tensor:
+    """The (rows, period) grid read column by column: position i sits at slot
+    (i mod p) * R_pad + i // p, every column padded to R_pad = ceil(ceil(n/p)/B)*B
+    slots so that no block straddles two columns. Only the min(p, n) columns that
+    hold a position are kept. Shape (H, min(p, n) * R_pad)."""
+    r_pad = _cdiv(_cdiv(n, period), block) * block
+    s = torch.arange(min(period, n) * r_pad)
+    pos = (s % r_pad) * period + s // r_pad
+    pos[pos >= n] = -1
+    return pos.expand(n_heads, -1).contiguous()
+
+
+def gathered_slots(lists: list[torch.Tensor], block: int) -> torch.Tensor:
+    """Per-head sorted position lists, padded with -1 to a common multiple of B."""
+    m = max(1, _cdiv(max(len(x) for x in lists), block)) * block
+    out = torch.full((len(lists), m), -1, dtype=torch.long)
+    for h, x in enumerate(lists):
+        out[h, : len(x)] = x
+    return out
+
+
+def _block_last(pos: torch.Tensor, block: int) -> torch.Tensor:
+    """Largest position in every block of slots: (H, NB); -1 for an empty block."""
+    return pos.view(pos.shape[0], -1, block).amax(-1)
+
+
+def _block_first(pos: torch.Tensor, block: int) -> torch.Tensor:
+    """Smallest valid position in every block of slots: (H, NB); BIG if empty."""
+    p = pos.view(pos.shape[0], -1, block)
+    return torch.where(p >= 0, p, BIG).amin(-1)
+
+
+def _grid(active: torch.Tensor, n_rows: int):
+    """(h, row) for every active head and every row: each (A * n_rows,)."""
+    heads = torch.nonzero(active).squeeze(1)
+    rows = torch.arange(n_rows)
+    return heads.repeat_interleave(n_rows), rows.repeat(heads.shape[0])
+
+
+# ----------------------------------------------------------------------------
+# Band: i - j = r * p with lo[h] <= r < hi[h], in the order transposed by p.
+# Strided "local" (p = 1, r < l), strided "column" (p = l), full (p = 1, no
+# upper bound), Longformer's (dilated) window (p = dilation, r < window).
+# ----------------------------------------------------------------------------
+
+def band_rule(period: int, lo: torch.Tensor, hi: torch.Tensor) -> Rule:
+    def rule(h, i, j):
+        back = i - j
+        r = _fdiv(back, period)
+        return (back >= 0) & (back % period == 0) & (r >= lo[h]) & (r < hi[h])
+    return rule
+
+
+def band(name: str, n: int, block: int, period: int, lo: torch.Tensor, hi: torch.Tensor,
+         active: torch.Tensor) -> Plan:
+    """Every head reads rows r in [lo[h], hi[h]) back in its own column of the
+    transposed grid. Candidate key blocks of a query block: a contiguous range of
+    row blocks of the same column; a tile is full when all its row offsets fit."""
+    n_heads = active.shape[0]
+    pos = transposed_slots(n, period, block, n_heads)
+    rb = _cdiv(_cdiv(n, period), block)           # row blocks per column
+    h, qb = _grid(active, min(period, n) * rb)
+    col, rq = qb // rb, qb % rb
+    k_lo = _fdiv((rq * block - hi[h] + 1).clamp(min=0), block)
+    k_hi = _fdiv(rq * block + block - 1 - lo[h], block)
+    h, qb, kb = expand_ranges(h, qb, col * rb + k_lo, col * rb + k_hi)
+    d = qb - kb                                   # row-block offset, same column
+    full = (d * block - (block - 1) >= lo[h]) & (d * block + block - 1 < hi[h])
+
+    def tile_key(h, qb, kb):  # a tile's mask depends only on its row-block offset
+        return (qb - kb) * n_heads + h
+
+    return Plan(name, pos, pos, (h, qb, kb, full), band_rule(period, lo, hi), tile_key)
+
+
+# ----------------------------------------------------------------------------
+# Fixed pattern: "block" (causal inside each block of l) and "summary".
+# ----------------------------------------------------------------------------
+
+def fixed_block_rule(stride: int) -> Rule:
+    def rule(h, i, j):
+        return (j <= i) & (_fdiv(j, stride) == _fdiv(i, stride))
+    return rule
+
+
+def fixed_block(n: int, block: int, stride: int, active: torch.Tensor) -> Plan:
+    """A(1) of fixed, natural order: key blocks from the start of the query
+    block's first l-block up to the diagonal."""
+    n_heads = active.shape[0]
+    pos = natural_slots(n, block, n_heads)
+    h, qb = _grid(active, pos.shape[1] // block)
+    q_lo, q_hi = qb * block, (qb * block + block - 1).clamp(max=n - 1)
+    h, qb, kb = expand_ranges(h, qb, _fdiv(_fdiv(q_lo, stride) * stride, block),
+                              _fdiv(q_hi, block))
+    q_lo, k_lo = qb * block, kb * block
+    full = (k_lo + block - 1 <= q_lo) & (k_lo >= _fdiv(q_lo + block - 1, stride) * stride)
+
+    def tile_key(h, qb, kb):  # depends on the block offset and the phase of q_lo in l
+        return ((qb - kb) * stride + (qb * block) % stride) * n_heads + h
+
+    return Plan("block", pos, pos, (h, qb, kb, full), fixed_block_rule(stride), tile_key)
+
+
+def summary_rule(stride: int, lo: torch.Tensor, hi: torch.Tensor, strict: torch.Tensor) -> Rule:
+    """(j mod l) in [lo[h], hi[h]), j <= i; strict heads only earlier l-blocks
+    (the query's own block is then read by the "block" part)."""
+    def rule(h, i, j):
+        phase = j % stride
+        earlier = _fdiv(j, stride) < _fdiv(i, stride)
+        return (j <= i) & (phase >= lo[h]) & (phase < hi[h]) & (earlier | ~strict[h])
+    return rule
+
+
+def fixed_summary(n: int, block: int, stride: int, lo: torch.Tensor, hi: torch.Tensor,
+                  strict: torch.Tensor, active: torch.Tensor) -> Plan:
+    """A(2) of fixed: queries in natural order, keys GATHERED per head (the
+    positions of its summary sub-block [lo, hi) of every l-block, in order), so a
+    query block reads a prefix of the gathered key blocks."""
+    n_heads = active.shape[0]
+    q_pos = natural_slots(n, block, n_heads)
+    starts = torch.arange(_cdiv(n, stride)) * stride
+    lists = []
+    for a, b in zip(lo.tolist(), hi.tolist()):
+        p = (starts[:, None] + torch.arange(a, b)[None, :]).reshape(-1)
+        lists.append(p[p < n])
+    k_pos = gathered_slots(lists, block)
+    h, qb = _grid(active, q_pos.shape[1] // block)
+    q_lo, q_hi = qb * block, (qb * block + block - 1).clamp(max=n - 1)
+    # Keys allowed for some query of the block: kp < bound (kp sorted in each head).
+    bound = torch.where(strict[h], _fdiv(q_hi, stride) * stride, q_hi + 1)
+    n_keys = torch.zeros_like(h)
+    for hh in torch.unique(h).tolist():
+        sel = h == hh
+        n_keys[sel] = torch.searchsorted(lists[hh], bound[sel])
+    h, qb, kb = expand_ranges(h, qb, torch.zeros_like(h), _fdiv(n_keys + block - 1, block) - 1)
+    q_lo = qb * block
+    k_last = _block_last(k_pos, block)[h, kb]
+    full = torch.where(strict[h], k_last < _fdiv(q_lo, stride) * stride, k_last <= q_lo)
+    return Plan("summary", q_pos, k_pos, (h, qb, kb, full),
+                summary_rule(stride, lo, hi, strict), None)
+
+
+# ----------------------------------------------------------------------------
+# Neighbours (paper-notes sec. 7): global tokens and BigBird's random keys.
+# Every head reads the same mask; the window is a ``band``.
+# ----------------------------------------------------------------------------
+
+def window_rule(window: int, dilation: int) -> Rule:
+    lo, hi = torch.zeros(1, dtype=torch.long), torch.full((1,), window, dtype=torch.long)
+    band_r = band_rule(dilation, lo, hi)
+    return lambda h, i, j: band_r(torch.zeros_like(h), i, j)
+
+
+def global_keys(n: int, block: int, n_heads: int, glob: torch.Tensor, is_global: torch.Tensor,
+                in_window: Rule, reach: int) -> Plan:
+    """Every query (natural order) reads the gathered global tokens g <= i that
+    its window does not already read (the window reads only i - j < reach)."""
+    q_pos = natural_slots(n, block, n_heads)
+    k_pos = gathered_slots([glob] * n_heads, block)
+    h, qb = _grid(torch.ones(n_heads, dtype=torch.bool), q_pos.shape[1] // block)
+    q_hi = (qb * block + block - 1).clamp(max=n - 1)
+    n_keys = torch.searchsorted(glob, q_hi, right=True)
+    h, qb, kb = expand_ranges(h, qb, torch.zeros_like(h), _fdiv(n_keys + block - 1, block) - 1)
+    k_last = _block_last(k_pos, block)[h, kb]
+    full = qb * block - k_last >= reach  # every pair causal and outside the window
+
+    def rule(h, i, j):
+        return (j <= i) & is_global[j] & ~in_window(h, i, j)
+    return Plan("global_keys", q_pos, k_pos, (h, qb, kb, full), rule, None)
+
+
+def global_queries(n: int, block: int, n_heads: int, glob: torch.Tensor, is_global: torch.Tensor,
+                   in_window: Rule) -> Plan:
+    """The gathered global tokens read every earlier non-global position that
+    their window does not already read (global keys are in ``global_keys``)."""
+    q_pos = gathered_slots([glob] * n_heads, block)
+    k_pos = natural_slots(n, block, n_heads)
+    h, qb = _grid(torch.ones(n_heads, dtype=torch.bool), q_pos.shape[1] // block)
+    q_last = _block_last(q_pos, block)[h, qb]
+    h, qb, kb = expand_ranges(h, qb, torch.zeros_like(h), _fdiv(q_last, block))
+    full = torch.zeros_like(h, dtype=torch.bool)
+
+    def rule(h, i, j):
+        return is_global[i] & (j <= i) & ~is_global[j] & ~in_window(h, i, j)
+    return Plan("global_queries", q_pos, k_pos, (h, qb, kb, full), rule, None)
+
+
+def bigbird_random(n: int, block: int, n_heads: int, keys: torch.Tensor,
+                   is_global: torch.Tensor, in_window: Rule) -> Plan:
+    """BigBird's random keys not already read by the window or a global token;
+    natural order. Its pairs are the (n, n_random) table itself: they are
+    scattered into their tiles (the rule alone allows nothing)."""
+    pos = natural_slots(n, block, n_heads)
+    i, j = random_pairs(keys)
+    keep = ~in_window(torch.zeros_like(i), i, j) & ~is_global[i] & ~is_global[j]
+    i, j = i[keep], j[keep]
+    pairs = _block_pairs(i, j, block)
+    h = torch.arange(n_heads).repeat_interleave(pairs.shape[0])
+    cand = (h, pairs[:, 0].repeat(n_heads), pairs[:, 1].repeat(n_heads),
+            torch.zeros_like(h, dtype=torch.bool))
+
+    def nothing(h, i, j):
+        return torch.zeros((), dtype=torch.bool).expand(torch.broadcast_shapes(i.shape, j.shape))
+    return Plan("random", pos, pos, cand, nothing, None, per_head_pairs(i, j, n_heads))
+
+
+def random_pairs(keys: torch.Tensor):
+    """The (i, j) pairs of the random-key table keys (n, n_random), -1 padded."""
+    rows = torch.arange(keys.shape[0])[:, None].expand_as(keys)
+    ok = keys >= 0
+    return rows[ok], keys[ok]
+
+
+def per_head_pairs(i: torch.Tensor, j: torch.Tensor, n_heads: int):
+    """(h, i, j) for every head."""
+    h = torch.arange(n_heads).repeat_interleave(i.shape[0])
+    return h, i.repeat(n_heads), j.repeat(n_heads)
+
+
+def _block_pairs(i: torch.Tensor, j: torch.Tensor, block: int) -> torch.Tensor:
+    """Distinct (query block, key block) pairs holding the pairs (i, j): (P, 2)."""
+    pairs = torch.stack([i // block, j // block], 1)
+    return torch.unique(pairs, dim=0) if pairs.numel() else pairs.view(0, 2)
+
+
+# ----------------------------------------------------------------------------
+# Natural order: one part holding every pair of the pattern (what FlexAttention
+# and a plain block-sparse kernel see).
+# ----------------------------------------------------------------------------
+
+def natural(n: int, block: int, n_heads: int, rules: list[Rule], cand_lists: list,
+            full_below_diagonal: bool, tile_key: TileKey | None, pairs=None) -> Plan:
+    """The union of ``rules`` (and explicit ``pairs`` (h, i, j)) on natural-order
+    tiles. ``cand_lists``: (h, qb, kb) candidate triples, deduplicated here; None
+    means every causal tile."""
+    pos = natural_slots(n, block, n_heads)
+    n_b = pos.shape[1] // block
+    if cand_lists is None:
+        h, qb = _grid(torch.ones(n_heads, dtype=torch.bool), n_b)
+        h, qb, kb = expand_ranges(h, qb, torch.zeros_like(h), qb)
+    else:
+        flat = torch.cat([(hh * n_b + q) * n_b + k for hh, q, k in cand_lists])
+        flat = torch.unique(flat)
+        h, qb, kb = flat // (n_b * n_b), (flat // n_b) % n_b, flat % n_b
+    full = (kb < qb) if full_below_diagonal else torch.zeros_like(h, dtype=torch.bool)
+
+    def rule(h, i, j):
+        out = rules[0](h, i, j)
+        for r in rules[1:]:
+            out = out | r(h, i, j)
+        return out
+    return Plan("natural", pos, pos, (h, qb, kb, full), rule, tile_key, pairs)
+
+
+def band_natural_candidates(n: int, block: int, n_heads: int, window: int, dilation: int):
+    """Natural-order candidate tiles of a (dilated) window: all heads."""
+    n_b = _cdiv(n, block)
+    h, qb = _grid(torch.ones(n_heads, dtype=torch.bool), n_b)
+    lo = _fdiv((qb * block - (window - 1) * dilation).clamp(min=0), block)
+    return expand_ranges(h, qb, lo, qb)
+
+
+def global_natural_candidates(n: int, block: int, n_heads: int, glob: torch.Tensor):
+    """Natural-order tiles touched by global tokens: their column and their row."""
+    n_b = _cdiv(n, block)
+    gb = torch.unique(_fdiv(glob, block))
+    h = torch.arange(n_heads).repeat_interleave(gb.shape[0])
+    g = gb.repeat(n_heads)
+    col = expand_ranges(h, g, g, torch.full_like(g, n_b - 1))  # (h, kb=g, qb >= g)
+    row = expand_ranges(h, g, torch.zeros_like(g), g)           # (h, qb=g, kb <= g)
+    return [(col[0], col[2], col[1]), row]
+
+
+def random_natural_candidates(block: int, n_heads: int, keys: torch.Tensor):
+    pairs = _block_pairs(*random_pairs(keys), block)
+    h = torch.arange(n_heads).repeat_interleave(pairs.shape[0])
+    return h, pairs[:, 0].repeat(n_heads), pairs[:, 1].repeat(n_heads)

@@ -1,0 +1,70 @@
+"""Figures for notebook 03: the transposition trick of the structured path.
+
+Child et al., 2019, section 5.5: "a stride-l pattern is computed by transposing
+the sequence into an (n/l, l) grid and running a local window". Three panels:
+the sequence (one colour per column s = i mod l), the (n/l, l) grid it folds
+into, and the transposed (l, n/l) grid in which every column of the grid -- the
+keys of the strided head A(2) -- is one contiguous row, so A(2) is plain causal
+attention along rows (``fast.backends.strided.Column``). The query and its keys are
+outlined.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+
+def _cells(ax, grid: np.ndarray, cols: np.ndarray, mark: set, query: int, title: str):
+    cmap = plt.get_cmap("tab10")
+    rows, width = grid.shape
+    for r in range(rows):
+        for s in range(width):
+            i = int(grid[r, s])
+            ax.add_patch(Rectangle((s, rows - 1 - r), 1, 1, facecolor=cmap(int(cols[r, s]) % 10),
+                                   alpha=0.35 if i not in mark else 0.9, edgecolor="white"))
+            if i == query:
+                ax.add_patch(Rectangle((s, rows - 1 - r), 1, 1, fill=False, edgecolor="black",
+                                       linewidth=2.5))
+            ax.text(s + 0.5, rows - 0.5 - r, str(i), ha="center", va="center", fontsize=7)
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, rows)
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=9)
+
+
+def draw_transposition(n: int = 24, stride: int = 6, query: int = 20,
+                       path: Path | str = "../figures/transpose_trick.png"):
+    """Draw the three panels for a sequence of n = M l positions; return the figure."""
+    if n % stride:
+        raise ValueError(f"n must be a multiple of the stride for this drawing, got n={n}, "
+                         f"l={stride}")
+    if not 0 <= query < n:
+        raise ValueError(f"query must lie in [0, {n}), got {query}")
+    M = n // stride
+    pos = np.arange(n)
+    keys = {j for j in range(query + 1) if (query - j) % stride == 0}   # A(2) of the query
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6),
+                             gridspec_kw={"width_ratios": [n / 2, stride, M]})
+    _cells(axes[0], pos.reshape(2, n // 2), (pos % stride).reshape(2, n // 2), keys, query,
+           f"sequence, n = {n} (in 2 lines)\ncolour = column i mod l")
+    grid = pos.reshape(M, stride)                                       # (n/l, l)
+    _cells(axes[1], grid, grid % stride, keys, query,
+           f"(n/l, l) = ({M}, {stride}) grid:\nA(2) keys lie in one column")
+    _cells(axes[2], grid.T, grid.T % stride, keys, query,
+           f"transposed ({stride}, {M}): the column\nis one row, read causally")
+    fig.suptitle(f"The transposition trick (strided pattern, l = {stride}; query {query} "
+                 "outlined, the positions it reads in A(2) opaque)", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return fig

@@ -1,0 +1,259 @@
+"""Model and training configurations of the Sparse Transformer, with named presets.
+
+Child et al., 2019, "Generating Long Sequences with Sparse Transformers":
+section 4 (patterns), section 5.1 (how heads combine), sections 5.2-5.6 (the
+network), section 6 (initialisation, training) and section 7 / Table 1 (the
+shapes of the CIFAR-10, Enwik8 and ImageNet 64x64 models).
+
+Two small dataclasses, a comment per field, as in nanoGPT:
+
+* ``ModelConfig`` -- the network (checked on construction: a bad value raises a
+  ValueError that says what was given and what is allowed);
+* ``TrainConfig`` -- the data, optimiser, precision and bookkeeping of a run.
+
+``PRESETS`` maps a name to a ``(ModelConfig, TrainConfig)`` pair;
+``preset(name, **overrides)`` returns fresh copies with fields replaced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from reference import patterns as _patterns
+
+PATTERNS = _patterns.PATTERNS          # ("full", "strided", "fixed")
+COMBINES = _patterns.COMBINES          # ("merged", "multihead", "interleaved")
+EMBEDDINGS = ("image", "text")
+ATTENTION_IMPLS = ("sparse", "masked")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 256            # output classes (byte values); the embedding has one more row, the start token
+    n_ctx: int = 256                 # sequence length n the model is built for (positions 0..n-1)
+    d_model: int = 128               # residual width d
+    n_heads: int = 4                 # attention heads; per-head width is d / n_heads (sec. 5.1, eq. 8)
+    n_layers: int = 4                # residual blocks N
+    pattern: str = "strided"         # "full", "strided" or "fixed" (sec. 4.3)
+    combine: str = "merged"          # "merged", "multihead" or "interleaved" (sec. 5.1)
+    stride: int | None = 16          # l: strided / fixed stride, also the width of the text position grid
+    c: int | None = None             # summary width of the fixed pattern (paper: 8, 16 or 32)
+    embedding: str = "text"          # "image": (row, column, channel) embeddings; "text": (row, column) of a width-l grid (eq. 15)
+    image_shape: tuple[int, int, int] | None = None  # (H, W, C) for embedding="image"; H*W*C must equal n_ctx
+    ff_mult: int = 4                 # feed-forward widening: 4, or 2 for the paper's "half-size" network
+    qk_half: bool = False            # "half-size query-key projections": q and k have width d/2 (sec. 7.2)
+    dropout: float = 0.0             # dropout at the end of each residual branch only (sec. 5.2), so recomputation is exact
+    recompute: bool = False          # gradient checkpointing of every residual block (sec. 5.4)
+    attention_impl: str = "sparse"   # "sparse": fast.sparse_attention; "masked": explicit (n, n) masked softmax (slow, for checks/figures)
+    attention_backend: str = "auto"  # passed to fast.sparse_attention(backend=...)
+
+    def __post_init__(self):
+        _int(self, "vocab_size", 2)
+        _int(self, "n_ctx", 1)
+        _int(self, "d_model", 1)
+        _int(self, "n_heads", 1)
+        _int(self, "n_layers", 1)
+        _int(self, "ff_mult", 1)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model must be divisible by n_heads, got d_model={self.d_model}, "
+                             f"n_heads={self.n_heads}")
+        if self.qk_half and (self.d_model // 2) % self.n_heads:
+            raise ValueError(f"qk_half=True needs d_model/2 divisible by n_heads, got "
+                             f"d_model={self.d_model}, n_heads={self.n_heads}")
+        _choice(self, "pattern", PATTERNS)
+        _choice(self, "combine", COMBINES)
+        _choice(self, "embedding", EMBEDDINGS)
+        _choice(self, "attention_impl", ATTENTION_IMPLS)
+        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
+        if self.pattern in ("strided", "fixed") or self.embedding == "text":
+            if self.stride is None:
+                raise ValueError(f"pattern={self.pattern!r} with embedding={self.embedding!r} "
+                                 f"needs a stride l (an integer >= 1), got None")
+            _patterns.check_stride(self.stride)
+        if self.pattern == "fixed":
+            if self.c is None:
+                raise ValueError("pattern='fixed' needs the summary width c, got None")
+            # Every head index that will be used must be valid (several heads need l % c == 0).
+            _patterns.check_summary(self.stride, self.c, self.n_heads - 1)
+        elif self.c is not None:
+            raise ValueError(f"c is the fixed pattern's summary width; pattern={self.pattern!r} "
+                             f"takes no c, got c={self.c!r}")
+        if self.embedding == "image":
+            shape = self.image_shape
+            if (shape is None or len(shape) != 3
+                    or not all(isinstance(s, int) and s >= 1 for s in shape)):
+                raise ValueError(f"embedding='image' needs image_shape=(H, W, C) of positive "
+                                 f"integers, got {shape!r}")
+            self.image_shape = tuple(shape)
+            h, w, ch = shape
+            if h * w * ch != self.n_ctx:
+                raise ValueError(f"n_ctx must equal H*W*C of image_shape={shape} "
+                                 f"(= {h * w * ch}), got n_ctx={self.n_ctx}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def qk_dim(self) -> int:
+        """Width of the q and k projections: d, or d/2 with qk_half."""
+        return self.d_model // 2 if self.qk_half else self.d_model
+
+    def pattern_params(self) -> dict:
+        """Keyword parameters of the pattern (for reference.patterns.head_masks)."""
+        if self.pattern == "full":
+            return {}
+        if self.pattern == "strided":
+            return {"stride": self.stride}
+        return {"stride": self.stride, "c": self.c}
+
+
+@dataclass
+class TrainConfig:
+    dataset: str = "grey16"          # a name fast.data.load knows: grey16, photos32, digits, stdlib, enwik8, cifar10, npy_images
+    data_path: str | None = None     # local file/folder for enwik8, cifar10 and npy_images (never downloaded)
+    data_max_bytes: int | None = None  # cap on the bytes of each text split (stdlib, enwik8); None = all
+    batch_size: int = 16             # sequences per optimiser step, summed over all ranks
+    max_iters: int = 300             # length of the run and of the cosine schedule
+    stop_iter: int | None = None     # stop early after this many steps (the schedule still spans max_iters); for interrupted runs
+    lr: float = 1e-3                 # peak learning rate after warm-up
+    min_lr_frac: float = 0.0         # cosine decays to lr * min_lr_frac
+    warmup_iters: int = 30           # linear warm-up steps (paper: 5000)
+    weight_decay: float = 0.01       # AdamW decoupled weight decay on weight matrices (paper: 0.01)
+    beta1: float = 0.9               # Adam beta1
+    beta2: float = 0.95              # Adam beta2
+    grad_clip: float = 1.0           # clip the global gradient norm (paper: 1.0); 0 = off
+    precision: str = "auto"          # "auto" (fp16+loss scaling on CUDA, bf16 on CPU), "fp32", "bf16", "fp16"
+    device: str = "auto"             # "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
+    cpu_threads: int | None = None   # torch.set_num_threads during the run (1 helps on a busy shared CPU); None = leave as is
+    seed: int = 0                    # one seed: weights, data windows, dropout (see fast.transformer.seed)
+    eval_interval: int = 100         # evaluate every this many steps (and at the end); 0 = only at the end
+    eval_batches: int = 8            # batches per evaluation
+    eval_splits: tuple[str, ...] = ("val",)  # splits evaluated
+    log_interval: int = 10           # record the training loss every this many steps
+    out_dir: str = "runs/default"    # where ckpt.pt is written
+    checkpoint_interval: int = 0     # write a checkpoint every this many steps; 0 = only at the end
+    save_checkpoint: bool = True     # write ckpt.pt at the end (and every checkpoint_interval)
+    resume: bool = False             # continue from out_dir/ckpt.pt (same weights as an uninterrupted run)
+
+    def __post_init__(self):
+        for name, lo in (("batch_size", 1), ("max_iters", 1), ("warmup_iters", 0),
+                         ("eval_interval", 0), ("eval_batches", 1), ("log_interval", 1),
+                         ("checkpoint_interval", 0), ("seed", 0)):
+            _int(self, name, lo)
+        if self.stop_iter is not None:
+            _int(self, "stop_iter", 1)
+        if self.cpu_threads is not None:
+            _int(self, "cpu_threads", 1)
+        _choice(self, "precision", PRECISIONS)
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if not 0.0 <= self.min_lr_frac <= 1.0:
+            raise ValueError(f"min_lr_frac must lie in [0, 1], got {self.min_lr_frac!r}")
+        self.eval_splits = tuple(self.eval_splits)
+
+
+def _int(cfg, name: str, lo: int) -> None:
+    v = getattr(cfg, name)
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+
+
+def _choice(cfg, name: str, allowed) -> None:
+    v = getattr(cfg, name)
+    if v not in allowed:
+        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {v!r}")
+
+
+# ----------------------------------------------------------------------------
+# Presets. "quick"/"quick_text"/"digits" train on this 2-core CPU in minutes;
+# cifar10, enwik8 and imagenet64 are the paper's shapes (Table 1, sec. 7), for GPUs.
+# ----------------------------------------------------------------------------
+
+PRESETS: dict[str, tuple[ModelConfig, TrainConfig]] = {
+    # 16x16 greyscale crops of the bundled photographs: n = 256, stride = row width 16.
+    "quick": (
+        ModelConfig(vocab_size=256, n_ctx=256, d_model=128, n_heads=4, n_layers=4,
+                    pattern="strided", combine="merged", stride=16,
+                    embedding="image", image_shape=(16, 16, 1)),
+        TrainConfig(dataset="grey16", batch_size=8, max_iters=300, lr=1e-3, warmup_iters=30,
+                    eval_batches=4, precision="fp32", out_dir="runs/quick"),
+    ),
+    # The bytes of Python's standard library, fixed pattern (text, sec. 4.3).
+    "quick_text": (
+        ModelConfig(vocab_size=256, n_ctx=256, d_model=128, n_heads=4, n_layers=4,
+                    pattern="fixed", combine="merged", stride=16, c=4, embedding="text"),
+        TrainConfig(dataset="stdlib", data_max_bytes=4_000_000, batch_size=8, max_iters=300,
+                    lr=1e-3, warmup_iters=30, eval_batches=4, precision="fp32",
+                    out_dir="runs/quick_text"),
+    ),
+    # scikit-learn digits: 8x8 images, 17 grey levels (values 0..16).
+    "digits": (
+        ModelConfig(vocab_size=17, n_ctx=64, d_model=64, n_heads=2, n_layers=2,
+                    pattern="strided", combine="merged", stride=8,
+                    embedding="image", image_shape=(8, 8, 1)),
+        TrainConfig(dataset="digits", batch_size=32, max_iters=300, lr=2e-3, warmup_iters=20,
+                    precision="fp32", out_dir="runs/digits"),
+    ),
+    # 32x32x3 crops of the bundled photographs, a CIFAR-10-shaped small model.
+    "photos32": (
+        ModelConfig(vocab_size=256, n_ctx=3072, d_model=128, n_heads=2, n_layers=4,
+                    pattern="strided", combine="merged", stride=96,
+                    embedding="image", image_shape=(32, 32, 3), ff_mult=2, qk_half=True),
+        TrainConfig(dataset="photos32", batch_size=8, max_iters=500, lr=1e-3, warmup_iters=50,
+                    out_dir="runs/photos32"),
+    ),
+    # Paper, CIFAR-10 (sec. 7.2): 128 layers, 2 heads, d=256, half-size ff and q/k,
+    # strided, dropout 0.25, lr 0.00035. Stride = one image row (32 px x 3 channels).
+    "cifar10": (
+        ModelConfig(vocab_size=256, n_ctx=3072, d_model=256, n_heads=2, n_layers=128,
+                    pattern="strided", combine="merged", stride=96, embedding="image",
+                    image_shape=(32, 32, 3), ff_mult=2, qk_half=True, dropout=0.25,
+                    recompute=True),
+        TrainConfig(dataset="cifar10", data_path="data/cifar-10-batches-py", batch_size=16,
+                    max_iters=300_000, lr=3.5e-4, warmup_iters=5000, eval_interval=5000,
+                    eval_batches=64, checkpoint_interval=5000, out_dir="runs/cifar10"),
+    ),
+    # Paper, Enwik8 (sec. 7.3): 30 layers, 8 heads, d=512, fixed l=128 c=32, context 12,288.
+    "enwik8": (
+        ModelConfig(vocab_size=256, n_ctx=12288, d_model=512, n_heads=8, n_layers=30,
+                    pattern="fixed", combine="merged", stride=128, c=32, embedding="text",
+                    dropout=0.40, recompute=True),
+        TrainConfig(dataset="enwik8", data_path="data/enwik8.zip", batch_size=16,
+                    max_iters=80_000, lr=3.5e-4, warmup_iters=5000, eval_interval=5000,
+                    eval_batches=64, checkpoint_interval=5000, out_dir="runs/enwik8"),
+    ),
+    # Paper, ImageNet 64x64 (sec. 7.4): 48 layers, 16 heads, d=512, strided; full-size
+    # ff and q/k give the paper's 152M parameters (cifar10: 59M, enwik8: 95M, as Table 1).
+    # Data: a local .npy of uint8 images (N, 64, 64, 3) (dataset "npy_images").
+    "imagenet64": (
+        ModelConfig(vocab_size=256, n_ctx=12288, d_model=512, n_heads=16, n_layers=48,
+                    pattern="strided", combine="merged", stride=192, embedding="image",
+                    image_shape=(64, 64, 3), ff_mult=4, qk_half=False, recompute=True),
+        TrainConfig(dataset="npy_images", data_path="data/imagenet64", batch_size=16,
+                    max_iters=500_000, lr=3.5e-4, warmup_iters=5000, eval_interval=5000,
+                    eval_batches=64, checkpoint_interval=5000, out_dir="runs/imagenet64"),
+    ),
+}
+
+
+def preset(name: str, **overrides) -> tuple[ModelConfig, TrainConfig]:
+    """Fresh copies of preset ``name`` with any ModelConfig or TrainConfig field replaced.
+
+    >>> model_cfg, train_cfg = preset("quick", n_layers=2, max_iters=50)
+    """
+    if name not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
+    m, t = PRESETS[name]
+    m_fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    t_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(overrides) - m_fields - t_fields)
+    if unknown:
+        raise ValueError(f"unknown config fields {unknown}; ModelConfig has {sorted(m_fields)}, "
+                         f"TrainConfig has {sorted(t_fields)}")
+    m = dataclasses.replace(m, **{k: v for k, v in overrides.items() if k in m_fields})
+    t = dataclasses.replace(t, **{k: v for k, v in overrides.items() if k in t_fields})
+    return m, t
