@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from fast.measure import attention_stats as stats
-from fast.transformer.checkpoint import as_dict, save_checkpoint, write_json
+from fast.core.files import write_json
+from fast.transformer.checkpoint import as_dict, save_checkpoint
 from fast.transformer.config import ModelConfig, TrainConfig
 from reference import patterns
 

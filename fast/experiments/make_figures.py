@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from fast.transformer.checkpoint import write_json
+from fast.core.files import write_json
 
 # name -> (module, takes --force/--quick, rough minutes on an idle 2-core CPU)
 STEPS = {

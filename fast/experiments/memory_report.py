@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from fast.transformer.checkpoint import write_json
+from fast.core.files import write_json
 
 DATA = Path("figures/data/memory.json")
 QUICK_DIR = Path("runs/quick")     # --quick writes here, never over the real caches

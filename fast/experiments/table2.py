@@ -36,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-from fast.transformer.checkpoint import as_dict, save_checkpoint, write_json
+from fast.core.files import write_json
+from fast.transformer.checkpoint import as_dict, save_checkpoint
 from fast.transformer.config import ModelConfig, TrainConfig
 
 DATA = Path("figures/data/table2.json")

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from fast.transformer.checkpoint import write_json
+from fast.core.files import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 B, H, D = 1, 4, 64

@@ -20,38 +20,17 @@ crash mid-write never leaves a truncated checkpoint. Loading uses
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from pathlib import Path
 
 import torch
 
+from fast.core.files import atomic_write
 from fast.transformer.config import ModelConfig, TrainConfig
-
-
-def atomic_write(path, write) -> str:
-    """Call ``write(file)`` on a tmp file beside ``path``, then rename it over ``path``:
-    a reader sees the old file or the new one, never half of one. Returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return str(path)
 
 
 def save_checkpoint(path, state: dict) -> str:
     """Write ``state`` to ``path`` atomically (tmp file + os.replace). Returns the path."""
     return atomic_write(path, lambda f: torch.save(state, f))
-
-
-def write_json(path, data, indent=None) -> str:
-    """``json.dumps(data)`` to ``path`` atomically (the figure scripts' caches)."""
-    text = json.dumps(data, indent=indent).encode()
-    return atomic_write(path, lambda f: f.write(text))
 
 
 def load_checkpoint(path, map_location="cpu") -> dict:
