@@ -1,5 +1,6 @@
-"""fast/data*.py: loaders on tiny files in the exact CIFAR-10 / enwik8 formats,
-the bundled photographs and stdlib text (deterministic splits), and batching."""
+"""fast/data/ (images, text, dataset): loaders on tiny files in the exact CIFAR-10 /
+enwik8 formats, the bundled photographs and stdlib text (deterministic splits), and
+batching (sec. 7)."""
 
 import pickle
 import zipfile
@@ -8,10 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from fast.data import Dataset, load
 from fast.data import images as data_images
 from fast.data import text as data_text
-from fast.data import Dataset, load
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -195,7 +195,8 @@ def test_text_batches_are_shifted_windows():
     ds = Dataset("toy", "text", 256, {"train": stream, "val": stream[:25]})
     x, y = ds.batch("train", 4, 10, torch.Generator().manual_seed(0))
     assert x.shape == y.shape == (4, 10) and x.dtype == torch.long
-    assert torch.equal(x[:, 1:], y[:, :-1]) and torch.equal(y[:, 0] - x[:, 0], torch.ones(4, dtype=torch.long))
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    assert torch.equal(y[:, 0] - x[:, 0], torch.ones(4, dtype=torch.long))
     x2, _ = ds.batch("train", 4, 10, torch.Generator().manual_seed(0))
     assert torch.equal(x, x2)
     evals = list(ds.eval_batches("val", 1, 10))

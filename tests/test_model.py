@@ -1,4 +1,4 @@
-"""fast/model.py and fast/config.py: config errors, shapes, init (sec. 6),
+"""fast/transformer/model.py and config.py: config errors, shapes, init (sec. 6),
 recomputation exactness (sec. 5.4), the sparse and masked paths, attention weights."""
 
 import dataclasses
@@ -10,7 +10,6 @@ import torch
 from fast.backends import masks as masks_torch
 from fast.transformer.config import PRESETS, ModelConfig, preset
 from fast.transformer.model import SparseTransformer, gelu
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -50,7 +49,8 @@ def test_presets_valid_and_overridable():
     assert m.n_layers == 1 and t.max_iters == 5
     assert PRESETS["quick"][0].n_layers != 1           # the preset itself is untouched
     m, _ = preset("enwik8")
-    assert (m.n_layers, m.n_heads, m.d_model, m.stride, m.c, m.n_ctx) == (30, 8, 512, 128, 32, 12288)
+    assert (m.n_layers, m.n_heads, m.d_model, m.stride, m.c, m.n_ctx) == \
+        (30, 8, 512, 128, 32, 12288)
     with pytest.raises(ValueError, match="unknown config fields"):
         preset("quick", n_layer=3)
     with pytest.raises(ValueError, match="preset must be one of"):

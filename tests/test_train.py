@@ -1,10 +1,14 @@
-"""fast/train.py, fast/checkpoint.py, fast/sample.py: schedule, resume to the same
-weights, two-process DDP, loss falls on real data, command lines (sec. 6)."""
+"""fast/transformer/ train, optim, checkpoint, cli and sample: schedule, resume to
+the same weights, two-process DDP (also under torchrun), loss falls on real data,
+command lines through ``python -m fast``, checkpoints old and new (sec. 5.6, 6)."""
 
 import dataclasses
 import math
 import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import matplotlib.image
 import numpy as np
@@ -12,11 +16,24 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from fast.__main__ import main as fast_main
+from fast.data import load
+from fast.transformer import cli
 from fast.transformer import sample as sampling
 from fast.transformer import train as training
-from fast.transformer.checkpoint import load_checkpoint, load_model
+from fast.transformer.checkpoint import (
+    load_checkpoint,
+    load_model,
+    restore,
+    save_weights,
+    training_state,
+)
 from fast.transformer.config import preset
-from fast.data import load
+from fast.transformer.model import SparseTransformer
+from fast.transformer.optim import lr_factor
+from fast.transformer.sample import image_grid
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -37,7 +54,7 @@ def digits():
 
 def test_lr_schedule_warmup_then_cosine():
     _, cfg = preset("quick", lr=1.0, warmup_iters=4, max_iters=14, min_lr_frac=0.1)
-    f = [training.lr_factor(s, cfg) for s in range(15)]
+    f = [lr_factor(s, cfg) for s in range(15)]
     assert f[:4] == [0.25, 0.5, 0.75, 1.0]
     assert math.isclose(f[9], 0.1 + 0.9 * 0.5) and math.isclose(f[14], 0.1)
     assert all(a >= b for a, b in zip(f[4:], f[5:]))
@@ -138,27 +155,48 @@ def test_two_process_ddp_keeps_ranks_identical(tmp_path, digits):
     assert r0["ckpt"] is not None and r1["ckpt"] is None  # only rank 0 writes
 
 
+def test_torchrun_runs_the_dispatcher_on_two_ranks(tmp_path):
+    """``torchrun --nproc_per_node=2 -m fast train``: two gloo ranks, one checkpoint
+    (world size 2 recorded), one summary line (rank 0 only). --standalone picks a
+    free port, so parallel runs on one machine do not collide."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "fast", "train", "--preset", "digits", "--d_model", "16", "--n_heads", "2",
+           "--n_layers", "1", "--batch_size", "8", "--max_iters", "2", "--warmup_iters", "1",
+           "--eval_batches", "1", "--precision", "fp32", "--device", "cpu",
+           "--cpu_threads", "1", "--out_dir", str(tmp_path)]
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    state = load_checkpoint(tmp_path / "ckpt.pt")
+    assert state["step"] == 2 and state["data_position"]["world_size"] == 2
+    assert run.stdout.count("preset digits:") == 1
+
+
 def test_parse_args():
-    name, over = training.parse_args(["--preset", "quick_text", "--n_layers", "2", "--resume",
+    name, over = cli.parse_args(["--preset", "quick_text", "--n_layers", "2", "--resume",
                                       "--lr", "3e-4", "--data_path", "none",
                                       "--image_shape", "(16, 16, 1)"])
     assert name == "quick_text"
     assert over == {"n_layers": 2, "resume": True, "lr": 3e-4, "data_path": None,
                     "image_shape": (16, 16, 1)}
     with pytest.raises(ValueError, match="unknown option"):
-        training.parse_args(["--layers", "2"])
+        cli.parse_args(["--layers", "2"])
     with pytest.raises(ValueError, match="needs a value"):
-        training.parse_args(["--lr"])
+        cli.parse_args(["--lr"])
 
 
-def test_command_lines_train_then_sample(tmp_path):
-    result = training.main(["--preset", "digits", "--d_model", "16", "--n_layers", "1",
-                            "--max_iters", "2", "--eval_batches", "1", "--precision", "fp32",
-                            "--out_dir", str(tmp_path)])
-    model, model_cfg, train_cfg = load_model(result["checkpoint"])
+def test_command_lines_train_then_sample(tmp_path, monkeypatch, capsys):
+    """``python -m fast train`` then ``python -m fast sample``, through the dispatcher."""
+    monkeypatch.setattr(sys, "argv", list(sys.argv))          # the dispatcher sets sys.argv
+    assert fast_main(["train", "--preset", "digits", "--d_model", "16", "--n_layers", "1",
+                      "--max_iters", "2", "--eval_batches", "1", "--precision", "fp32",
+                      "--out_dir", str(tmp_path)]) == 0
+    checkpoint = str(tmp_path / "ckpt.pt")
+    assert f"checkpoint {checkpoint}" in capsys.readouterr().out
+    model, model_cfg, train_cfg = load_model(checkpoint)
     assert train_cfg.dataset == "digits" and model_cfg.d_model == 16
-    png = sampling.main(["--checkpoint", result["checkpoint"], "--num", "3",
-                         "--out", str(tmp_path / "s.png")])
+    png = str(tmp_path / "s.png")
+    assert fast_main(["sample", "--checkpoint", checkpoint, "--num", "3", "--out", png]) == 0
     grid = matplotlib.image.imread(png)
     assert grid.ndim == 3 and grid.shape[0] >= 2 * 9
     seqs = sampling.sample(model, 2, generator=torch.Generator().manual_seed(0))
@@ -173,7 +211,6 @@ def test_command_lines_train_then_sample(tmp_path):
 def test_text_sampling_continues_a_prompt():
     m, _ = preset("quick_text", d_model=16, n_heads=2, n_layers=1, n_ctx=24, stride=8, c=2)
     torch.manual_seed(0)
-    from fast.transformer.model import SparseTransformer
     model = SparseTransformer(m)
     prompt = torch.tensor(list(b"def "))
     out = sampling.sample(model, 2, length=12, prompt=prompt,
@@ -194,9 +231,66 @@ def test_cli_help_and_bad_option(capsys):
 
 
 def test_image_grid_layout():
-    from fast.transformer.sample import image_grid
     seqs = np.arange(8 * 4, dtype=np.int64).reshape(8, 4) % 256   # eight 2x2 grey images
     assert image_grid(seqs, (2, 2, 1)).shape == (3 * 3 + 1, 3 * 3 + 1, 3)        # square: 3x3 cells
     assert image_grid(seqs, (2, 2, 1), cols=4).shape == (2 * 3 + 1, 4 * 3 + 1, 3)  # 2 rows of 4
     with pytest.raises(ValueError, match="cols"):
         image_grid(seqs, (2, 2, 1), cols=0)
+
+
+# ----------------------------------------------------------------------------
+# Checkpoint files: weights-only ones, and those committed before this layout.
+# ----------------------------------------------------------------------------
+
+COMMITTED = sorted((ROOT / "figures" / "data").glob("**/*.pt"))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.name)
+def test_committed_weights_files_load(path):
+    """The fp16 weights kept under figures/data load as float32 models, weight for weight,
+    and cannot be resumed (they hold no optimiser state)."""
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    model, model_cfg, train_cfg = load_model(path)
+    assert train_cfg is None and not model.training and model_cfg.n_ctx > 0
+    state = model.state_dict()
+    assert set(state) == set(blob["model"])
+    assert all(state[k].dtype == torch.float32 and torch.equal(state[k], blob["model"][k].float())
+               for k in state)
+    x = torch.zeros(1, 8, dtype=torch.long)
+    assert torch.isfinite(model(x)).all()
+    with pytest.raises(ValueError, match="cannot resume"):
+        restore(load_checkpoint(path), path, model_cfg=model_cfg, train_cfg=None, world=1,
+                model=model, optimizer=None, scheduler=None, scaler=None)
+
+
+def test_save_weights_round_trip(tmp_path):
+    m, _ = preset("digits", d_model=16, n_heads=2, n_layers=1)
+    torch.manual_seed(0)
+    model = SparseTransformer(m)
+    path = save_weights(tmp_path / "w.pt", model)
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    assert sorted(blob) == ["model", "model_cfg"]
+    assert all(v.dtype == torch.float16 for v in blob["model"].values())
+    back, back_cfg, _ = load_model(path)
+    assert back_cfg == m
+    assert all(torch.equal(back.state_dict()[k], v.half().float())
+               for k, v in model.state_dict().items())
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_training_state_holds_the_documented_keys(tmp_path, digits):
+    """The format in fast.transformer.checkpoint's docstring, in that key order."""
+    m, t = tiny_digits(tmp_path, max_iters=1)
+    out = training.train(m, t, progress=False, dataset=digits)
+    state = load_checkpoint(out["checkpoint"])
+    assert list(state) == ["model", "optimizer", "scheduler", "scaler", "rng", "step",
+                           "data_position", "model_cfg", "train_cfg", "history"]
+    assert state["data_position"] == {"step": 1, "seed": t.seed, "world_size": 1}
+    assert state["scaler"] is None and sorted(state["history"]) == ["evals", "train"]
+    model = out["model"]
+    optimizer = torch.optim.AdamW(model.parameters())
+    again = training_state(model=model, optimizer=optimizer,
+                           scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+                           scaler=None, step=1, world=1, model_cfg=m, train_cfg=t,
+                           history={}, evals=[])
+    assert list(again) == list(state)

@@ -2,7 +2,7 @@
 
 Child et al., 2019, section 7: images are modelled as sequences of bytes (bits
 per dim), text as a stream of bytes (bits per byte). Loaders live in
-``fast/data_images.py`` and ``fast/data_text.py``; nothing is downloaded.
+``fast.data.images`` and ``fast.data.text``; nothing is downloaded.
 
 Batching (section 7 trains on random windows of text and whole images):
 
@@ -24,8 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fast.data import images as data_images
-from fast.data import text as data_text
+from fast.data import images, text
 
 DATASETS = ("grey16", "photos32", "digits", "stdlib", "enwik8", "cifar10", "npy_images")
 SPLITS = ("train", "val", "test")
@@ -99,7 +98,7 @@ class Dataset:
 
 
 def load(name: str, *, path=None, max_bytes: int | None = None, image_shape=None,
-         enwik8_sizes=data_text.ENWIK8_SIZES) -> Dataset:
+         enwik8_sizes=text.ENWIK8_SIZES) -> Dataset:
     """Load dataset ``name`` (see DATASETS) without network access.
 
     path: local file or folder for enwik8 (zip or raw), cifar10 (cifar-10-batches-py
@@ -107,20 +106,20 @@ def load(name: str, *, path=None, max_bytes: int | None = None, image_shape=None
     max_bytes: cap on each text split. image_shape: expected (H, W, C) for npy_images.
     """
     if name == "grey16":
-        return Dataset(name, "image", 256, data_images.grey16(), (16, 16, 1))
+        return Dataset(name, "image", 256, images.grey16(), (16, 16, 1))
     if name == "photos32":
-        return Dataset(name, "image", 256, data_images.photos32(), (32, 32, 3))
+        return Dataset(name, "image", 256, images.photos32(), (32, 32, 3))
     if name == "digits":
-        return Dataset(name, "image", 17, data_images.digits(), (8, 8, 1))
+        return Dataset(name, "image", 17, images.digits(), (8, 8, 1))
     if name == "cifar10":
-        return Dataset(name, "image", 256, data_images.cifar10(path), (32, 32, 3))
+        return Dataset(name, "image", 256, images.cifar10(path), (32, 32, 3))
     if name == "npy_images":
         if image_shape is None:
             raise ValueError("npy_images needs image_shape=(H, W, C) to know the layout")
-        return Dataset(name, "image", 256, data_images.npy_images(path, image_shape),
+        return Dataset(name, "image", 256, images.npy_images(path, image_shape),
                        tuple(image_shape))
     if name == "stdlib":
-        return Dataset(name, "text", 256, data_text.stdlib(max_bytes))
+        return Dataset(name, "text", 256, text.stdlib(max_bytes))
     if name == "enwik8":
-        return Dataset(name, "text", 256, data_text.enwik8(path, enwik8_sizes, max_bytes))
+        return Dataset(name, "text", 256, text.enwik8(path, enwik8_sizes, max_bytes))
     raise ValueError(f"dataset must be one of {DATASETS}, got {name!r}")

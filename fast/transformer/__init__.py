@@ -2,7 +2,16 @@
 
 Child et al., 2019, sections 5.2-5.6 (the network: pre-activation residual
 blocks, initialisation, factorized position embeddings, recomputation, mixed
-precision) and section 6 (training). ``config`` holds the two dataclasses and the
-presets, ``model`` the network, ``train`` the loop, ``checkpoint`` the one file
-format, ``sample`` generation, ``seed`` every random draw.
+precision) and section 6 (training). One job per module:
+
+* ``config``      the two dataclasses (ModelConfig, TrainConfig) and the presets;
+* ``model``       the network;
+* ``optim``       AdamW and the warm-up + cosine schedule (sec. 6);
+* ``devices``     device, precision (autocast) and the DDP process group (sec. 5.6, 6);
+* ``loss``        the loss in nats, evaluation in bits per byte / bits per dim;
+* ``checkpoint``  the one file format: save, load, resume;
+* ``train``       the loop, and ``python -m fast train``;
+* ``cli``         that command's options and help text;
+* ``sample``      generation, and ``python -m fast sample``;
+* ``seed``        every random draw.
 """

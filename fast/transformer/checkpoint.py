@@ -1,7 +1,8 @@
-"""Checkpoints written atomically, and models loaded back from them.
+"""Checkpoints: the one file format of a run, how it is saved, loaded and resumed.
 
 Child et al., 2019, section 6 trains for days; a run must survive interruption
-and continue to the same weights. A checkpoint is one ``torch.save`` dict:
+and continue to the same weights. A checkpoint is one ``torch.save`` dict, in
+this key order:
 
     model, optimizer, scheduler, scaler   -- state_dicts (scaler None when unused)
     rng                                   -- global RNG states (fast.transformer.seed.rng_state)
@@ -10,11 +11,17 @@ and continue to the same weights. A checkpoint is one ``torch.save`` dict:
                                              function of (seed, step, rank) (fast.transformer.seed),
                                              so this is where the data stream resumes
     model_cfg, train_cfg                  -- the dataclasses as plain dicts
-    history                               -- the run's log so far
+    history                               -- {"train": the loss log, "evals": the evaluations}
 
-It is written to ``<path>.tmp`` and moved over ``path`` with ``os.replace``, so a
-crash mid-write never leaves a truncated checkpoint. Loading uses
-``weights_only=False`` (RNG states hold NumPy arrays): load only files you trust.
+``training_state`` assembles it, ``restore`` puts a run back where it stopped.
+A weights-only checkpoint (``save_weights``: the models the figure scripts keep,
+in fp16 to be small) holds just ``model`` and ``model_cfg``; ``load_model``
+reads both kinds, ``restore`` only the full one.
+
+Every file is written to ``<path>.tmp`` and moved over ``path`` with
+``os.replace`` (``fast.core.files.atomic_write``), so a crash mid-write never
+leaves a truncated checkpoint. Loading uses ``weights_only=False`` (RNG states
+hold NumPy arrays): load only files you trust.
 """
 
 from __future__ import annotations
@@ -25,7 +32,41 @@ from pathlib import Path
 import torch
 
 from fast.core.files import atomic_write
+from fast.transformer import seed as seeding
 from fast.transformer.config import ModelConfig, TrainConfig
+from fast.transformer.model import SparseTransformer
+
+REQUIRED = ("model", "model_cfg")                              # every checkpoint
+TRAINING = ("optimizer", "scheduler", "rng", "step")           # and one that can resume
+
+# Fields that change which batches are drawn or how the weights move: a resumed run
+# must keep them, or it would silently stop being the run it continues.
+TRAJECTORY_FIELDS = ("dataset", "data_path", "data_max_bytes", "batch_size", "max_iters",
+                     "lr", "min_lr_frac", "warmup_iters", "weight_decay", "beta1", "beta2",
+                     "grad_clip", "precision", "seed")
+
+
+def as_dict(cfg) -> dict:
+    """A config dataclass as the plain dict a checkpoint stores."""
+    return dataclasses.asdict(cfg)
+
+
+# ----------------------------------------------------------------------------
+# Writing.
+# ----------------------------------------------------------------------------
+
+def training_state(*, model, optimizer, scheduler, scaler, step: int, world: int,
+                   model_cfg: ModelConfig, train_cfg: TrainConfig, history: dict,
+                   evals: list) -> dict:
+    """The checkpoint of a run after ``step`` optimiser steps on ``world`` ranks."""
+    return {
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "rng": seeding.rng_state(), "step": step,
+        "data_position": {"step": step, "seed": train_cfg.seed, "world_size": world},
+        "model_cfg": as_dict(model_cfg), "train_cfg": as_dict(train_cfg),
+        "history": {"train": history, "evals": evals}}
 
 
 def save_checkpoint(path, state: dict) -> str:
@@ -33,8 +74,19 @@ def save_checkpoint(path, state: dict) -> str:
     return atomic_write(path, lambda f: torch.save(state, f))
 
 
+def save_weights(path, model: SparseTransformer, dtype=torch.float16) -> str:
+    """A weights-only checkpoint: floating-point tensors cast to ``dtype``, and the config."""
+    state = {k: v.to(dtype) if v.is_floating_point() else v
+             for k, v in model.state_dict().items()}
+    return save_checkpoint(path, {"model": state, "model_cfg": as_dict(model.cfg)})
+
+
+# ----------------------------------------------------------------------------
+# Reading.
+# ----------------------------------------------------------------------------
+
 def load_checkpoint(path, map_location="cpu") -> dict:
-    """Read a checkpoint written by ``save_checkpoint``; clear errors when it is not one."""
+    """Read a checkpoint written here; clear errors when it is not one."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found")
@@ -42,9 +94,10 @@ def load_checkpoint(path, map_location="cpu") -> dict:
         state = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as err:
         raise ValueError(f"{path} is not a readable checkpoint: {err}") from err
-    missing = {"model", "model_cfg", "step"} - set(state if isinstance(state, dict) else ())
+    missing = set(REQUIRED) - set(state if isinstance(state, dict) else ())
     if missing:
-        raise ValueError(f"{path} is not a fast.transformer.train checkpoint: missing {sorted(missing)}")
+        raise ValueError(f"{path} is not a fast.transformer checkpoint: missing "
+                         f"{sorted(missing)} (a checkpoint holds at least {list(REQUIRED)})")
     return state
 
 
@@ -56,8 +109,10 @@ def configs_from(state: dict) -> tuple[ModelConfig, TrainConfig | None]:
 
 
 def load_model(path, device="cpu"):
-    """(model in eval mode, ModelConfig, TrainConfig) from a checkpoint file."""
-    from fast.transformer.model import SparseTransformer
+    """(model in eval mode, ModelConfig, TrainConfig or None) from a checkpoint file.
+
+    Reads training checkpoints and weights-only ones alike; fp16 weights are
+    loaded into the float32 model (``load_state_dict`` casts them)."""
     state = load_checkpoint(path, map_location=device)
     model_cfg, train_cfg = configs_from(state)
     model = SparseTransformer(model_cfg).to(device)
@@ -66,5 +121,47 @@ def load_model(path, device="cpu"):
     return model, model_cfg, train_cfg
 
 
-def as_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
+# ----------------------------------------------------------------------------
+# Resuming.
+# ----------------------------------------------------------------------------
+
+def restore(state: dict, path, *, model_cfg: ModelConfig, train_cfg: TrainConfig, world: int,
+            model, optimizer, scheduler, scaler) -> tuple[int, dict]:
+    """Put a run back where checkpoint ``state`` (read from ``path``) stopped.
+
+    Checks that the run asks for the same model and the same trajectory
+    (``TRAJECTORY_FIELDS`` and the world size), then loads the model, optimiser,
+    scheduler and loss-scaler states and the global RNG states in place.
+    Returns (step, the saved history: {"train": ..., "evals": ...}, or {}).
+    """
+    missing = [key for key in TRAINING if key not in state]
+    if missing:
+        raise ValueError(f"cannot resume {path}: it holds no training state (missing "
+                         f"{missing}); only checkpoints written by a training run resume")
+    saved_cfg, saved_train = configs_from(state)
+    if saved_cfg != model_cfg:
+        raise ValueError(f"cannot resume {path}: it was trained with {saved_cfg}, "
+                         f"the run asks for {model_cfg}")
+    check_same_trajectory(path, saved_train, train_cfg,
+                          state.get("data_position", {}).get("world_size", world), world)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and state.get("scaler") is not None:
+        scaler.load_state_dict(state["scaler"])
+    seeding.set_rng_state(state["rng"])
+    return state["step"], state.get("history", {})
+
+
+def check_same_trajectory(path, saved: TrainConfig | None, now: TrainConfig,
+                          saved_world: int, world: int) -> None:
+    """ValueError unless resuming ``now`` continues the run saved at ``path`` exactly
+    (stop_iter, resume, logging and evaluation fields may differ)."""
+    changed = [f"{name}: {getattr(saved, name)!r} -> {getattr(now, name)!r}"
+               for name in TRAJECTORY_FIELDS
+               if saved is not None and getattr(saved, name) != getattr(now, name)]
+    if saved_world != world:
+        changed.append(f"world size: {saved_world} -> {world}")
+    if changed:
+        raise ValueError(f"cannot resume {path}: the run would not continue the saved one "
+                         f"({'; '.join(changed)}); start a new out_dir or keep these values")

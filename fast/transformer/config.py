@@ -31,22 +31,30 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 256            # output classes (byte values); the embedding has one more row, the start token
+    vocab_size: int = 256            # output classes (byte values); the embedding has one
+                                     # more row, the start token
     n_ctx: int = 256                 # sequence length n the model is built for (positions 0..n-1)
     d_model: int = 128               # residual width d
-    n_heads: int = 4                 # attention heads; per-head width is d / n_heads (sec. 5.1, eq. 8)
+    n_heads: int = 4                 # attention heads; per-head width d / n_heads (sec. 5.1, eq. 8)
     n_layers: int = 4                # residual blocks N
     pattern: str = "strided"         # "full", "strided" or "fixed" (sec. 4.3)
     combine: str = "merged"          # "merged", "multihead" or "interleaved" (sec. 5.1)
-    stride: int | None = 16          # l: strided / fixed stride, also the width of the text position grid
+    stride: int | None = 16          # l: strided / fixed stride, also the width of the text
+                                     # position grid
     c: int | None = None             # summary width of the fixed pattern (paper: 8, 16 or 32)
-    embedding: str = "text"          # "image": (row, column, channel) embeddings; "text": (row, column) of a width-l grid (eq. 15)
-    image_shape: tuple[int, int, int] | None = None  # (H, W, C) for embedding="image"; H*W*C must equal n_ctx
-    ff_mult: int = 4                 # feed-forward widening: 4, or 2 for the paper's "half-size" network
-    qk_half: bool = False            # "half-size query-key projections": q and k have width d/2 (sec. 7.2)
-    dropout: float = 0.0             # dropout at the end of each residual branch only (sec. 5.2), so recomputation is exact
+    embedding: str = "text"          # "image": (row, column, channel) embeddings; "text":
+                                     # (row, column) of a width-l grid (eq. 15)
+    image_shape: tuple[int, int, int] | None = None  # (H, W, C) for embedding="image";
+                                     # H*W*C must equal n_ctx
+    ff_mult: int = 4                 # feed-forward widening: 4, or 2 for the paper's
+                                     # "half-size" network
+    qk_half: bool = False            # "half-size query-key projections": q and k have
+                                     # width d/2 (sec. 7.2)
+    dropout: float = 0.0             # dropout at the end of each residual branch only
+                                     # (sec. 5.2), so recomputation is exact
     recompute: bool = False          # gradient checkpointing of every residual block (sec. 5.4)
-    attention_impl: str = "sparse"   # "sparse": fast.sparse_attention; "masked": explicit (n, n) masked softmax (slow, for checks/figures)
+    attention_impl: str = "sparse"   # "sparse": fast.sparse_attention; "masked": explicit
+                                     # (n, n) masked softmax (slow, for checks/figures)
     attention_backend: str = "auto"  # passed to fast.sparse_attention(backend=...)
 
     def __post_init__(self):
@@ -113,31 +121,41 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    dataset: str = "grey16"          # a name fast.data.load knows: grey16, photos32, digits, stdlib, enwik8, cifar10, npy_images
-    data_path: str | None = None     # local file/folder for enwik8, cifar10 and npy_images (never downloaded)
-    data_max_bytes: int | None = None  # cap on the bytes of each text split (stdlib, enwik8); None = all
+    dataset: str = "grey16"          # a name fast.data.load knows: grey16, photos32, digits,
+                                     # stdlib, enwik8, cifar10, npy_images
+    data_path: str | None = None     # local file/folder for enwik8, cifar10 and npy_images
+                                     # (never downloaded)
+    data_max_bytes: int | None = None  # cap on the bytes of each text split (stdlib,
+                                     # enwik8); None = all
     batch_size: int = 16             # sequences per optimiser step, summed over all ranks
     max_iters: int = 300             # length of the run and of the cosine schedule
-    stop_iter: int | None = None     # stop early after this many steps (the schedule still spans max_iters); for interrupted runs
+    stop_iter: int | None = None     # stop early after this many steps (the schedule still
+                                     # spans max_iters); for interrupted runs
     lr: float = 1e-3                 # peak learning rate after warm-up
     min_lr_frac: float = 0.0         # cosine decays to lr * min_lr_frac
     warmup_iters: int = 30           # linear warm-up steps (paper: 5000)
-    weight_decay: float = 0.01       # AdamW decoupled weight decay on weight matrices (paper: 0.01)
+    weight_decay: float = 0.01       # AdamW decoupled weight decay on weight matrices
+                                     # (paper: 0.01)
     beta1: float = 0.9               # Adam beta1
     beta2: float = 0.95              # Adam beta2
     grad_clip: float = 1.0           # clip the global gradient norm (paper: 1.0); 0 = off
-    precision: str = "auto"          # "auto" (fp16+loss scaling on CUDA, bf16 on CPU), "fp32", "bf16", "fp16"
+    precision: str = "auto"          # "auto" (fp16+loss scaling on CUDA, bf16 on CPU),
+                                     # "fp32", "bf16", "fp16"
     device: str = "auto"             # "auto" (cuda if available), "cpu", "cuda", "cuda:1", ...
-    cpu_threads: int | None = None   # torch.set_num_threads during the run (1 helps on a busy shared CPU); None = leave as is
-    seed: int = 0                    # one seed: weights, data windows, dropout (see fast.transformer.seed)
-    eval_interval: int = 100         # evaluate every this many steps (and at the end); 0 = only at the end
+    cpu_threads: int | None = None   # torch.set_num_threads during the run (1 helps on a
+                                     # busy shared CPU); None = leave as is
+    seed: int = 0                    # one seed: weights, data windows, dropout
+                                     # (see fast.transformer.seed)
+    eval_interval: int = 100         # evaluate every this many steps (and at the end);
+                                     # 0 = only at the end
     eval_batches: int = 8            # batches per evaluation
     eval_splits: tuple[str, ...] = ("val",)  # splits evaluated
     log_interval: int = 10           # record the training loss every this many steps
     out_dir: str = "runs/default"    # where ckpt.pt is written
     checkpoint_interval: int = 0     # write a checkpoint every this many steps; 0 = only at the end
     save_checkpoint: bool = True     # write ckpt.pt at the end (and every checkpoint_interval)
-    resume: bool = False             # continue from out_dir/ckpt.pt (same weights as an uninterrupted run)
+    resume: bool = False             # continue from out_dir/ckpt.pt (same weights as an
+                                     # uninterrupted run)
 
     def __post_init__(self):
         for name, lo in (("batch_size", 1), ("max_iters", 1), ("warmup_iters", 0),

@@ -1,7 +1,7 @@
 """The Sparse Transformer network in PyTorch.
 
 Child et al., 2019, "Generating Long Sequences with Sparse Transformers",
-sections 5.2-5.6 and 6 (paper-notes section 4):
+sections 5.2-5.6 and 6:
 
     H_0 = embed(X, W_e)                                  (eq. 15)
     a(H) = dropout(attention(norm(H)))                   (eq. 11)
@@ -45,8 +45,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from fast.backends import masks as masks_torch
 from fast.attention import sparse_attention
+from fast.backends import masks as masks_torch
 from fast.transformer.config import ModelConfig
 
 INIT_SCALE = 0.125  # sec. 6: every init standard deviation is 0.125 / sqrt(fan-in)
@@ -196,8 +196,9 @@ class SparseTransformer(nn.Module):
     idx: LongTensor (B, n) with 1 <= n <= cfg.n_ctx and values in [0, vocab_size]
     (vocab_size is the start token). Returns logits (B, n, vocab_size); position
     i predicts the token that follows idx[:, :i+1]. With ``return_attention=True``
-    returns ``(logits, [weights per block])``, each (B, H, n, n) (float32, or float64 for a float64 model), from the
-    explicit masked path (figures only; no recomputation there).
+    returns ``(logits, [weights per block])``, each (B, H, n, n) (float32, or float64
+    for a float64 model), from the explicit masked path (figures only; no
+    recomputation there).
     """
 
     def __init__(self, cfg: ModelConfig):

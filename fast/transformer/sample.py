@@ -1,4 +1,4 @@
-"""Sampling from a trained Sparse Transformer: ``sample(model, ...)`` and ``python -m fast.transformer.sample``.
+"""Sampling from a trained Sparse Transformer: ``sample(model, ...)`` and ``python -m fast sample``.
 
 Child et al., 2019, section 5.6: query-key products are computed in fp32 when
 sampling (fp16 can overflow), so ``sample`` turns on the model's fp32 q.k path
@@ -6,11 +6,12 @@ sampling (fp16 can overflow), so ``sample`` turns on the model's fp32 q.k path
 position at a time, re-running the model on the prefix (no key/value cache: a
 reference, not a fast sampler).
 
-    python -m fast.transformer.sample --checkpoint runs/quick/ckpt.pt                 # figures/samples_<dataset>.png
-    python -m fast.transformer.sample --checkpoint runs/quick_text/ckpt.pt --num 4 --out samples.txt
+    python -m fast sample --checkpoint runs/quick/ckpt.pt      # figures/samples_<dataset>.png
+    python -m fast sample --checkpoint runs/quick_text/ckpt.pt --num 4 --out samples.txt
 
 Image models write a PNG grid of images; text models write (and print) the
-decoded bytes.
+decoded bytes. Any checkpoint ``fast.transformer.checkpoint.load_model`` reads
+will do: one written by ``python -m fast train``, or a weights-only one.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import argparse
 import math
 from pathlib import Path
 
+import matplotlib.image
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from fast.transformer.checkpoint import load_model
-from fast.transformer.train import autocast
+from fast.transformer.devices import autocast
 
 
 @torch.no_grad()
@@ -58,7 +61,8 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt: torch.Tens
     if prompt.dim() == 1:
         prompt = prompt[None].expand(num, -1)
     if prompt.shape[0] != num or prompt.shape[1] > length:
-        raise ValueError(f"prompt must be (num={num}, p <= length={length}), got {tuple(prompt.shape)}")
+        raise ValueError(f"prompt must be (num={num}, p <= length={length}), "
+                         f"got {tuple(prompt.shape)}")
     seq = prompt.to(device)
     prefix = torch.full((num, 1), cfg.vocab_size, dtype=torch.long, device=device) \
         if start_token else seq[:, :0]
@@ -67,7 +71,6 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt: torch.Tens
     model.set_qk_fp32(True)
     steps = range(seq.shape[1], length)
     if progress:
-        from tqdm.auto import tqdm
         steps = tqdm(steps, desc="sample")
     try:
         for _ in steps:
@@ -113,10 +116,9 @@ def save_samples(samples: torch.Tensor, model_cfg, out, levels: int | None = Non
     out.parent.mkdir(parents=True, exist_ok=True)
     arr = samples.cpu().numpy()
     if model_cfg.embedding == "image":
-        import matplotlib.image
         grid = image_grid(arr, model_cfg.image_shape, levels or model_cfg.vocab_size)
         scale = max(1, 256 // grid.shape[0])
-        grid = np.kron(grid, np.ones((scale, scale, 1), dtype=np.uint8))       # enlarge small grids
+        grid = np.kron(grid, np.ones((scale, scale, 1), dtype=np.uint8))   # enlarge small grids
         matplotlib.image.imsave(out, grid)
     else:
         text = "\n\n----\n\n".join(bytes(row.astype(np.uint8).tolist()).decode("utf-8", "replace")
@@ -126,14 +128,18 @@ def save_samples(samples: torch.Tensor, model_cfg, out, levels: int | None = Non
 
 
 def main(argv=None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", required=True, help="a ckpt.pt written by fast.transformer.train")
+    parser = argparse.ArgumentParser(prog="python -m fast sample",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True,
+                        help="a ckpt.pt written by python -m fast train")
     parser.add_argument("--num", type=int, default=16, help="samples to draw")
-    parser.add_argument("--length", type=int, default=None, help="tokens per sample (default n_ctx)")
+    parser.add_argument("--length", type=int, default=None,
+                        help="tokens per sample (default n_ctx)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=None, help="output path (default figures/samples_<dataset>.png/.txt)")
+    parser.add_argument("--out", default=None,
+                        help="output path (default figures/samples_<dataset>.png/.txt)")
     args = parser.parse_args(argv)
     model, model_cfg, train_cfg = load_model(args.checkpoint, args.device)
     gen = torch.Generator().manual_seed(args.seed)

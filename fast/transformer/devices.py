@@ -1,0 +1,66 @@
+"""Where a run executes: the device, the precision, and the data-parallel process group.
+
+Child et al., 2019, section 5.6 (mixed precision: weights kept in fp32,
+activations and gradients in fp16, dynamic loss scaling; query-key products in
+fp32 when sampling) and section 6 (data parallel training over several GPUs).
+
+* ``resolve_device("auto")`` -- CUDA (this process's ``LOCAL_RANK``) if there is
+  one, else the CPU;
+* ``resolve_precision("auto", device)`` -- fp16 with loss scaling on CUDA, bf16
+  on the CPU (no loss scaling needed there);
+* ``autocast(precision, device)`` -- the autocast context; the weights stay fp32;
+* ``init_distributed(device)`` -- joins the process group that torchrun describes
+  (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT): nccl on CUDA, gloo on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """The torch.device of a TrainConfig.device string ("auto", "cpu", "cuda:1", ...)."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        return torch.device("cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for, but CUDA is not available; use 'cpu'")
+    return device
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """"auto" -> "fp16" on CUDA (with loss scaling), "bf16" on CPU."""
+    if precision == "auto":
+        return "fp16" if device.type == "cuda" else "bf16"
+    return precision
+
+
+def autocast(precision: str, device: torch.device):
+    """The autocast context of a precision ("fp32": none). Weights stay fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def init_distributed(device: torch.device) -> tuple[int, int, bool]:
+    """(rank, world_size, whether we created the process group).
+
+    One process (no WORLD_SIZE > 1 and no group yet) is rank 0 of 1; under
+    torchrun the group is created here and the caller destroys it at the end."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 and not dist.is_initialized():
+        return 0, 1, False
+    created = False
+    if not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        created = True
+    return dist.get_rank(), dist.get_world_size(), created
