@@ -1,10 +1,18 @@
-"""Tests of fast/attention_stats.py: the Figure 2 summaries of learned attention."""
+"""Tests of fast.measure.attention_stats: the Figure 2 summaries of learned attention
+(Child et al., 2019, sec. 3)."""
 
 import numpy as np
 import pytest
 
-from fast.measure.attention_stats import (classify_layer, concentration, coordinates, pattern_mass,
-                                  region_mass, region_masks, uniform_weights)
+from fast.measure.attention_stats import (
+    classify_layer,
+    concentration,
+    coordinates,
+    pattern_mass,
+    region_masks,
+    region_mass,
+    uniform_weights,
+)
 from reference.patterns import strided, union
 
 
@@ -24,7 +32,8 @@ def test_regions_are_disjoint_and_cover_the_causal_past():
     assert np.array_equal(m.any(0), causal)
 
 
-@pytest.mark.parametrize("key,region", [((3, 0), 1), ((0, 3), 2), ((2, 2), 0), ((0, 0), 3), ((3, 3), 0)])
+@pytest.mark.parametrize("key,region",
+                         [((3, 0), 1), ((0, 3), 2), ((2, 2), 0), ((0, 0), 3), ((3, 3), 0)])
 def test_one_hot_weight_lands_in_its_region(key, region):
     shape = (6, 6, 1)
     q = 3 * 6 + 3

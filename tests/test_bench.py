@@ -1,8 +1,9 @@
-"""Smoke test of the benchmark machinery (fast.measure.bench), at tiny n, in-process.
+"""Smoke test of the benchmark: the library (fast.measure.bench) and ``python -m fast bench``
+(fast.experiments.bench), at tiny n.
 
 Child et al., 2019, Table 2: the benchmark compares sparse and dense attention.
 Timings are not checked (noisy, shared machine); the structure, the slope fit,
-the ratio summary and the figure are.
+the ratio summary, the fresh-process measurement and the figure are.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 
+from fast.experiments import bench as bench_cli
 from fast.measure import bench
 
 
@@ -32,14 +34,14 @@ def test_summarize_reads_ratios():
 
 
 def test_quick_run_writes_json_and_figure(tmp_path):
-    assert bench.main(["--inline", "--n-min", "128", "--n-max", "256", "--no-flex",
-                       "--target", "0.01", "--out", str(tmp_path)]) == 0
+    assert bench_cli.main(["--inline", "--n-min", "128", "--n-max", "256", "--no-flex",
+                           "--target", "0.01", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "data" / "bench_cpu.json").read_text())
     assert data["machine"]["torch"] and data["config"]["ns"] == [128, 256]
     got = {(r["contender"], r["pattern"], r["n"]) for r in data["results"]}
     for n in (128, 256):
         assert ("dense", None, n) in got
-        for pattern in bench.PATTERNS:
+        for pattern in bench.PATTERN_PARAMS:
             for name in ("naive", "flex", "structured"):
                 assert (name, pattern, n) in got
     for r in data["results"]:
@@ -48,3 +50,11 @@ def test_quick_run_writes_json_and_figure(tmp_path):
         else:
             assert r["fwd_s"] > 0 and r["fb_s"] > 0 and len(r["fwd_s_all"]) >= 1
     assert (tmp_path / "bench_cpu.png").stat().st_size > 10_000
+
+
+def test_one_point_in_a_fresh_process():
+    spec = {"name": "structured", "pattern": "strided", "n": 256, "device": "cpu",
+            "dtype_name": "float32", "target": 0.01, "backward": True}
+    r = bench_cli.measure_point(spec, inline=False, timeout=300)
+    assert "skipped" not in r, r
+    assert r["fwd_s"] > 0 and r["fb_s"] > 0 and r["peak_fwd_bytes"] is not None

@@ -1,4 +1,5 @@
-"""Tests of fast/memory.py: bytes saved for backward (sec. 5.4) and peak RSS."""
+"""Tests of fast.measure.memory and fast.measure.model_memory: bytes saved for backward
+(Child et al., 2019, sec. 5.4), peak RSS, and the fresh process that measures it."""
 
 import sys
 
@@ -6,7 +7,9 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from fast.measure.memory import count_saved, format_bytes, peak_rss, saved_bytes
+from fast.measure.child import call, run_child
+from fast.measure.memory import count_saved, format_bytes, peak_memory, peak_rss, saved_bytes
+from fast.measure.model_memory import measure, per_layer
 
 
 def test_counts_activations_and_parameters_apart():
@@ -86,13 +89,48 @@ def test_tags_split_bytes_per_block():
     assert sum(log.tags.values()) == log.activation_bytes
 
 
+def large_temporary_peak(mib: int) -> dict:
+    """Peak RSS of a ``mib`` MiB temporary (the child side of the test below)."""
+    with peak_rss() as r:
+        t = torch.ones(mib * 2**20 // 4)   # touched
+        del t
+    return r
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM is Linux only")
 def test_peak_rss_sees_a_large_temporary():
-    with peak_rss() as r:
-        t = torch.ones(64 * 2**20 // 4)   # 64 MiB, touched
-        del t
+    # In a fresh process: in this one, pages an earlier test left resident can be
+    # reused by the temporary, and then RSS does not grow.
+    out = run_child("tests.test_memory:large_temporary_peak", 64, timeout=300)
+    assert "result" in out, out
+    r = out["result"]
     assert r["peak_bytes"] is not None
     assert r["peak_bytes"] >= 60 * 2**20
+
+
+def test_peak_memory_on_the_cpu_is_peak_rss():
+    with peak_memory("cpu") as r:
+        pass
+    assert set(r) == {"peak_bytes", "start_bytes"}
+    if sys.platform.startswith("linux"):
+        assert r["peak_bytes"] is not None and r["peak_bytes"] >= 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_peak_memory_sees_a_cuda_temporary():
+    with peak_memory("cuda") as r:
+        t = torch.ones(16 * 2**20 // 4, device="cuda")   # 16 MiB
+        del t
+    assert r["peak_bytes"] >= 16 * 2**20
+
+
+def test_child_reports_errors_instead_of_raising():
+    out = run_child("fast.measure.memory:format_bytes", "not a number", timeout=300)
+    assert out["error"].startswith("failed: ") and "TypeError" in out["output"]
+    assert call("fast.measure.memory:format_bytes", 1536) == "1.5 KiB"
+    with pytest.raises(ValueError, match="package.module:name"):
+        run_child("fast.measure.memory.format_bytes", 1)
+    assert run_child("time:sleep", 60, timeout=2)["error"] == "timed out after 2 s"
 
 
 def test_format_bytes():
@@ -103,7 +141,6 @@ def test_format_bytes():
 
 
 def test_memory_report_measures_one_block_input_per_layer_with_recomputation():
-    from fast.experiments.memory_report import measure, per_layer
     base = dict(d=32, heads=2, stride=8, c=4, batch=1, pattern="strided", impl="sparse",
                 what="saved", n=64)
     rows = {}

@@ -6,9 +6,10 @@ in some, global data-dependent attention in others and very sparse attention in
 late layers; that is the evidence for the strided pattern (sec. 4.3).
 
 Here: a 6-layer, d=128, 4-head dense model ("full" pattern) trained by
-``fast.transformer.train.train`` (500 steps of batch 16, peak learning rate 3e-3: at 1e-3
-and 200 steps every layer stayed close to uniform attention) on the 16x16 greyscale photo crops ("grey16", n = 256),
-its weights cached in figures/data/ (fp16, model only). Then, for test images:
+``fast.transformer.train.train`` (500 steps of batch 16, peak learning rate 3e-3:
+at 1e-3 and 200 steps every layer stayed close to uniform attention) on the
+16x16 greyscale photo crops ("grey16", n = 256), its weights cached in
+figures/data/ (fp16, model only). Then, for test images:
 
 * ``attention_maps``  -- every layer's and head's weights (L, B, H, n, n), from
   the model's explicit-softmax path (``return_attention=True``);
@@ -17,7 +18,7 @@ its weights cached in figures/data/ (fp16, model only). Then, for test images:
   inside the strided (l = 16 = one row) and fixed (l = 16, c = 4) patterns,
   each beside what uniform attention would give (``fast.measure.attention_stats``);
 
-    python -m fast.experiments.learned_attention [--quick] [--force]
+    python -m fast fig2 [--quick] [--force]
 
 writes figures/data/learned_attention.json and the figures (fast.plots.attention).
 The model is trained only when its cached weights are missing (or --force).
@@ -33,13 +34,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fast.measure import attention_stats as stats
 from fast.core.files import write_json
-from fast.transformer.checkpoint import as_dict, save_checkpoint
+from fast.data import load
+from fast.experiments.paths import DATA, FIGURES, QUICK
+from fast.measure import attention_stats as stats
+from fast.plots import attention as plot_attention
+from fast.transformer import checkpoint
+from fast.transformer.checkpoint import as_dict, save_weights
 from fast.transformer.config import ModelConfig, TrainConfig
+from fast.transformer.loss import evaluate
+from fast.transformer.train import train
 from reference import patterns
 
-DATA = Path("figures/data")
 SHAPE = (16, 16, 1)
 STRIDE, SUMMARY = 16, 4          # the strided / fixed patterns we ask about: one image row
 QUERY_PIXELS = ((10, 8), (13, 3), (8, 13))   # (row, column) of the pixels drawn in Fig. 2
@@ -48,29 +54,26 @@ MIN_ROW = 4                      # summaries use every query pixel from this row
 
 def configs(quick: bool = False, iters: int | None = None) -> tuple[ModelConfig, TrainConfig]:
     """The dense model of Fig. 2 and its training run (``iters`` overrides the steps)."""
-    model = ModelConfig(vocab_size=256, n_ctx=256, d_model=128, n_heads=4,
-                        n_layers=3 if quick else 6, pattern="full", combine="merged",
-                        stride=STRIDE, embedding="image", image_shape=SHAPE)
+    model_cfg = ModelConfig(vocab_size=256, n_ctx=256, d_model=128, n_heads=4,
+                            n_layers=3 if quick else 6, pattern="full", combine="merged",
+                            stride=STRIDE, embedding="image", image_shape=SHAPE)
     iters = iters or (30 if quick else 500)
-    train = TrainConfig(dataset="grey16", batch_size=16, max_iters=iters,
-                        warmup_iters=max(2, iters // 10), lr=3e-3, precision="fp32",
-                        eval_interval=0, eval_batches=8, log_interval=max(1, iters // 50),
-                        seed=0, save_checkpoint=False, out_dir="runs/learned_attention")
-    return model, train
+    train_cfg = TrainConfig(dataset="grey16", batch_size=16, max_iters=iters,
+                            warmup_iters=max(2, iters // 10), lr=3e-3, precision="fp32",
+                            eval_interval=0, eval_batches=8, log_interval=max(1, iters // 50),
+                            seed=0, save_checkpoint=False, out_dir="runs/learned_attention")
+    return model_cfg, train_cfg
 
 
 def paths(quick: bool) -> tuple[Path, Path, Path]:
     """(weights, summary JSON, figures folder); --quick writes under runs/quick/."""
     if quick:
-        q = Path("runs/quick")
-        return q / "learned_attention.pt", q / "learned_attention.json", q / "figures"
-    return DATA / "learned_attention.pt", DATA / "learned_attention.json", Path("figures")
+        return QUICK / "learned_attention.pt", QUICK / "learned_attention.json", QUICK / "figures"
+    return DATA / "learned_attention.pt", DATA / "learned_attention.json", FIGURES
 
 
 def train_model(quick: bool = False, iters: int | None = None) -> tuple[torch.nn.Module, dict]:
     """Train the dense model; returns (model, record without the model)."""
-    from fast.data import load
-    from fast.transformer.train import evaluate, train
     model_cfg, train_cfg = configs(quick, iters)
     dataset = load(train_cfg.dataset)
     t0 = time.perf_counter()
@@ -85,23 +88,13 @@ def train_model(quick: bool = False, iters: int | None = None) -> tuple[torch.nn
                    "model_cfg": as_dict(model_cfg), "train_cfg": as_dict(train_cfg)}
 
 
-def save_model(model, path: Path) -> None:
-    state = {k: v.half() for k, v in model.state_dict().items()}
-    save_checkpoint(path, {"model": state, "model_cfg": as_dict(model.cfg)})
-
-
 def load_model(path) -> torch.nn.Module:
-    """The cached dense model, float32, eval mode."""
-    from fast.transformer.model import SparseTransformer
-    blob = torch.load(path, map_location="cpu", weights_only=True)
-    model = SparseTransformer(ModelConfig(**blob["model_cfg"]))
-    model.load_state_dict({k: v.float() for k, v in blob["model"].items()})
-    return model.eval()
+    """The cached dense model (fp16 weights on disk), float32, eval mode."""
+    return checkpoint.load_model(path)[0]
 
 
 def test_images(count: int = 8) -> np.ndarray:
     """The first ``count`` test images of grey16, uint8 (count, 256)."""
-    from fast.data import load
     return load("grey16").splits["test"][:count]
 
 
@@ -170,24 +163,23 @@ def layer_summary(maps: np.ndarray, image_shape=SHAPE, window: int = 1, k: int =
                     for h in range(mass.shape[1])] for i in range(len(mass))]
     return {
         "regions": list(stats.REGIONS), "window": window, "k": k,
-        "queries": f"every pixel from row {MIN_ROW} on ({len(q)} positions), {maps.shape[1]} test images",
+        "queries": f"every pixel from row {MIN_ROW} on ({len(q)} positions), "
+                   f"{maps.shape[1]} test images",
         "mass": mass.tolist(), "layer_mass": layer_mass.tolist(),
         "start": start.mean((1, 3)).tolist(),                            # (L, H)
         "entropy": ent.tolist(), "topk": top.tolist(),
         "in_strided": in_strided.tolist(), "in_fixed": in_fixed.tolist(),
         "labels": labels, "head_labels": head_labels,
-        "uniform": {"mass": uni_mass.tolist(), "start": float(uni_start.mean()), "entropy": float(uni_ent), "topk": float(uni_top),
+        "uniform": {"mass": uni_mass.tolist(), "start": float(uni_start.mean()),
+                    "entropy": float(uni_ent), "topk": float(uni_top),
                     "in_strided": float(stats.pattern_mass(uni, strided_mask, q)),
                     "in_fixed": float(stats.pattern_mass(uni, fixed_mask, q))},
     }
 
 
 def pixel_position(row: int, col: int, image_shape=SHAPE) -> int:
-    """Raster position of pixel (row, col), channel 0."""
-    h, w, c = image_shape
-    if not (0 <= row < h and 0 <= col < w):
-        raise ValueError(f"pixel (row, col) must lie in [0, {h}) x [0, {w}), got ({row}, {col})")
-    return (row * w + col) * c
+    """Raster position of pixel (row, col), channel 0 (``attention_stats.pixel_position``)."""
+    return stats.pixel_position(row, col, image_shape)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,16 +196,15 @@ def main(argv: list[str] | None = None) -> int:
         summary = json.loads(summary_path.read_text())
     else:
         model, record = train_model(args.quick, args.iters)
-        save_model(model, weights)
+        save_weights(weights, model)
         model = load_model(weights)          # what the notebook will see (fp16-rounded)
         summary = {"train": record}
     maps = attention_maps(model, test_images())
     summary.update(layer_summary(maps))
     summary["query_pixels"] = [list(p) for p in QUERY_PIXELS]
     write_json(summary_path, summary)
-    from fast.plots import attention as plot_attention
     image = test_images(1)[0]
-    for path in plot_attention.make_all(maps[:, 0], image, summary, figdir):
+    for path in plot_attention.make_all(maps[:, 0], image, summary, SHAPE, figdir):
         print(f"learned_attention: wrote {path}", flush=True)
     return 0
 

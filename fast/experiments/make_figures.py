@@ -1,18 +1,19 @@
-"""Regenerate every figure of the project, training included: ``make figures``.
+"""Regenerate every figure of the project, training included: ``python -m fast figures``.
 
-Child et al., 2019 -- the scripts below redraw Figure 2 (learned attention),
-Figure 4 and the blog's memory table (recomputation), Table 2 (dense / fixed /
-strided) and the CPU attention benchmark. Each runs in its own process, in this
-order, with its own progress bar; the Makefile then re-executes the notebooks
-(``python -m fast.experiments.run_notebooks notebooks/*.ipynb``), which read the caches
-these scripts write under figures/data/.
+Child et al., 2019 -- the commands below redraw Figure 2 (learned attention,
+``python -m fast fig2``), Figure 4 and the blog's memory table (recomputation,
+``python -m fast memory``), Table 2 (dense / fixed / strided, ``python -m fast
+table2``) and the CPU attention benchmark (``python -m fast bench``). Each runs
+in its own process, in this order, with its own progress bar; ``make figures``
+then re-executes the notebooks (``python -m fast notebooks notebooks/*.ipynb``),
+which read the caches these commands write under figures/data/.
 
-    python -m fast.experiments.make_figures            # from scratch (about 40 min on 2 CPU cores)
-    python -m fast.experiments.make_figures --resume   # after an interruption: keep what is cached
-    python -m fast.experiments.make_figures --quick    # tiny versions, written under runs/quick/
-    python -m fast.experiments.make_figures --only memory,experiments
+    python -m fast figures            # from scratch (about 40 min on 2 CPU cores)
+    python -m fast figures --resume   # after an interruption: keep what is cached
+    python -m fast figures --quick    # tiny versions, written under runs/quick/
+    python -m fast figures --only memory,experiments
 
-From scratch, every script is given ``--force`` (it rewrites its cache step by
+From scratch, every command is given ``--force`` (it rewrites its cache step by
 step, so ``--resume`` continues where it stopped). Wall times go to
 figures/data/make_figures.json.
 """
@@ -24,29 +25,32 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
-from fast.core.files import write_json
 
-# name -> (module, takes --force/--quick, rough minutes on an idle 2-core CPU)
+from tqdm import tqdm
+
+from fast.core.files import write_json
+from fast.experiments.paths import DATA
+
+# step -> (command of python -m fast, takes --force/--quick, rough minutes on an idle 2-core CPU)
 STEPS = {
-    "bench": ("fast.measure.bench", False, 8),
-    "memory": ("fast.experiments.memory_report", True, 5),
-    "experiments": ("fast.experiments.table2", True, 18),
-    "learned_attention": ("fast.experiments.learned_attention", True, 6),
+    "bench": ("bench", False, 8),
+    "memory": ("memory", True, 5),
+    "experiments": ("table2", True, 18),
+    "learned_attention": ("fig2", True, 6),
 }
-BENCH_OUTPUT = Path("figures/data/bench_cpu.json")
-LOG = Path("figures/data/make_figures.json")
+BENCH_OUTPUT = DATA / "bench_cpu.json"
+LOG = DATA / "make_figures.json"
 
 
 def command(name: str, quick: bool, resume: bool) -> list[str] | None:
     """The command line of step ``name``, or None when it is to be skipped."""
-    module, flags, _ = STEPS[name]
+    fast_command, flags, _ = STEPS[name]
+    cmd = [sys.executable, "-m", "fast", fast_command]
     if not flags:
-        # fast.measure.bench has no cache logic of its own: skip it when resuming over its output.
+        # the benchmark has no cache logic of its own: skip it when resuming over its output
         if quick or (resume and BENCH_OUTPUT.exists()):
             return None
-        return [sys.executable, "-m", module]
-    cmd = [sys.executable, "-m", module]
+        return cmd
     if quick:
         cmd.append("--quick")
     if not resume:
@@ -64,8 +68,6 @@ def main(argv: list[str] | None = None) -> int:
     bad = sorted(set(names) - set(STEPS))
     if bad:
         raise ValueError(f"--only takes names from {list(STEPS)}, got {bad}")
-
-    from tqdm import tqdm
 
     log = {"steps": {}, "quick": args.quick, "resume": args.resume}
     start = time.perf_counter()

@@ -5,7 +5,7 @@ residual block's input is kept for the backward pass, which is how "dense
 attention networks with hundreds of layers on sequence lengths of 16,384" were
 trained. The blog post gives a table of attention memory for a 64-layer model.
 
-    python -m fast.experiments.memory_report [--quick] [--force] [--steps a,b]
+    python -m fast memory [--quick] [--force] [--steps a,b]
 
 Steps (each result is written to the JSON as soon as it exists; a step whose
 result is already there is skipped unless --force, so the script resumes):
@@ -25,9 +25,9 @@ result is already there is skipped unless --force, so the script resumes):
               model -- what it would need without;
 * figures  -- figures/memory_*.png and the Fig. 4 dataflow drawing.
 
-Every measurement runs in a fresh child process (``--child SPEC``), so that
-one run's freed-but-cached memory never inflates or hides the next one's peak.
-Batch size 1, float32, CPU.
+Every measurement is ``fast.measure.model_memory.measure``, run in a fresh child
+process (``fast.measure.child``), so that one run's freed-but-cached memory
+never inflates or hides the next one's peak. Batch size 1, float32, CPU.
 """
 
 from __future__ import annotations
@@ -36,134 +36,35 @@ import argparse
 import json
 import os
 import platform
-import subprocess
-import sys
 import time
 from pathlib import Path
-from fast.core.files import write_json
 
-DATA = Path("figures/data/memory.json")
-QUICK_DIR = Path("runs/quick")     # --quick writes here, never over the real caches
+from tqdm import tqdm
+
+from fast.core.files import write_json
+from fast.experiments.paths import DATA, FIGURES, QUICK
+from fast.measure import child
+from fast.measure.model_memory import MALLOC_ENV, per_layer
+from fast.plots import memory as plot_memory
+
+CACHE = DATA / "memory.json"
 STEPS = ("depth", "length", "peak", "blog", "big", "figures")
 
 # The shape of the paper's CIFAR-10 / Enwik8-like stacks (Table 1): d = 256.
 BASE = dict(d=256, heads=4, stride=128, c=32, batch=1)
 
 
-# ----------------------------------------------------------------------------
-# The child: one model, one measurement, one JSON line on stdout.
-# ----------------------------------------------------------------------------
-
-def _model_cfg(spec: dict):
-    from fast.transformer.config import ModelConfig
-    pattern = spec["pattern"]
-    return ModelConfig(
-        vocab_size=256, n_ctx=spec["n"], d_model=spec["d"], n_heads=spec["heads"],
-        n_layers=spec["layers"], pattern=pattern, combine="merged",
-        stride=spec["stride"], c=spec["c"] if pattern == "fixed" else None,
-        embedding="text", recompute=spec["recompute"],
-        attention_impl=spec.get("impl", "sparse"))
-
-
-_WARM: set = set()
-
-
-def _warm_up(spec: dict) -> None:
-    """A forward and backward of a tiny copy of ``spec``'s model, once per kind,
-    so that lazy imports and one-time buffers (checkpoint, attention backends)
-    are paid before any measurement starts."""
-    import torch
-
-    from fast.transformer.model import SparseTransformer
-    key = (spec["pattern"], spec["recompute"], spec.get("impl", "sparse"))
-    if key in _WARM:
-        return
-    tiny = {**spec, "n": min(spec["n"], 2 * spec["stride"]), "layers": 1}
-    model = SparseTransformer(_model_cfg(tiny)).train()
-    model(torch.randint(0, 256, (1, tiny["n"]))).sum().backward()
-    _WARM.add(key)
-
-
-def measure(spec: dict) -> dict:
-    """Build the model of ``spec`` and measure it; returns a dict of numbers.
-
-    spec: n, layers, d, heads, stride, c, pattern, recompute, impl, batch and
-    ``what``: "saved" (forward only: bytes saved for backward) or "step"
-    (forward + backward under peak_rss; ``optimizer`` adds an AdamW step).
-    """
-    import torch
-    import torch.nn.functional as F
-
-    from fast.measure.memory import count_saved, peak_rss, rss_bytes
-    from fast.transformer.model import SparseTransformer
-
-    _warm_up(spec)
-    torch.manual_seed(0)
-    model = SparseTransformer(_model_cfg(spec)).train()
-    n, batch = spec["n"], spec["batch"]
-    idx = torch.randint(0, 256, (batch, n))
-    params = list(model.parameters())
-    param_bytes = sum(p.numel() * p.element_size() for p in params)
-    opt = torch.optim.AdamW(params, lr=1e-4) if spec.get("optimizer") else None
-    out = {"param_bytes": param_bytes, "n_params": sum(p.numel() for p in params)}
-
-    def tag_hook(name):
-        def hook(_module, _args):
-            log.tag = name
-        return hook
-
-    with peak_rss() as peak:
-        t0 = time.perf_counter()
-        with count_saved(params) as log:
-            log.tag = "embed"
-            hooks = [b.register_forward_pre_hook(tag_hook(f"block{i}"))
-                     for i, b in enumerate(model.blocks)]
-            hooks.append(model.ln_f.register_forward_pre_hook(tag_hook("head")))
-            logits = model(idx)
-            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), idx.view(-1))
-            for h in hooks:
-                h.remove()
-        t_forward = time.perf_counter() - t0
-        if spec["what"] == "step":
-            loss.backward()
-            if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        t_total = time.perf_counter() - t0
-    out.update({
-        "saved_bytes": log.activation_bytes,
-        "saved_param_bytes": log.parameter_bytes,
-        "forward_s": t_forward,
-        "total_s": t_total,
-        "peak_bytes": peak["peak_bytes"] if spec["what"] == "step" else None,
-        "rss_after_bytes": rss_bytes(),
-        "loss": float(loss.detach()),
-        # what one block (the second) keeps: (shape, dtype, bytes) per new storage
-        "block_tensors": [list(t[1:]) for t in log.shapes if t[0] == "block1"],
-    })
-    return out
-
-
-def run_child(specs: list[dict]) -> list[dict]:
-    """``measure`` each spec, in order, in one fresh Python process.
+def measure_in_child(specs: list[dict]) -> list[dict]:
+    """Measure each spec, in order, in one fresh Python process (``fast.measure.child``);
+    returns spec + result dicts.
 
     Give a step ("step": peak memory) a process of its own: the peak is measured
     above the resident memory at its start, which earlier runs would inflate.
     """
-    # Large allocations straight from mmap, returned to the system when freed, so
-    # that the resident-memory peak follows the live tensors, not glibc's cache.
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    proc = subprocess.run([sys.executable, "-m", "fast.experiments.memory_report", "--child", json.dumps(specs)],
-                          capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"memory measurement {specs} failed:\n{proc.stderr[-3000:]}")
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    return [{**spec, **res} for spec, res in zip(specs, results)]
-
-
-def per_layer(small: dict, large: dict) -> float:
-    """Bytes saved per residual block: the difference of two depths."""
-    return (large["saved_bytes"] - small["saved_bytes"]) / (large["layers"] - small["layers"])
+    out = child.run_child("fast.measure.model_memory:measure_all", specs, env=MALLOC_ENV)
+    if "error" in out:
+        raise RuntimeError(f"memory measurement {specs} {out['error']}\n{out['output']}")
+    return [{**spec, **res} for spec, res in zip(specs, out["result"])]
 
 
 # ----------------------------------------------------------------------------
@@ -179,22 +80,23 @@ def _spec(**kw) -> dict:
 def step_depth(quick: bool) -> dict:
     depths = [1, 2, 4, 8] if quick else [1, 2, 4, 8, 16, 32, 64]
     n = 1024 if quick else 3072
-    rows = run_child([_spec(n=n, layers=L, recompute=r) for L in depths for r in (False, True)])
+    rows = measure_in_child([_spec(n=n, layers=L, recompute=r)
+                             for L in depths for r in (False, True)])
     return {"n": n, "rows": rows}
 
 
 def step_length(quick: bool) -> dict:
     lengths = [256, 512, 1024] if quick else [1024, 3072, 8192, 16384]
     layers = 2 if quick else 8
-    rows = run_child([_spec(n=n, layers=layers, pattern=p, recompute=r)
-                      for n in lengths for p in ("strided", "full") for r in (False, True)])
+    rows = measure_in_child([_spec(n=n, layers=layers, pattern=p, recompute=r)
+                             for n in lengths for p in ("strided", "full") for r in (False, True)])
     return {"layers": layers, "rows": rows}
 
 
 def step_peak(quick: bool) -> dict:
     depths = [2, 4] if quick else [4, 16, 64]
     n = 1024 if quick else 3072
-    rows = [run_child([_spec(n=n, layers=L, recompute=r, what="step")])[0]
+    rows = [measure_in_child([_spec(n=n, layers=L, recompute=r, what="step")])[0]
             for L in depths for r in (False, True)]
     return {"n": n, "rows": rows}
 
@@ -218,7 +120,7 @@ def step_blog(quick: bool) -> dict:
             impls.append(("masked", "masked", False))
         specs = [_spec(n=n, layers=L, pattern="full", impl=impl, recompute=rc)
                  for _, impl, rc in impls for L in (1, 2)]
-        res = run_child(specs)
+        res = measure_in_child(specs)
         row = dict(entry)
         for i, (name, _, _) in enumerate(impls):
             row[f"ours_{name}_per_layer"] = per_layer(res[2 * i], res[2 * i + 1])
@@ -231,8 +133,9 @@ def step_blog(quick: bool) -> dict:
 
 def step_big(quick: bool) -> dict:
     layers, n = (8, 4096) if quick else (128, 16384)
-    step = run_child([_spec(n=n, layers=layers, recompute=True, what="step", optimizer=True)])[0]
-    small = run_child([_spec(n=n, layers=L, recompute=False) for L in (1, 2)])
+    step = measure_in_child([_spec(n=n, layers=layers, recompute=True, what="step",
+                                   optimizer=True)])[0]
+    small = measure_in_child([_spec(n=n, layers=L, recompute=False) for L in (1, 2)])
     # Bytes kept without recomputation: what 2 layers measured, plus one block's
     # worth for each further layer; then the same weights, gradients and Adam state.
     block = per_layer(*small)
@@ -257,8 +160,7 @@ def _total_memory() -> int | None:
 
 
 def step_figures(data: dict) -> dict:
-    from fast.plots import memory as plot_memory
-    paths = plot_memory.make_all(data, QUICK_DIR / "figures" if data["quick"] else Path("figures"))
+    paths = plot_memory.make_all(data, QUICK / "figures" if data["quick"] else FIGURES)
     return {"paths": [str(p) for p in paths]}
 
 
@@ -270,20 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="redo steps whose results exist")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {STEPS}")
     parser.add_argument("--out", type=Path, default=None,
-                        help=f"JSON written and resumed from (default {DATA}; --quick: {QUICK_DIR})")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
+                        help=f"JSON written and resumed from (default {CACHE}; "
+                             f"--quick: {QUICK})")
     args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps([measure(spec) for spec in json.loads(args.child)]))
-        return 0
     steps = [s for s in args.steps.split(",") if s]
     bad = sorted(set(steps) - set(STEPS))
     if bad:
         raise ValueError(f"--steps takes names from {STEPS}, got {bad}")
 
-    from tqdm import tqdm
-
-    args.out = args.out or (QUICK_DIR / "memory.json" if args.quick else DATA)
+    args.out = args.out or (QUICK / "memory.json" if args.quick else CACHE)
     data = json.loads(args.out.read_text()) if args.out.exists() and not args.force else {}
     if data.get("quick", args.quick) != args.quick:
         raise ValueError(f"{args.out} holds {'quick' if data['quick'] else 'full'} results; "

@@ -4,7 +4,7 @@ Used by ``make notebooks`` (and so by ``make figures``). Each notebook runs in
 its own directory (``notebooks/``), top to bottom, in a fresh kernel of the
 current Python environment; a failing cell stops the run with the cell shown.
 
-    python -m fast.experiments.run_notebooks notebooks/*.ipynb
+    python -m fast notebooks notebooks/*.ipynb
 """
 
 from __future__ import annotations

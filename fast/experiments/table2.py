@@ -17,7 +17,7 @@ columns of Table 2 are measured separately (``timing``): a 2-layer d = 256
 model, one training step of batch 1 at n = 3072 and n = 12288, through the
 same ``train`` loop, the mean over the steps after the first.
 
-    python -m fast.experiments.table2 [--quick] [--force] [--only text/full,...]
+    python -m fast table2 [--quick] [--force] [--only text/full,...]
 
 Results go to figures/data/table2.json (written after each run; a run already
 there is skipped unless --force, so the script resumes). The text-fixed and
@@ -37,13 +37,17 @@ from pathlib import Path
 import torch
 
 from fast.core.files import write_json
-from fast.transformer.checkpoint import as_dict, save_checkpoint
+from fast.data import load
+from fast.experiments.paths import DATA, FIGURES, QUICK
+from fast.plots import table2 as plot_table2
+from fast.plots.style import PATTERN_ORDER
+from fast.transformer import checkpoint
+from fast.transformer.checkpoint import as_dict, save_weights
 from fast.transformer.config import ModelConfig, TrainConfig
+from fast.transformer.loss import evaluate
+from fast.transformer.sample import sample
+from fast.transformer.train import train
 
-DATA = Path("figures/data/table2.json")
-MODELS = Path("figures/data/models")
-QUICK_DIR = Path("runs/quick")     # --quick writes here, never over the real caches
-PATTERNS = ("full", "fixed", "strided")
 KEEP = ("text/fixed", "image/strided")     # weights kept for notebook 08
 
 # The paper's Table 2 (bits, seconds per iteration on their GPUs).
@@ -58,25 +62,27 @@ PAPER = {
 def run_configs(modality: str, pattern: str, quick: bool,
                 iters: int | None = None) -> tuple[ModelConfig, TrainConfig]:
     """The model and training configuration of one Table 2 cell (``iters``: steps)."""
-    if modality not in ("text", "image") or pattern not in PATTERNS:
-        raise ValueError(f"modality must be 'text' or 'image' and pattern one of {PATTERNS}, "
-                         f"got {modality!r}, {pattern!r}")
+    if modality not in ("text", "image") or pattern not in PATTERN_ORDER:
+        raise ValueError(f"modality must be 'text' or 'image' and pattern one of "
+                         f"{PATTERN_ORDER}, got {modality!r}, {pattern!r}")
     iters = iters or (24 if quick else 300)
     common = dict(d_model=128, n_heads=4, n_layers=2 if quick else 4, pattern=pattern,
                   combine="merged")
-    # images learn faster at a higher peak rate (fast.experiments.learned_attention: 3e-3 beat 1e-3 on grey16)
-    train = dict(max_iters=iters, warmup_iters=max(2, iters // 10), precision="fp32",
-                 eval_interval=max(1, iters // 8), eval_batches=4, eval_splits=("val",),
-                 log_interval=max(1, iters // 40), seed=0, save_checkpoint=False,
-                 out_dir=f"runs/table2/{modality}_{pattern}")
+    # images learn faster at a higher peak rate (fast.experiments.learned_attention:
+    # 3e-3 beat 1e-3 on grey16)
+    schedule = dict(max_iters=iters, warmup_iters=max(2, iters // 10), precision="fp32",
+                    eval_interval=max(1, iters // 8), eval_batches=4, eval_splits=("val",),
+                    log_interval=max(1, iters // 40), seed=0, save_checkpoint=False,
+                    out_dir=f"runs/table2/{modality}_{pattern}")
     if modality == "text":
         model = ModelConfig(vocab_size=256, n_ctx=512, stride=32, embedding="text",
                             c=8 if pattern == "fixed" else None, **common)
-        tcfg = TrainConfig(dataset="stdlib", data_max_bytes=4_000_000, batch_size=8, lr=1e-3, **train)
+        tcfg = TrainConfig(dataset="stdlib", data_max_bytes=4_000_000, batch_size=8, lr=1e-3,
+                           **schedule)
     else:
         model = ModelConfig(vocab_size=256, n_ctx=256, stride=16, embedding="image",
                             image_shape=(16, 16, 1), c=4 if pattern == "fixed" else None, **common)
-        tcfg = TrainConfig(dataset="grey16", batch_size=16, lr=3e-3, **train)
+        tcfg = TrainConfig(dataset="grey16", batch_size=16, lr=3e-3, **schedule)
     return model, tcfg
 
 
@@ -95,35 +101,21 @@ def timing_configs(n: int, pattern: str, layers: int) -> tuple[ModelConfig, Trai
     return model, tcfg
 
 
-def _save_model(model, path: Path) -> None:
-    """Model weights only, in fp16 (small enough to commit), with the config."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}
-    save_checkpoint(path, {"model": state, "model_cfg": as_dict(model.cfg)})
-
-
 def load_kept_model(path):
     """A model saved by this script (fp16 weights) as a float32 SparseTransformer, eval mode."""
-    from fast.transformer.model import SparseTransformer
-    blob = torch.load(path, map_location="cpu", weights_only=True)
-    model = SparseTransformer(ModelConfig(**blob["model_cfg"]))
-    model.load_state_dict({k: v.float() if v.is_floating_point() else v
-                           for k, v in blob["model"].items()})
-    return model.eval()
+    return checkpoint.load_model(path)[0]
 
 
 def out_paths(quick: bool) -> tuple[Path, Path, Path]:
     """(JSON, kept-models folder, figures folder) of a full or a --quick run."""
     if quick:
-        return QUICK_DIR / "table2.json", QUICK_DIR / "models", QUICK_DIR / "figures"
-    return DATA, MODELS, Path("figures")
+        return QUICK / "table2.json", QUICK / "models", QUICK / "figures"
+    return DATA / "table2.json", DATA / "models", FIGURES
 
 
 def run_one(modality: str, pattern: str, quick: bool, datasets: dict,
             iters: int | None = None) -> dict:
     """Train one cell; returns its record (and keeps the weights of KEEP runs)."""
-    from fast.transformer.sample import sample
-    from fast.transformer.train import evaluate, train
     model_cfg, train_cfg = run_configs(modality, pattern, quick, iters)
     t0 = time.perf_counter()
     rec = train(model_cfg, train_cfg, progress=True, dataset=datasets[modality])
@@ -139,7 +131,7 @@ def run_one(modality: str, pattern: str, quick: bool, datasets: dict,
         samples = sample(model, 2, length=48 if quick else 200, prompt=prompt, generator=gen)
     key = f"{modality}/{pattern}"
     if key in KEEP:
-        _save_model(model, out_paths(quick)[1] / f"{modality}_{pattern}.pt")
+        save_weights(out_paths(quick)[1] / f"{modality}_{pattern}.pt", model)
     return {
         "model_cfg": as_dict(model_cfg), "train_cfg": as_dict(train_cfg),
         "history": rec["history"], "evals": rec["evals"], "val_bits": rec["final"]["val"],
@@ -150,11 +142,11 @@ def run_one(modality: str, pattern: str, quick: bool, datasets: dict,
 
 
 def run_timing(quick: bool) -> list[dict]:
-    from fast.transformer.train import train
+    """Time per training step of every pattern at the paper's lengths (``timing_configs``)."""
     rows = []
     lengths = (1024, 3072) if quick else (3072, 12288)
     for n in lengths:
-        for pattern in PATTERNS:
+        for pattern in PATTERN_ORDER:
             model_cfg, train_cfg = timing_configs(n, pattern, 1 if quick else 2)
             rec = train(model_cfg, train_cfg, progress=False)
             rows.append({"n": n, "pattern": pattern, "layers": model_cfg.n_layers,
@@ -170,14 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny runs, for development")
     parser.add_argument("--force", action="store_true", help="redo runs whose results exist")
     parser.add_argument("--only", default="", help="comma list of keys, e.g. text/full,timing")
-    parser.add_argument("--out", type=Path, default=None, help="JSON (default: figures/data/table2.json)")
-    parser.add_argument("--iters", type=int, default=None, help="training steps per run (default 300)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON (default: figures/data/table2.json)")
+    parser.add_argument("--iters", type=int, default=None,
+                        help="training steps per run (default 300)")
     args = parser.parse_args(argv)
     out, _, figdir = out_paths(args.quick)
     args.out = args.out or out
-    from fast.data import load
 
-    keys = [f"{m}/{p}" for m in ("text", "image") for p in PATTERNS] + ["timing"]
+    keys = [f"{m}/{p}" for m in ("text", "image") for p in PATTERN_ORDER] + ["timing"]
     only = [k for k in args.only.split(",") if k]
     bad = sorted(set(only) - set(keys))
     if bad:
@@ -210,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"experiments: {key}: test {r['test_bits']:.3f} {r['unit']}, "
                   f"{r['time_per_iter']:.3f} s/iter, {r['wall_s']:.0f} s", flush=True)
         write_json(args.out, data)
-    from fast.plots import table2 as plot_experiments
-    for path in plot_experiments.make_all(data, figdir):
+    for path in plot_table2.make_all(data, figdir):
         print(f"experiments: wrote {path}")
     return 0
 

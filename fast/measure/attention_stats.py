@@ -8,6 +8,7 @@ motivated the strided pattern (sec. 4.3). This file turns attention weights
 into the numbers behind such statements, for an image of shape (H, W, C)
 flattened in raster order (row, column, channel):
 
+* ``coordinates`` / ``pixel_position`` -- raster position <-> (row, column, channel);
 * ``region_masks`` -- for one query, which earlier positions are *local* (within
   ``window`` rows and columns), in the query's *row*, in its *column*, or
   *elsewhere* (the four are disjoint and cover every j <= i);
@@ -42,6 +43,14 @@ def coordinates(image_shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     h, w, c = _check_shape(image_shape)
     pos = np.arange(h * w * c)
     return pos // (w * c), (pos // c) % w, pos % c
+
+
+def pixel_position(row: int, col: int, image_shape) -> int:
+    """Raster position of pixel (row, col), channel 0, in an image of shape (H, W, C)."""
+    h, w, c = _check_shape(image_shape)
+    if not (0 <= row < h and 0 <= col < w):
+        raise ValueError(f"pixel (row, col) must lie in [0, {h}) x [0, {w}), got ({row}, {col})")
+    return (row * w + col) * c
 
 
 def region_masks(image_shape, queries, window: int = 1) -> np.ndarray:
@@ -137,7 +146,8 @@ def classify_layer(mass, topk_mass, uniform_mass) -> str:
     mass = np.asarray(mass, dtype=np.float64)
     uni = np.asarray(uniform_mass, dtype=np.float64)
     if mass.shape != (4,) or uni.shape != (4,):
-        raise ValueError(f"mass and uniform_mass must have shape (4,), got {mass.shape}, {uni.shape}")
+        raise ValueError(f"mass and uniform_mass must have shape (4,), "
+                         f"got {mass.shape}, {uni.shape}")
     if mass[0] >= 0.1 and mass[0] >= 4 * uni[0]:
         return "local"
     if mass[1] + mass[2] >= 3 * (uni[1] + uni[2]):

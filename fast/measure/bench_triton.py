@@ -1,4 +1,4 @@
-"""GPU benchmark pieces for the block-sparse Triton kernel (issue 4).
+"""GPU benchmark pieces for the block-sparse Triton kernel: contenders, ideal speed-up, FLOPs.
 
 Child et al., 2019, section 5.5 and Table 2: a sparse pattern pays only for the
 blocks it computes. Here the "ideal speedup" of a layout over dense causal
@@ -7,25 +7,22 @@ FlashAttention is that ratio of block work,
     ideal = (dense causal tiles: nb (nb + 1) / 2 per head) / (tiles in the layout's parts),
 
 nb = ceil(n / block), averaged over heads; a kernel that ran every tile at the
-dense kernel's speed would reach it. ``python -m fast.measure.bench --device cuda`` (the
-PyTorch engineer's script, with dense SDPA and FlexAttention peers) takes its
-Triton contenders from ``contenders`` and reports measured / ideal speedup.
-
-Standalone: ``python -m fast.measure.bench_triton [--json out.json]`` prints forward and
-forward+backward times of the Triton kernel against dense causal SDPA on CUDA
-(fp16), the measured speedup as a % of the structured layout's ideal, and the
-TFLOP/s of the tiles each contender actually computes. It needs a CUDA GPU; it has not been run
-on this project's (CPU-only) machine.
+dense kernel's speed would reach it. ``python -m fast bench --device cuda``
+(``fast.measure.bench``, with dense SDPA and FlexAttention peers) takes its
+Triton contenders from ``contenders``; ``python -m fast.experiments.bench_triton``
+times them against dense causal SDPA and reports measured / ideal speed-up and
+the TFLOP/s of the tiles each contender computes (``flops``, ``time_ms``).
+Triton is an optional dependency: it is imported only when a kernel is built or
+timed.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 
 import torch
-import torch.nn.functional as F
+
+from fast.layout import block_layout
 
 DEFAULT_BLOCK = 64
 
@@ -45,6 +42,7 @@ def contenders(pattern: str, params: dict, dtype: torch.dtype,
     takes float32/float16/bfloat16 on CUDA); it is checked here so a bad one fails
     before timing starts.
     """
+    # optional dependency: the kernel module needs Triton
     from fast.kernels.triton_attention import GPU_DTYPES, triton_sparse_attention
     if dtype not in GPU_DTYPES:
         raise ValueError(f"dtype must be one of {GPU_DTYPES}, got {dtype}")
@@ -60,7 +58,8 @@ def contenders(pattern: str, params: dict, dtype: torch.dtype,
     out = {"triton block-sparse": make("structured")}
     if pattern != "full":
         # the same kernel on the one-part natural-order layout: what a block-sparse
-        # kernel without the transposition / gathering runs (paper-notes sec. 8)
+        # kernel without the transposition / gathering runs (in natural order the strided
+        # and fixed patterns touch almost every causal tile; docs/design.md, sec. 5.5)
         out["triton natural order"] = make("natural")
     return out
 
@@ -75,7 +74,6 @@ def layout_blocks(pattern: str, n: int, n_heads: int, params: dict,
 
 @functools.lru_cache(maxsize=None)
 def _layout_blocks(pattern, n, n_heads, params_key, block_size, order) -> float:
-    from fast.layout import block_layout
     sp = _params(pattern, dict(params_key))
     lay = block_layout(pattern, n, n_heads=n_heads, combine=sp["combine"], layer=sp["layer"],
                        block_size=block_size, order=order, **sp["params"])
@@ -99,9 +97,10 @@ def flops(pattern: str, B: int, n: int, n_heads: int, d: int, params: dict,
     return tiles * per_tile * (1 + 2.5 if backward else 1)
 
 
-def _time(fn, backward: bool) -> float:
-    """Median milliseconds (triton.testing.do_bench) of fn(), or fn().backward()."""
-    import triton
+def time_ms(fn, backward: bool) -> float:
+    """Median milliseconds (triton.testing.do_bench) of fn(), or of fn().backward()."""
+    import triton  # optional dependency
+
     if not backward:
         return triton.testing.do_bench(fn, return_mode="median")
 
@@ -109,55 +108,3 @@ def _time(fn, backward: bool) -> float:
         out = fn()
         out.backward(torch.ones_like(out))
     return triton.testing.do_bench(step, return_mode="median")
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, nargs="+", default=[4096, 16384])
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--d", type=int, default=64)
-    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
-    parser.add_argument("--json", default=None, help="write the results here as JSON")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("fast.measure.bench_triton needs a CUDA GPU (none found); nothing measured")
-        return 1
-    dtype = getattr(torch, args.dtype)
-    cases = [("strided", dict(stride=128)), ("fixed", dict(stride=128, c=32)),
-             ("strided", dict(stride=128, combine="multihead")),
-             ("longformer", dict(window=256, global_tokens=(0,))),
-             ("bigbird", dict(window=192, n_random=3, n_global=2))]
-    rows = []
-    g = torch.Generator(device="cuda").manual_seed(0)
-    for n in args.n:
-        shape = (1, args.heads, n, args.d)
-        q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, generator=g,
-                               requires_grad=True) for _ in range(3))
-        for bwd in (False, True):
-            dense = _time(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), bwd)
-            for pattern, params in cases:
-                ideal = ideal_speedup(pattern, n, args.heads, params)
-                for name, fn in contenders(pattern, params, dtype).items():
-                    ms = _time(lambda: fn(q, k, v), bwd)
-                    order = "natural" if "natural" in name else "structured"
-                    tflops = flops(pattern, 1, n, args.heads, args.d, params,
-                                   backward=bwd, order=order) / ms / 1e9
-                    row = dict(n=n, pattern=pattern, params={k_: str(v_) for k_, v_ in
-                                                             params.items()},
-                               contender=name, backward=bwd, ms=ms, dense_ms=dense,
-                               speedup=dense / ms, ideal=ideal,
-                               pct_ideal=100 * dense / ms / ideal, tflops=tflops)
-                    rows.append(row)
-                    print(f"n={n:6d} {'fwd+bwd' if bwd else 'fwd    '} {pattern:10s} "
-                          f"{name:22s} {ms:8.3f} ms  dense {dense:8.3f} ms  "
-                          f"speedup {dense / ms:5.2f}x (ideal {ideal:5.2f}x, "
-                          f"{100 * dense / ms / ideal:5.1f}%)  {tflops:6.1f} TFLOP/s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), dtype=args.dtype,
-                           heads=args.heads, d=args.d, rows=rows), f, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -19,6 +19,11 @@ measures what that buys, on the CPU, in two ways:
   /proc/self/clear_refs. That is the honest number (allocator slack, temporary
   buffers, gradients, optimizer state all count) but it is Linux only; on
   other systems it reports ``None``.
+* ``peak_memory(device)`` -- the same on the CPU; on CUDA the allocator's
+  maximum (``torch.cuda.max_memory_allocated``) above its level at the start.
+  The benchmark and the memory report both read peaks through it. A peak is a
+  high-water mark of the whole process: measure in a fresh one
+  (``fast.measure.child``) when earlier work may have left pages resident.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["SavedLog", "count_saved", "saved_bytes", "peak_rss", "rss_bytes", "format_bytes"]
+__all__ = ["SavedLog", "count_saved", "saved_bytes", "peak_rss", "peak_memory", "rss_bytes",
+           "format_bytes"]
 
 
 @dataclass
@@ -96,7 +102,8 @@ def count_saved(parameters=()):
                 log.activation_bytes += nbytes
                 log.n_storages += 1
                 log.tags[log.tag] = log.tags.get(log.tag, 0) + nbytes
-                log.shapes.append((log.tag, tuple(t.shape), str(t.dtype).replace("torch.", ""), nbytes))
+                dtype = str(t.dtype).replace("torch.", "")
+                log.shapes.append((log.tag, tuple(t.shape), dtype, nbytes))
         return t
 
     def unpack(t: torch.Tensor):
@@ -162,6 +169,33 @@ def peak_rss():
         if start is not None and peak is not None:
             result["start_bytes"] = start
             result["peak_bytes"] = max(0, peak - start)
+
+
+@contextlib.contextmanager
+def peak_memory(device="cpu"):
+    """Peak memory of the ``with`` block above its start, on ``device``.
+
+    CPU: ``peak_rss`` (Linux VmHWM). CUDA: ``torch.cuda.max_memory_allocated``
+    above ``memory_allocated`` at the start, the device synchronised at both
+    ends (what the caching allocator handed out; its reserved slack is not
+    counted). Yields a dict; on exit ``result["peak_bytes"]`` holds the peak
+    increase and ``result["start_bytes"]`` the level at the start (None on a CPU
+    where the high-water mark cannot be reset).
+    """
+    if torch.device(device).type != "cuda":
+        with peak_rss() as result:
+            yield result
+        return
+    result = {"peak_bytes": None, "start_bytes": None}
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    try:
+        yield result
+    finally:
+        torch.cuda.synchronize()
+        result["start_bytes"] = start
+        result["peak_bytes"] = torch.cuda.max_memory_allocated() - start
 
 
 def format_bytes(n: float | None) -> str:

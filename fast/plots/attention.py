@@ -2,7 +2,7 @@
 
 Child et al., 2019, Figure 2: for one query pixel, each panel shows where a
 layer (head) looks; the not-yet-generated region is black. Data from
-``fast.experiments.learned_attention``:
+``python -m fast fig2`` (``fast.experiments.learned_attention``):
 
 * ``draw_heads``   -- one query pixel: rows = layers, columns = heads;
 * ``draw_layers``  -- several query pixels: rows = pixels, columns = layers
@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.patches import Rectangle
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
+from fast.measure.attention_stats import pixel_position
+from fast.plots import style
+from fast.plots.style import plt
 
-DPI = 110
-REGION_COLORS = ("#2b6cb0", "#dd6b20", "#38a169", "#a0aec0", "#1a202c")
+# local, row, column, elsewhere, start token
+REGION_COLORS = (style.BLUE, style.ORANGE, style.GREEN, style.LIGHT_GREY, style.BLACK)
 
 
 def attention_image(weights_pos: np.ndarray, query: int, image_shape) -> np.ndarray:
@@ -80,17 +80,15 @@ def draw_heads(maps: np.ndarray, image: np.ndarray, query: int, image_shape, lab
     fig.suptitle(f"Fig. 2: dense model, query pixel (row {r}, col {c}); black = not yet generated",
                  fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return Path(path)
+    return style.save(fig, path)
 
 
 def draw_layers(maps: np.ndarray, image: np.ndarray, queries, image_shape, labels, path):
     """maps: (L, H, n, n) of one image; head-averaged. Rows = query pixels, columns = layers."""
     L = maps.shape[0]
     avg = maps.mean(1)                                                   # (L, n, n)
-    fig, axes = plt.subplots(len(queries), L + 1, figsize=(1.35 * (L + 1), 1.45 * len(queries) + 0.4),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(queries), L + 1,
+                             figsize=(1.35 * (L + 1), 1.45 * len(queries) + 0.4), squeeze=False)
     for row, q in enumerate(queries):
         _show_image(axes[row, 0], image, q, image_shape, "image so far")
         for layer in range(L):
@@ -101,9 +99,7 @@ def draw_layers(maps: np.ndarray, image: np.ndarray, queries, image_shape, label
             ax.axis("off")
     fig.suptitle("head-averaged attention of every layer, three query pixels", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return Path(path)
+    return style.save(fig, path)
 
 
 def draw_mass(summary: dict, path):
@@ -129,10 +125,11 @@ def draw_mass(summary: dict, path):
     ax1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     s = np.asarray(summary["in_strided"]).mean(1)
     f = np.asarray(summary["in_fixed"]).mean(1)
-    ax2.plot(range(L), s, "o-", color="#dd6b20", label="inside strided (l=16)")
-    ax2.plot(range(L), f, "s-", color="#2b6cb0", label="inside fixed (l=16, c=4)")
-    ax2.axhline(summary["uniform"]["in_strided"], color="#dd6b20", ls=":", label="uniform, strided")
-    ax2.axhline(summary["uniform"]["in_fixed"], color="#2b6cb0", ls=":", label="uniform, fixed")
+    strided, fixed = style.color("strided"), style.color("fixed")
+    ax2.plot(range(L), s, "o-", color=strided, label="inside strided (l=16)")
+    ax2.plot(range(L), f, "s-", color=fixed, label="inside fixed (l=16, c=4)")
+    ax2.axhline(summary["uniform"]["in_strided"], color=strided, ls=":", label="uniform, strided")
+    ax2.axhline(summary["uniform"]["in_fixed"], color=fixed, ls=":", label="uniform, fixed")
     ax2.set_ylim(0, 1.02)
     ax2.set_xlabel("layer")
     ax2.set_ylabel("mass inside the pattern")
@@ -140,21 +137,20 @@ def draw_mass(summary: dict, path):
     ax2.legend(fontsize=7)
     ax2.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return Path(path)
+    return style.save(fig, path)
 
 
-def make_all(maps: np.ndarray, image: np.ndarray, summary: dict, figdir) -> list[Path]:
-    """maps: (L, H, n, n) of ``image``. Writes the three figures; returns their paths."""
-    from fast.experiments.learned_attention import SHAPE, pixel_position
+def make_all(maps: np.ndarray, image: np.ndarray, summary: dict, image_shape,
+             figdir) -> list[Path]:
+    """maps: (L, H, n, n) of ``image`` (shape ``image_shape`` = (H, W, C)). Writes the
+    three figures into ``figdir``; returns their paths."""
     figdir = Path(figdir)
-    figdir.mkdir(parents=True, exist_ok=True)
     # position p predicts pixel p (it reads the start token and pixels 0..p-1)
-    queries = [pixel_position(r, c) for r, c in summary["query_pixels"]]
+    queries = [pixel_position(r, c, image_shape) for r, c in summary["query_pixels"]]
     return [
-        draw_heads(maps, image, queries[0], SHAPE, summary["head_labels"],
+        draw_heads(maps, image, queries[0], image_shape, summary["head_labels"],
                    figdir / "fig2_learned_attention.png"),
-        draw_layers(maps, image, queries, SHAPE, summary["labels"], figdir / "fig2_layers.png"),
+        draw_layers(maps, image, queries, image_shape, summary["labels"],
+                    figdir / "fig2_layers.png"),
         draw_mass(summary, figdir / "attention_mass.png"),
     ]

@@ -4,21 +4,19 @@
   tensors kept for backward drawn solid and the recomputed ones dashed;
 * ``plot_depth`` / ``plot_length`` -- bytes saved for backward (and peak
   resident memory) against depth and sequence length, with and without
-  recomputation, from ``figures/data/memory.json`` (``fast.experiments.memory_report``).
+  recomputation, from ``figures/data/memory.json`` (``python -m fast memory``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
+from fast.plots import style
+from fast.plots.style import plt
 
-KEPT, RECOMPUTED, OP = "#2b6cb0", "#dd6b20", "#4a5568"
-DPI = 110
+KEPT, RECOMPUTED, OP = style.BLUE, style.ORANGE, style.GREY
 GIB = 2.0 ** 30
 
 
@@ -83,9 +81,7 @@ def draw_dataflow(path, block_tensors=None):
                  f"{total / 2**20:.1f} MiB without recomputation", ha="center", fontsize=8.5)
     fig.suptitle("Figure 4: one residual block (sec. 5.4)", fontsize=11)
     fig.tight_layout(rect=(0, 0.08, 1, 0.96))
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return Path(path)
+    return style.save(fig, path)
 
 
 def _series(rows, key, **match):
@@ -97,7 +93,8 @@ def plot_depth(data: dict, path):
     """Bytes saved for backward and peak memory vs number of layers."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     depth = data["depth"]
-    for rc, color, label in ((False, KEPT, "no recomputation"), (True, RECOMPUTED, "recomputation")):
+    for rc, color, label in ((False, KEPT, "no recomputation"),
+                             (True, RECOMPUTED, "recomputation")):
         xs = _series(depth["rows"], "layers", recompute=rc)
         ys = [b / GIB for b in _series(depth["rows"], "saved_bytes", recompute=rc)]
         ax.plot(xs, ys, "o-", color=color, label=f"saved for backward, {label}")
@@ -116,23 +113,21 @@ def plot_depth(data: dict, path):
     ax.legend(fontsize=7.5)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return Path(path)
+    return style.save(fig, path)
 
 
 def plot_length(data: dict, path):
     """Bytes saved for backward vs sequence length, strided and dense."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     length = data["length"]
-    styles = {("strided", False): (KEPT, "o-"), ("strided", True): (RECOMPUTED, "o-"),
-              ("full", False): (KEPT, "^--"), ("full", True): (RECOMPUTED, "^--")}
-    for (pattern, rc), (color, style) in styles.items():
+    lines = {("strided", False): (KEPT, "o-"), ("strided", True): (RECOMPUTED, "o-"),
+             ("full", False): (KEPT, "^--"), ("full", True): (RECOMPUTED, "^--")}
+    for (pattern, rc), (color, line) in lines.items():
         xs = _series(length["rows"], "n", pattern=pattern, recompute=rc)
-        ys = [b / GIB for b in _series(length["rows"], "saved_bytes", pattern=pattern, recompute=rc)]
-        name = "dense" if pattern == "full" else pattern
-        ax.plot(xs, ys, style, color=color,
-                label=f"{name}, {'recomputation' if rc else 'no recomputation'}")
+        saved = _series(length["rows"], "saved_bytes", pattern=pattern, recompute=rc)
+        ax.plot(xs, [b / GIB for b in saved], line, color=color,
+                label=f"{style.display_name(pattern)}, "
+                      f"{'recomputation' if rc else 'no recomputation'}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length n")
@@ -141,15 +136,12 @@ def plot_length(data: dict, path):
     ax.legend(fontsize=7.5)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return Path(path)
+    return style.save(fig, path)
 
 
 def make_all(data: dict, figdir) -> list[Path]:
     """Every memory figure that the data allows; returns the paths written."""
     figdir = Path(figdir)
-    figdir.mkdir(parents=True, exist_ok=True)
     tensors = None
     if "depth" in data:
         two = [r for r in data["depth"]["rows"] if r["layers"] >= 2 and not r["recompute"]]

@@ -25,6 +25,7 @@ import numpy as np
 from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch, Rectangle
 
+from fast.plots import style
 from reference import patterns as P
 
 A1_COLOUR = "#1b4f9c"     # head A(1): dark blue, as in Fig. 3
@@ -32,7 +33,6 @@ A2_COLOUR = "#8cc0eb"     # head A(2): light blue
 BOTH_COLOUR = "#4d86c6"   # read by both heads
 FUTURE_COLOUR = "#e6e6e6"  # j > i: never read (causal)
 EMPTY_COLOUR = "#ffffff"   # allowed by causality but not read
-DPI = 110
 
 
 # ----------------------------------------------------------------------------
@@ -116,7 +116,8 @@ def draw_query(ax, a1_row: np.ndarray, a2_row: np.ndarray | None, query: int, wi
     pad = height * width - n  # a partial last row is drawn grey
 
     def grid(x):
-        return np.concatenate([np.asarray(x, dtype=bool), np.zeros(pad, dtype=bool)]).reshape(height, width)
+        flat = np.concatenate([np.asarray(x, dtype=bool), np.zeros(pad, dtype=bool)])
+        return flat.reshape(height, width)                                # (rows, width)
 
     future = np.arange(height * width).reshape(height, width) > query  # also the padding
     ax.imshow(colour_parts(grid(a1_row), None if a2_row is None else grid(a2_row), future),
@@ -132,9 +133,11 @@ def draw_query(ax, a1_row: np.ndarray, a2_row: np.ndarray | None, query: int, wi
 
 def legend_patches(two_heads: bool = True) -> list[Patch]:
     if not two_heads:
-        return [Patch(color=A1_COLOUR, label="read"), Patch(color=FUTURE_COLOUR, label="future (j > i)")]
+        return [Patch(color=A1_COLOUR, label="read"),
+                Patch(color=FUTURE_COLOUR, label="future (j > i)")]
     return [Patch(color=A1_COLOUR, label="head A(1)"), Patch(color=A2_COLOUR, label="head A(2)"),
-            Patch(color=BOTH_COLOUR, label="both"), Patch(color=FUTURE_COLOUR, label="future (j > i)")]
+            Patch(color=BOTH_COLOUR, label="both"),
+            Patch(color=FUTURE_COLOUR, label="future (j > i)")]
 
 
 # ----------------------------------------------------------------------------
@@ -148,7 +151,8 @@ def plot_pattern(pattern: str, n: int, stride: int | None = None, c: int | None 
     if len(parts) == 1:
         fig, ax = plt.subplots(figsize=(3.2, 3.4))
         draw_connectivity(ax, parts[0], title=f"full, n={n}: {int(parts[0].sum())} pairs")
-        fig.legend(handles=legend_patches(False), loc="lower center", ncol=2, fontsize=8, frameon=False)
+        fig.legend(handles=legend_patches(False), loc="lower center", ncol=2, fontsize=8,
+                   frameon=False)
         fig.tight_layout(rect=(0, 0.07, 1, 1))
         return fig
     a1, a2 = parts
@@ -159,7 +163,8 @@ def plot_pattern(pattern: str, n: int, stride: int | None = None, c: int | None 
                       title=f"A(2) {names[1]}: {int(a2.sum())} pairs")
     draw_connectivity(axes[2], a1, a2, title=f"merged A(1) | A(2): {int((a1 | a2).sum())} pairs")
     p = f"l={stride}" + (f", c={c}" if pattern == "fixed" else "")
-    fig.suptitle(f"{pattern} pattern, n={n}, {p} (rows = outputs i, columns = inputs j)", fontsize=10)
+    fig.suptitle(f"{pattern} pattern, n={n}, {p} (rows = outputs i, columns = inputs j)",
+                 fontsize=10)
     fig.legend(handles=legend_patches(), loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
@@ -238,8 +243,6 @@ def plot_keys_per_query(ns: np.ndarray, curves: dict[str, tuple[np.ndarray, np.n
 
 
 def save(fig, path: str | Path) -> Path:
-    """Write ``fig`` as a PNG (dpi 110), creating the folder; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    return path
+    """Write ``fig`` as a PNG cropped to what is drawn, creating the folder; the figure
+    stays open (the notebooks show it next). Returns the path."""
+    return style.save(fig, path, tight=True, close=False)

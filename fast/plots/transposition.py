@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.patches import Rectangle
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
+from fast.plots import style
+from fast.plots.style import plt
 
 
 def _cells(ax, grid: np.ndarray, cols: np.ndarray, mark: set, query: int, title: str):
@@ -43,7 +42,8 @@ def _cells(ax, grid: np.ndarray, cols: np.ndarray, mark: set, query: int, title:
 
 def draw_transposition(n: int = 24, stride: int = 6, query: int = 20,
                        path: Path | str = "../figures/transpose_trick.png"):
-    """Draw the three panels for a sequence of n = M l positions; return the figure."""
+    """Draw the three panels for a sequence of n = M l positions into ``path``; return
+    the (closed) figure."""
     if n % stride:
         raise ValueError(f"n must be a multiple of the stride for this drawing, got n={n}, "
                          f"l={stride}")
@@ -64,7 +64,5 @@ def draw_transposition(n: int = 24, stride: int = 6, query: int = 20,
     fig.suptitle(f"The transposition trick (strided pattern, l = {stride}; query {query} "
                  "outlined, the positions it reads in A(2) opaque)", fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    style.save(fig, path)
     return fig

@@ -1,0 +1,212 @@
+"""``python -m fast bench``: sparse attention against dense causal attention, a sweep over n.
+
+Child et al., 2019, section 5.5 and Table 2 (sparse patterns pay only for what
+they compute). Times, for n = 1024 .. 65536 (powers of 2), B=1, H=4, d=64,
+float32 on the CPU, the contenders of ``fast.measure.bench`` (its docstring
+gives the method):
+
+  dense         up to --dense-n-max = 32768 (at 65536 one forward+backward takes
+                minutes here)
+  naive         skipped where the (H, n, n) mask and SDPA's float copy of it exceed
+                --mask-gb, and past --naive-n-max = 8192, where it would take most
+                of the run
+  flex          forward only on a CPU, and only at --flex-n: each new n compiles
+                for ~25 s
+  structured    ours, at every n
+
+for the strided (l=128) and fixed (l=128, c=32) patterns, merged heads. With
+``--device cuda`` it adds the Triton contenders and runs float32, float16 and
+bfloat16. Every (contender, pattern, n) is measured in a fresh process
+(``fast.measure.child``), so each peak memory is that run's alone.
+
+    python -m fast bench                  # the full CPU sweep (about 8 min on 2 cores)
+    python -m fast bench --quick          # n <= 4096, no FlexAttention
+    python -m fast bench --device cuda
+    python -m fast bench --replot         # redraw the figure from the saved JSON
+
+Writes figures/data/bench_cpu.json (machine, versions, load average, every
+timing) and figures/bench_cpu.png (``fast.plots.bench``); bench_cuda.* on CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from fast.core.files import write_json
+from fast.experiments.paths import FIGURES
+from fast.measure import bench
+from fast.measure.child import run_child
+from fast.plots.bench import plot
+
+
+def skip_reason(name: str, pattern: str | None, n: int, args, flex_ns: set) -> str | None:
+    """Why the sweep does not measure ``name`` at ``n``, or None when it does."""
+    if name == "dense" and n > args.dense_n_max:
+        return (f"dense causal attention is O(n^2): past --dense-n-max "
+                f"{args.dense_n_max} one call takes minutes here")
+    if name == "naive" and n > args.naive_n_max:
+        return (f"the naive path is O(n^2) and runs the full square: past --naive-n-max "
+                f"{args.naive_n_max} it would take most of the run")
+    if name == "naive" and bench.mask_bytes(pattern, n) > args.mask_gb * 2**30:
+        return (f"the n x n mask needs {bench.mask_bytes(pattern, n) / 2**30:.1f}"
+                f" GiB > --mask-gb {args.mask_gb}")
+    if name == "flex" and (args.no_flex or n not in flex_ns):
+        return "FlexAttention compiles per n (~25 s on this CPU): only run at --flex-n"
+    return None
+
+
+def measure_point(spec: dict, inline: bool, timeout: float) -> dict:
+    """``bench.measure`` of one point in a fresh process (or in this one if inline);
+    a point that fails or times out is recorded as {"skipped": why}."""
+    if inline:
+        return bench.measure(**spec)
+    out = run_child("fast.measure.bench:measure_spec", spec, timeout=timeout)
+    return out["result"] if "result" in out else {"skipped": out["error"]}
+
+
+def run(args) -> dict:
+    """The sweep: every dtype, n and contender; returns the dict written to the JSON."""
+    device = args.device
+    dtypes = ["float32"] if device == "cpu" else ["float32", "float16", "bfloat16"]
+    ns = [2 ** e for e in range(int(math.log2(args.n_min)), int(math.log2(args.n_max)) + 1)]
+    flex_ns = set(args.flex_n) if device == "cpu" else set(ns)
+    t_start = time.time()
+    info = bench.machine_info(device)
+    info["loadavg_start"] = os.getloadavg()
+    results = []
+    for dtype in dtypes:
+        for n in ns:
+            jobs = [("dense", None)]
+            for pattern, params in bench.PATTERN_PARAMS.items():
+                names = bench.registry(pattern, params, device, bench.DTYPES[dtype])
+                jobs += [(x, pattern) for x in names if x != "dense"]
+            for name, pattern in jobs:
+                entry = {"contender": name, "pattern": pattern, "n": n, "dtype": dtype}
+                reason = skip_reason(name, pattern, n, args, flex_ns)
+                if reason is not None:
+                    entry["skipped"] = reason
+                else:
+                    spec = {"name": name, "pattern": pattern or "strided", "n": n,
+                            "device": device, "dtype_name": dtype, "target": args.target,
+                            "backward": bench.has_backward(name, device)}
+                    t0 = time.time()
+                    entry.update(measure_point(spec, args.inline, args.timeout))
+                    entry["wall_s"] = time.time() - t0
+                results.append(entry)
+                msg = entry.get("skipped") or (
+                    f"fwd {entry['fwd_s'] * 1e3:.1f} ms" +
+                    (f", fwd+bwd {entry['fb_s'] * 1e3:.1f} ms" if "fb_s" in entry else ""))
+                print(f"[{time.time() - t_start:6.0f} s] {dtype} n={n:6d} {name:11} "
+                      f"{pattern or '':8} {msg}", flush=True)
+    info["loadavg_end"] = os.getloadavg()
+    info["wall_s"] = time.time() - t_start
+    return {"machine": info,
+            "config": {"B": bench.B, "H": bench.H, "d": bench.D,
+                       "patterns": bench.PATTERN_PARAMS, "combine": "merged",
+                       "dense_n_max": args.dense_n_max, "naive_n_max": args.naive_n_max,
+                       "device": device, "ns": ns, "flex_ns": sorted(flex_ns),
+                       "target_s": args.target, "mask_gb": args.mask_gb,
+                       "timing": "min over repetitions after a warm-up call",
+                       "memory": ("peak RSS above the inputs, fresh process per point"
+                                  if device == "cpu" and not args.inline else
+                                  "peak RSS above the inputs, in-process" if device == "cpu"
+                                  else "torch.cuda.max_memory_allocated above the inputs")},
+            "results": results,
+            "targets": {dt: bench.summarize(results, dt) for dt in dtypes}}
+
+
+def print_table(results: list[dict], dtype: str) -> None:
+    """Time, speed-up over dense and peak memory of every contender, one column per n."""
+    rows = [r for r in results if r.get("dtype") == dtype]
+    ns = sorted({r["n"] for r in rows})
+    print(f"\n{dtype}: time (ms) and speed-up over dense causal SDPA (min over reps); "
+          f"peak memory MiB (forward+backward, or forward)")
+    print(f"{'pattern':8} {'contender':22} " + " ".join(f"{n:>17}" for n in ns))
+    for pattern in bench.PATTERN_PARAMS:
+        for name in bench.contender_names(rows, pattern):
+            for what in ("fwd_s", "fb_s"):
+                cells = []
+                for n in ns:
+                    r = bench.entry(rows, name, pattern, n)
+                    d = bench.find(rows, contender="dense", n=n)
+                    if r is None or "skipped" in r or not r.get(what):
+                        cells.append(f"{'-':>17}")
+                        continue
+                    sp = f"{d[what] / r[what]:5.1f}x" if d and d.get(what) else "   -  "
+                    cells.append(f"{r[what] * 1e3:9.1f} {sp:>7}")
+                label = "fwd" if what == "fwd_s" else "fwd+bwd"
+                print(f"{pattern:8} {name + ' ' + label:22} " + " ".join(cells))
+            cells = []
+            for n in ns:
+                r = bench.entry(rows, name, pattern, n) or {}
+                m = r.get("peak_fb_bytes") or r.get("peak_fwd_bytes")
+                cells.append(f"{m / 2**20:17.0f}" if m is not None else f"{'-':>17}")
+            print(f"{pattern:8} {name + ' peak MiB':22} " + " ".join(cells))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--n-min", type=int, default=1024)
+    p.add_argument("--n-max", type=int, default=65536)
+    p.add_argument("--quick", action="store_true",
+                   help="n up to 4096, no FlexAttention, short repetitions")
+    p.add_argument("--flex-n", type=int, nargs="*", default=[4096, 16384],
+                   help="n at which FlexAttention runs on the CPU")
+    p.add_argument("--no-flex", action="store_true")
+    p.add_argument("--dense-n-max", type=int, default=32768,
+                   help="largest n for dense SDPA (O(n^2) time)")
+    p.add_argument("--naive-n-max", type=int, default=8192,
+                   help="largest n for the naive masked SDPA (O(n^2) time and memory)")
+    p.add_argument("--mask-gb", type=float, default=3.0,
+                   help="largest naive mask (bool + SDPA's float copy), GiB")
+    p.add_argument("--target", type=float, default=1.0,
+                   help="seconds of repetitions per measurement")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per point")
+    p.add_argument("--inline", action="store_true",
+                   help="measure in this process (tests; memory less isolated)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="directory for data/bench_<device>.json and bench_<device>.png "
+                        "(default: figures/)")
+    p.add_argument("--replot", action="store_true",
+                   help="measure nothing: redraw bench_<device>.png from the saved JSON")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = args.out or FIGURES
+    path = out / "data" / f"bench_{args.device}.json"
+    png = out / f"bench_{args.device}.png"
+    if args.replot:
+        print(f"wrote {plot(json.loads(path.read_text()), png)}")
+        return 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here")
+    if args.quick:
+        args.n_max, args.no_flex, args.target = min(args.n_max, 4096), True, 0.3
+    if args.n_min < 1 or args.n_max < args.n_min:
+        raise SystemExit(f"need 1 <= --n-min <= --n-max, got {args.n_min}, {args.n_max}")
+
+    data = run(args)
+    for dtype in data["targets"]:
+        print_table(data["results"], dtype)
+        print(f"\ntargets ({dtype}):")
+        for key, val in data["targets"][dtype].items():
+            print(f"  {key:32} {val if val is None else round(val, 3)}")
+    write_json(path, data, indent=1)
+    plot(data, png)
+    print(f"\nwrote {path} and {png} ({data['machine']['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
