@@ -18,7 +18,7 @@ Plan: the heads of a layer fall into groups that read the same pieces
 
 Summary(own=True) also reads the summaries of the query's own block (j <= i);
 it runs as SummaryEarlier internally when c does not divide l. The first piece
-of a group reads something in every row (the merge relies on it, ``fast.core.merge``).
+of a group reads something in every row.
 
 (each fixed summary piece gathers every head's own sub-block, ``summary_rank``).
 The pieces of a group cover disjoint key sets, so their outputs merge exactly
@@ -43,13 +43,11 @@ import torch
 import torch.nn.functional as F
 
 from fast.backends.fixed import BlockCausal, Summary
-from fast.core.merge import merge_into
+from fast.backends.naive import naive_sparse_attention
 from fast.backends.strided import Column, LocalBand
+from fast.core.merge import merge_into
+from fast.core.precision import acc_dtype
 from reference.patterns import summary_range, summary_rank
-
-
-def _lse_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def plan(pattern: str, combine: str, layer: int, n_heads: int, scale: float, stride: int,
@@ -126,7 +124,7 @@ class _StructuredAttention(torch.autograd.Function):
         pad = lambda t: F.pad(t, (0, 0, 0, N - n)) if N != n else t.contiguous()
         q, k, v = pad(q), pad(k), pad(v)                                 # (B, H, N, d)
         out = torch.empty(B, H, N, d, dtype=q.dtype, device=q.device)
-        lse = torch.empty(B, H, N, dtype=_lse_dtype(q.dtype), device=q.device)
+        lse = torch.empty(B, H, N, dtype=acc_dtype(q.dtype), device=q.device)
         for heads, pieces in groups:
             qg, kg, vg = _group(q, heads), _group(k, heads), _group(v, heads)   # (G, N, d)
             if qg.shape[0] == 0:
@@ -152,7 +150,7 @@ class _StructuredAttention(torch.autograd.Function):
         go = F.pad(grad_out, (0, 0, 0, N - n)) if N != n else grad_out.contiguous()
         # rows that read nothing (lse = -inf) must contribute nothing: exp(s - inf) = 0
         lse_b = lse.masked_fill(lse == float("-inf"), float("inf"))
-        acc = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
+        acc = acc_dtype(q.dtype)
         grads = [torch.zeros(B, H, N, d, dtype=acc, device=q.device) for _ in range(3)]
         for heads, pieces in ctx.groups:
             views = [_group(t, heads) for t in (q, k, v, go, out, lse_b)]
@@ -177,7 +175,6 @@ def structured_attention(q, k, v, pattern: str, *, combine: str = "merged", laye
     (``fast.attention``). Returns (B, H, n, d)."""
     n = q.shape[2]
     if n < stride:
-        from fast.backends.naive import naive_sparse_attention
         params = {"stride": stride} if pattern == "strided" else {"stride": stride, "c": c}
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
                                       scale=scale, **params)
