@@ -23,7 +23,7 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from fast.transformer.checkpoint import load_model
 from fast.transformer.devices import autocast

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from fast.data import Dataset, load
 from fast.transformer import checkpoint as ckpt
