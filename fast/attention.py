@@ -3,9 +3,10 @@
 Child et al., 2019, section 4 (eq. 2-4, factorized self-attention), section 4.3
 (strided and fixed patterns) and section 5.1 (eq. 5-8, merged / multi-head /
 interleaved heads). Head h of layer ``layer`` reads exactly
-``reference.patterns.head_masks(pattern, n, H, combine, layer, stride=, c=)[h]``;
-"longformer" and "bigbird" read ``reference.patterns.longformer`` / ``bigbird``
-in every head (combine and layer do not change them).
+``reference.patterns.head_masks(pattern, n, H, combine, layer, **params)[h]``
+(for "longformer" and "bigbird" every head reads the one mask; combine and layer
+do not change them). The pattern and its parameters are checked by
+``reference.params.check_params``, as everywhere else.
 
 Backends (one flag, the slow and the fast path side by side):
 
@@ -21,131 +22,24 @@ Backends (one flag, the slow and the fast path side by side):
                strided, fixed -> "structured"; longformer, bigbird -> "naive".
 
 Every bad input raises ValueError saying what was given and what is allowed.
-Non-finite q, k or v (NaN, inf) are rejected: the check is one read-only pass
-(``torch.aminmax``; NaN and inf survive a min/max, and nothing can overflow),
-about 1 ms per tensor at B=1, H=4, n=16384, d=64 on the project's CPU, and a
-NaN would otherwise surface far from its cause.
+q, k, v and the scale are checked by ``fast.core.checks`` (the same checks as the
+Triton kernel's own entry point); non-finite q, k or v (NaN, inf) are rejected
+there, in one read-only pass, since a NaN would otherwise surface far from its cause.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import math
-import numbers
 
 import torch
 import torch.nn.functional as F
 
-from reference.patterns import COMBINES, summary_range, summary_rank
+from fast.backends.naive import naive_sparse_attention
+from fast.backends.structured import structured_attention
+from fast.core.checks import check_scale, check_tensors
+from reference.params import check_params
 
-PATTERNS = ("full", "strided", "fixed", "longformer", "bigbird")
 BACKENDS = ("auto", "structured", "naive", "triton")
-DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
-
-# The parameters each pattern takes: (required, optional with default).
-_PARAMS = {
-    "full": ((), {}),
-    "strided": (("stride",), {}),
-    "fixed": (("stride", "c"), {}),
-    "longformer": (("window",), {"dilation": 1, "global_tokens": ()}),
-    "bigbird": (("window", "n_random", "n_global"), {"seed": 0}),
-}
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _check_int(name: str, x, low: int, high: int | None = None) -> int:
-    if not _is_int(x) or x < low or (high is not None and x > high):
-        allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
-        raise ValueError(f"{name} must be {allowed}, got {x!r}")
-    return int(x)
-
-
-def check_tensors(q, k, v) -> None:
-    """q, k, v: real floating tensors of one shape (B, H, n, d), dtype and device."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor of shape (B, H, n, d), "
-                             f"got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have shape (B, H, n, d) (4 dimensions), "
-                             f"got shape {tuple(t.shape)}")
-        if t.dtype not in DTYPES:
-            raise ValueError(f"{name} has dtype {t.dtype}; allowed: "
-                             f"{', '.join(str(d) for d in DTYPES)}")
-    if not (q.shape == k.shape == v.shape):
-        raise ValueError(f"q, k, v must have one shape (B, H, n, d), got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    B, H, n, d = q.shape
-    if n == 0:
-        raise ValueError(f"sequence length n must be >= 1, got n = 0 (shape {tuple(q.shape)})")
-    if B == 0 or H == 0 or d == 0:
-        raise ValueError(f"B, H and d must be >= 1, got shape (B, H, n, d) = {tuple(q.shape)}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        # one read-only pass: min and max are NaN if any element is, +-inf if any is
-        if not bool(torch.isfinite(torch.stack(torch.aminmax(t))).all()):
-            raise ValueError(f"{name} holds non-finite values (NaN or inf); all must be finite")
-
-
-def check_pattern(pattern, n: int, n_heads: int, combine, layer, params: dict) -> dict:
-    """Check the pattern, combine mode, layer and the pattern's parameters; return
-    the parameters (defaults filled in, unused ``None`` dropped)."""
-    if pattern not in PATTERNS:
-        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
-    if combine not in COMBINES:
-        raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
-    _check_int("layer", layer, 0)
-    required, optional = _PARAMS[pattern]
-    given = {key: val for key, val in params.items() if val is not None}
-    extra = sorted(set(given) - set(required) - set(optional))
-    if extra:
-        raise ValueError(f"pattern {pattern!r} takes parameters "
-                         f"{list(required) + list(optional)}, got unexpected {extra}")
-    missing = [key for key in required if key not in given]
-    if missing:
-        raise ValueError(f"pattern {pattern!r} needs the parameters {list(required)}, "
-                         f"missing {missing}")
-    out = {**optional, **given}
-    if pattern in ("strided", "fixed"):
-        _check_int("stride l", out["stride"], 1)
-    if pattern == "fixed":
-        _check_int("summary width c", out["c"], 1)
-        if out["c"] > out["stride"]:
-            raise ValueError(f"summary width c must be at most the stride l, "
-                             f"got c={out['c']} > l={out['stride']}")
-        for h in range(n_heads):  # raises when several summary heads need l % c == 0
-            summary_range(out["stride"], out["c"], summary_rank(h, combine))
-    if pattern in ("longformer", "bigbird"):
-        _check_int("window", out["window"], 1)
-    if pattern == "longformer":
-        _check_int("dilation", out["dilation"], 1)
-        try:
-            g = list(out["global_tokens"])
-        except TypeError:
-            raise ValueError(f"global_tokens must be an iterable of integer positions in "
-                             f"[0, {n}), got {out['global_tokens']!r}") from None
-        if any(not _is_int(x) or not 0 <= x < n for x in g):
-            raise ValueError(f"global_tokens must be integer positions in [0, {n}), got {g}")
-        out["global_tokens"] = tuple(int(x) for x in g)
-    if pattern == "bigbird":
-        _check_int("n_random", out["n_random"], 0)
-        _check_int("n_global", out["n_global"], 0, n)
-        _check_int("seed", out["seed"], 0)
-    return out
-
-
-def _check_scale(scale, d: int) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(d)
-    if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite real number or None, got {scale!r}")
-    return float(scale)
 
 
 def _triton_available() -> bool:
@@ -186,13 +80,12 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     """
     check_tensors(q, k, v)
     B, H, n, d = q.shape
-    params = check_pattern(pattern, n, H, combine, layer,
-                           {"stride": stride, "c": c, **pattern_params})
-    scale = _check_scale(scale, d)
+    params = check_params(pattern, n, H, combine, layer,
+                          {"stride": stride, "c": c, **pattern_params})
+    scale = check_scale(scale, d)
     which = resolve_backend(backend, pattern, q.device, q.dtype)
 
     if which == "naive":
-        from fast.backends.naive import naive_sparse_attention
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
                                       scale=scale, **params)
     if which == "triton":
@@ -209,6 +102,5 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     # "structured"
     if pattern == "full":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    from fast.backends.structured import structured_attention
     return structured_attention(q, k, v, pattern, combine=combine, layer=layer, scale=scale,
                                 **params)

@@ -1,6 +1,6 @@
 """The Sparse Transformer forward pass in NumPy float64 (the ground truth for fast/model.py).
 
-Child et al., 2019, sections 5.2-5.6 (paper-notes section 4), written for reading:
+Child et al., 2019, sections 5.2-5.6 and eq. 10-15, written for reading:
 
     H_0 = tok[x] + sum_k pos_k[coordinate_k(position)]      (eq. 15)
     a   = attention(norm(H))                                 (eq. 11, dropout off)

@@ -2,72 +2,63 @@
 
 Child et al., 2019, "Generating Long Sequences with Sparse Transformers",
 section 4.2 (factorized self-attention) and section 4.3 (the strided and fixed
-patterns); section 5.1 (eq. 5-8) for the three ways of combining the two heads.
+patterns); section 5.1 (eq. 5-8) for the three ways of combining the two heads;
+Longformer (Beltagy et al., 2020) and BigBird (Zaheer et al., 2020), made causal,
+as the neighbours the benchmarks compare with.
 
 A mask is a bool array of shape (n, n): ``mask[i, j]`` is True where output i may
-read input j. Every pattern here is causal (j <= i). Positions are 0-indexed, and
-the paper's off-by-ones are decided as in ``shared/paper-notes.md`` section 2:
+read input j. Every pattern here is causal (j <= i). Decisions (positions are
+0-indexed; the paper's off-by-ones are settled as follows):
 
-* strided, head A(1) ("local"):   0 <= i - j < l        -- exactly l positions
-  (the paper's ``t = max(0, i - l)`` would give l + 1; the authors' code keeps l);
-* strided, head A(2) ("column"):  (i - j) mod l == 0;
-* fixed, head A(1) ("block"):     floor(j / l) == floor(i / l);
-* fixed, head A(2) ("summary"):   (j mod l) in [l - c, l): the last c positions of
-  every block of length l. With several heads, head h reads the distinct
-  sub-block k = h mod (l / c), i.e. (j mod l) in [l - (k+1) c, l - k c).
+* strided, A(1) "local":   0 <= i - j < l -- exactly l positions. The paper's
+  ``t = max(0, i - l)`` would give l + 1; the authors' code keeps l, so do we.
+* strided, A(2) "column":  (i - j) mod l == 0.
+* fixed, A(1) "block":     floor(j / l) == floor(i / l).
+* fixed, A(2) "summary":   (j mod l) in [l - c, l): the c positions l-c..l-1 of
+  every block of length l. fairseq keeps c + 1 positions and lets a block's
+  first query read the whole previous block; both are bugs, not copied. Several
+  summary heads read distinct sub-blocks of length c (sec. 4.3, the rank rule
+  of ``reference.heads``).
+* A row that reads nothing (a multihead summary head before the first summary)
+  outputs 0, never NaN (``reference.attention``).
 
-This file is the contract: ``head_masks`` says which positions every head of
-every layer reads, and the fast implementations in ``fast/`` must reproduce it.
-Everything is written for clarity, not speed: masks are built from index grids.
+``head_masks`` is the contract: which positions every head of every layer reads,
+for all five patterns, built from the head roles of ``reference.heads``. The
+fast implementations in ``fast/`` must reproduce it. Names and checks live in
+``reference.params``. Everything is written for clarity, not speed: masks are
+built from index grids.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-PATTERNS = ("full", "strided", "fixed")
-COMBINES = ("merged", "multihead", "interleaved")
+from reference.heads import PARTS, head_roles, summary_range
+from reference.params import (
+    COMBINES,
+    FACTORIZED,
+    PATTERNS,
+    check_dilation,
+    check_global_tokens,
+    check_n,
+    check_n_global,
+    check_n_random,
+    check_params,
+    check_seed,
+    check_stride,
+    check_summary,
+    check_window,
+    summary_rank,
+)
 
-
-# ----------------------------------------------------------------------------
-# Argument checks: every bad input gets a ValueError saying what was given and
-# what is allowed.
-# ----------------------------------------------------------------------------
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-def check_n(n) -> int:
-    if not _is_int(n) or n < 1:
-        raise ValueError(f"sequence length n must be an integer >= 1, got {n!r}")
-    return int(n)
-
-
-def check_stride(stride) -> int:
-    if not _is_int(stride) or stride < 1:
-        raise ValueError(f"stride l must be an integer >= 1, got {stride!r}")
-    return int(stride)
-
-
-def check_summary(stride: int, c, head: int = 0) -> int:
-    """Validate the summary width c of the fixed pattern (and its head's sub-block)."""
-    if not _is_int(c) or c < 1:
-        raise ValueError(f"summary width c must be an integer >= 1, got {c!r}")
-    if c > stride:
-        raise ValueError(
-            f"summary width c must be at most the stride l, got c={c} > l={stride}"
-        )
-    if not _is_int(head) or head < 0:
-        raise ValueError(f"head index must be an integer >= 0, got {head!r}")
-    if head > 0 and stride % c != 0:
-        raise ValueError(
-            f"fixed pattern with several heads splits each block of l={stride} into "
-            f"l/c distinct summary sub-blocks, so l must be a multiple of c; "
-            f"got l={stride}, c={c} (allowed: c dividing l, e.g. c in "
-            f"{[d for d in range(1, stride + 1) if stride % d == 0]})"
-        )
-    return int(c)
+__all__ = [
+    # the masks
+    "full", "strided", "fixed", "longformer", "bigbird", "bigbird_random_keys", "union",
+    "factorized", "head_masks",
+    # re-exported from reference.params and reference.heads (their home)
+    "PATTERNS", "FACTORIZED", "COMBINES", "check_n", "check_stride", "check_summary",
+    "summary_rank", "summary_range",
+]
 
 
 def _grid(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -104,27 +95,14 @@ def strided(n: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
     return local, column
 
 
-def summary_range(stride: int, c: int, head: int = 0) -> tuple[int, int]:
-    """The half-open range [lo, hi) of ``j mod l`` that head ``head`` summarises.
-
-    Head 0 reads the last c positions of each block, [l - c, l) (paper: {t..l}
-    with t = l - c, 0-indexed). Head h reads sub-block k = h mod (l // c), the
-    positions [l - (k+1) c, l - k c), so that different heads read distinct
-    summaries ("attend to distinct subblocks of length c", sec. 4.3).
-    """
-    stride = check_stride(stride)
-    c = check_summary(stride, c, head)
-    k = head % (stride // c)
-    return stride - (k + 1) * c, stride - k * c
-
-
 def fixed(n: int, stride: int, c: int, head: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The fixed pattern (sec. 4.3, Fig. 3c): ``(block, summary)``, each (n, n).
 
     block   = A(1): causal attention inside the block of length l that holds i:
               floor(j / l) == floor(i / l), j <= i.
     summary = A(2): the summary positions (j mod l) in [l - c, l) of every block,
-              j <= i; head ``head`` reads its own sub-block (see ``summary_range``).
+              j <= i; the head of summary rank ``head`` reads its own sub-block
+              (``reference.heads.summary_range``).
               (fairseq keeps c + 1 positions and lets a block's first query see
               the whole previous block; both are bugs we do not copy.)
     """
@@ -149,25 +127,8 @@ def union(*masks: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------
-# Neighbours (paper-notes section 7), causal like everything here.
+# Neighbours: Longformer and BigBird, causal like everything here.
 # ----------------------------------------------------------------------------
-
-def _check_globals(n: int, global_tokens) -> np.ndarray:
-    try:
-        tokens = list(global_tokens)
-    except TypeError:
-        raise ValueError(f"global_tokens must be an iterable of integer positions in "
-                         f"[0, {n}), got {global_tokens!r}") from None
-    bad = [t for t in tokens if not _is_int(t)]
-    if bad:
-        raise ValueError(f"global token positions must be integers, got {bad}")
-    g = np.asarray(tokens, dtype=np.int64).reshape(-1)
-    if g.size and (g.min() < 0 or g.max() >= n):
-        raise ValueError(
-            f"global token positions must lie in [0, {n}), got {sorted(set(g.tolist()))}"
-        )
-    return np.unique(g)
-
 
 def longformer(n: int, window: int, dilation: int = 1, global_tokens=()) -> np.ndarray:
     """Longformer (Beltagy et al., 2020), causal: a (dilated) sliding window plus
@@ -177,12 +138,8 @@ def longformer(n: int, window: int, dilation: int = 1, global_tokens=()) -> np.n
     dilation r (0 <= i - j < window * r and (i - j) mod r == 0). A global token g
     is read by every i >= g and reads every j <= g.
     """
-    n = check_n(n)
-    if not _is_int(window) or window < 1:
-        raise ValueError(f"window must be an integer >= 1, got {window!r}")
-    if not _is_int(dilation) or dilation < 1:
-        raise ValueError(f"dilation must be an integer >= 1, got {dilation!r}")
-    g = _check_globals(n, global_tokens)
+    n, window, dilation = check_n(n), check_window(window), check_dilation(dilation)
+    g = np.asarray(check_global_tokens(n, global_tokens), dtype=np.int64)
     i, j = _grid(n)
     back = i - j
     mask = (back >= 0) & (back < window * dilation) & (back % dilation == 0)
@@ -197,9 +154,7 @@ def bigbird_random_keys(n: int, n_random: int, seed: int = 0) -> np.ndarray:
     positions drawn uniformly from [0, i] (all of them when i + 1 <= n_random),
     padded with -1. Shape (n, n_random). Seeded, so every implementation that
     asks for the same (n, n_random, seed) gets the same keys."""
-    n = check_n(n)
-    if not _is_int(n_random) or n_random < 0:
-        raise ValueError(f"n_random must be an integer >= 0, got {n_random!r}")
+    n, n_random, seed = check_n(n), check_n_random(n_random), check_seed(seed)
     rng = np.random.default_rng(seed)
     keys = np.full((n, n_random), -1, dtype=np.int64)
     for i in range(n):
@@ -214,8 +169,7 @@ def bigbird(n: int, window: int, n_random: int, n_global: int, seed: int = 0) ->
     query (``bigbird_random_keys``), and the first ``n_global`` positions as
     global tokens (read by all later positions, reading all earlier ones)."""
     n = check_n(n)
-    if not _is_int(n_global) or n_global < 0 or n_global > n:
-        raise ValueError(f"n_global must be an integer in [0, n={n}], got {n_global!r}")
+    n_global = check_n_global(n, n_global)
     mask = longformer(n, window, 1, range(n_global))
     keys = bigbird_random_keys(n, n_random, seed)
     rows, cols = np.nonzero(keys >= 0)
@@ -228,72 +182,42 @@ def bigbird(n: int, window: int, n_random: int, n_global: int, seed: int = 0) ->
 # ----------------------------------------------------------------------------
 
 def factorized(pattern: str, n: int, head: int = 0, **params) -> tuple[np.ndarray, ...]:
-    """The factorized heads (A(1), A(2)) of ``pattern`` as seen by head ``head``
-    (only the fixed summary depends on the head). ``full`` has one: (A,)."""
+    """The masks of the parts of ``pattern`` (``reference.heads.PARTS``), in order:
+    strided (local, column), fixed (block, summary) as read by the head of summary
+    rank ``head``; full, longformer and bigbird have one part: (mask,)."""
+    params = check_params(pattern, n, 1, "merged", 0, params)
     if pattern == "full":
-        _no_extra(pattern, params, ())
         return (full(n),)
     if pattern == "strided":
-        _no_extra(pattern, params, ("stride",))
-        return strided(n, _need(params, "stride", pattern))
+        return strided(n, **params)
     if pattern == "fixed":
-        _no_extra(pattern, params, ("stride", "c"))
-        return fixed(n, _need(params, "stride", pattern), _need(params, "c", pattern), head)
-    raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+        return fixed(n, params["stride"], params["c"], head)
+    if pattern == "longformer":
+        return (longformer(n, **params),)
+    return (bigbird(n, **params),)
 
 
 def head_masks(pattern: str, n: int, n_heads: int, combine: str = "merged",
                layer: int = 0, **params) -> np.ndarray:
     """Which positions each head of layer ``layer`` reads: bool (n_heads, n, n).
 
-    pattern: "full", "strided" (needs ``stride``) or "fixed" (needs ``stride``, ``c``).
-    combine (sec. 5.1):
-      "merged"      (eq. 7)  every head reads the union A(1) | A(2);
-      "multihead"   (eq. 8)  head h reads A(h mod 2): heads alternate between
-                             the two factorized patterns, computed in parallel;
-      "interleaved" (eq. 6)  every head of layer r reads A(r mod 2).
-    For "fixed", the heads that read a summary read distinct sub-blocks: the
-    r-th such head reads sub-block r mod (l / c), where r = h for "merged" and
-    "interleaved" (every head reads A(2)) and r = h // 2 for "multihead" (only
-    the odd heads do), so head 0 -- or head 1 in "multihead" -- reads the last c
-    positions of each block, as in the single-head pattern.
-    "full" has a single pattern: every head reads all j <= i in every mode.
+    pattern and params: "full"; "strided" (stride); "fixed" (stride, c);
+    "longformer" (window, dilation=1, global_tokens=()); "bigbird" (window,
+    n_random, n_global, seed=0) -- see ``reference.params.PARAMS``.
+    combine (sec. 5.1): "merged" (eq. 7, every head reads A(1) | A(2)),
+    "multihead" (eq. 8, head h reads A(h mod 2)), "interleaved" (eq. 6, every head
+    of layer r reads A(r mod 2)). Head h reads the union of the parts its
+    ``reference.heads.HeadRole`` names; for "fixed", its summary is the sub-block
+    of its rank. full, longformer and bigbird: every head reads the one mask.
     """
-    if pattern not in PATTERNS:
-        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
-    if combine not in COMBINES:
-        raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
-    if not _is_int(n_heads) or n_heads < 1:
-        raise ValueError(f"n_heads must be an integer >= 1, got {n_heads!r}")
-    if not _is_int(layer) or layer < 0:
-        raise ValueError(f"layer must be an integer >= 0, got {layer!r}")
-    n = check_n(n)
+    params = check_params(pattern, n, n_heads, combine, layer, params)
+    roles = head_roles(pattern, n_heads, combine, layer,
+                       stride=params.get("stride"), c=params.get("c"))
     out = np.zeros((n_heads, n, n), dtype=bool)
-    for h in range(n_heads):
-        parts = factorized(pattern, n, summary_rank(h, combine), **params)
-        if len(parts) == 1 or combine == "merged":
-            out[h] = union(*parts)
-        elif combine == "multihead":
-            out[h] = parts[h % 2]
-        else:  # interleaved
-            out[h] = parts[layer % 2]
+    parts_of: dict = {}  # summary sub-block -> {part name: mask}; one entry unless fixed
+    for role in roles:
+        if role.summary not in parts_of:
+            masks = factorized(pattern, n, role.rank or 0, **params)
+            parts_of[role.summary] = dict(zip(PARTS[pattern], masks))
+        out[role.head] = union(*(parts_of[role.summary][p] for p in role.parts))
     return out
-
-
-def summary_rank(head: int, combine: str) -> int:
-    """Which summary sub-block head ``head`` reads under ``combine`` (see head_masks)."""
-    return head // 2 if combine == "multihead" else head
-
-
-def _need(params: dict, name: str, pattern: str) -> int:
-    if params.get(name) is None:
-        raise ValueError(f"pattern {pattern!r} needs the parameter {name!r}, got {sorted(params)}")
-    return params[name]
-
-
-def _no_extra(pattern: str, params: dict, allowed: tuple[str, ...]) -> None:
-    extra = sorted(k for k, v in params.items() if k not in allowed and v is not None)
-    if extra:
-        raise ValueError(
-            f"pattern {pattern!r} takes parameters {list(allowed)}, got unexpected {extra}"
-        )

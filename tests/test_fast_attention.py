@@ -15,6 +15,10 @@ import pytest
 import torch
 
 from fast import sparse_attention
+from fast.attention import _triton_available, resolve_backend
+from fast.backends import flash_cpu
+from fast.core.merge import merge, merge_into
+from fast.measure.memory import peak_rss
 from reference import patterns
 from reference.attention import attend, attend_backward
 
@@ -256,7 +260,6 @@ def test_non_contiguous_inputs():
 def test_structured_makes_no_n_by_n_tensor(pattern, params):
     """Peak memory of forward+backward at n = 8192 stays far below one n x n float32
     matrix (256 MiB): the structured path is O(n sqrt(n)) in memory too."""
-    from fast.measure.memory import peak_rss
     n = 8192
     q, k, v = (torch.randn(1, 1, n, 16, requires_grad=True) for _ in range(3))
     with peak_rss() as peak:
@@ -268,7 +271,6 @@ def test_structured_makes_no_n_by_n_tensor(pattern, params):
 
 
 def test_merge_of_two_key_sets_is_attention_over_their_union():
-    from fast.core.merge import merge_into
     q, k, v, _ = _rand(1, 2, 9, 8, seed=29)
     rng = np.random.default_rng(0)
     a = rng.random((9, 9)) < 0.5
@@ -284,10 +286,45 @@ def test_merge_of_two_key_sets_is_attention_over_their_union():
     assert np.abs(lse.numpy() - want_lse).max() < 1e-12
 
 
+def test_merge_of_a_list_is_the_pairwise_merges_and_empty_rows_stay_empty():
+    """merge(outs, lses) equals merging pairwise with merge_into; it is attention
+    over the union of the pieces; a row that reads nothing in every piece gets
+    out 0 and lse -inf (whatever the pieces hold there), never NaN."""
+    q, k, v, _ = _rand(1, 2, 9, 8, seed=41)
+    rng = np.random.default_rng(1)
+    owner, keep = rng.integers(0, 3, size=(9, 9)), rng.random((9, 9)) < 0.7
+    masks = [(owner == p) & keep for p in range(3)]     # three disjoint key sets
+    for m in masks:
+        m[4] = False                                    # row 4 reads nothing anywhere
+    masks[0][6] = masks[1][6] = False                   # row 6 only in the last piece
+    assert masks[2][6].any()
+    pieces = [attend(q.numpy(), k.numpy(), v.numpy(), m) for m in masks]
+    outs = [torch.from_numpy(o) for o, _ in pieces]
+    lses = [torch.from_numpy(lse) for _, lse in pieces]
+    out, lse = merge(outs, lses)
+    pair_out, pair_lse = torch.empty_like(outs[0]), torch.empty_like(lses[0])
+    merge_into(pair_out, pair_lse, outs[0], lses[0], outs[1], lses[1])
+    merge_into(pair_out, pair_lse, pair_out, pair_lse, outs[2], lses[2])
+    assert torch.equal(out, pair_out) and torch.equal(lse, pair_lse)
+    want, want_lse = attend(q.numpy(), k.numpy(), v.numpy(), masks[0] | masks[1] | masks[2])
+    assert np.abs(out.numpy() - want).max() < 1e-12
+    np.testing.assert_allclose(lse.numpy(), want_lse, rtol=0, atol=1e-12)   # -inf in row 4
+    assert (out[..., 4, :] == 0).all() and torch.isneginf(lse[..., 4]).all()
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    junk = [o.clone().index_fill_(-2, torch.tensor([4]), 7.0) for o in outs]
+    assert (merge(junk, lses)[0][..., 4, :] == 0).all()
+    one_out, one_lse = merge(outs[:1], lses[:1])                # one piece: a copy
+    assert torch.equal(one_out, outs[0]) and one_out is not outs[0]
+    with pytest.raises(ValueError, match="at least one piece"):
+        merge([], [])
+    low = merge([o.to(torch.bfloat16) for o in outs], [m.float() for m in lses])[0]
+    assert low.dtype == torch.bfloat16
+    assert (low.double() - torch.from_numpy(want)).abs().max() < 2e-2
+
+
 def test_cpu_kernel_facts_and_math_fallback_agree():
     """The facts fast.backends.flash_cpu relies on (strided views, top-left causal, empty
     rows give out 0), and its math fallback (used off the CPU) against the kernel."""
-    from fast.backends import flash_cpu
     if not flash_cpu.HAS_CPU_FLASH:
         pytest.skip("this torch has no CPU flash operator")
     q, k, v, g = _rand(2, 6, 12, 8, seed=31)
@@ -314,7 +351,6 @@ def test_cpu_kernel_facts_and_math_fallback_agree():
     ("fixed", {"stride": 8, "c": 2}, "merged")])
 def test_structured_with_math_fallback(monkeypatch, pattern, params, combine):
     """The path taken off the CPU (CUDA, or a torch without the CPU operator)."""
-    from fast.backends import flash_cpu
     monkeypatch.setattr(flash_cpu, "HAS_CPU_FLASH", False)
     monkeypatch.setattr(flash_cpu, "MATH_CHUNK_ELEMENTS", 2000)   # several row chunks
     n, H, d = 41, 4, 16
@@ -327,7 +363,6 @@ def test_structured_with_math_fallback(monkeypatch, pattern, params, combine):
 
 def test_auto_backend_choice():
     """auto: SDPA for full; Triton for the sparse patterns on CUDA (not float64); else CPU paths."""
-    from fast.attention import resolve_backend, _triton_available
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_backend("auto", "full", cuda, torch.float16) == "structured"
     assert resolve_backend("auto", "strided", cpu) == "structured"

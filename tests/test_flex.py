@@ -1,8 +1,8 @@
 """Tests of fast.backends.flex: FlexAttention mask_mod / BlockMask against reference/.
 
-Child et al., 2019, sec. 4.3 and 5.1 (patterns, combine modes); sec. 7 of
-``shared/paper-notes.md`` (Longformer, BigBird). PyTorch 2.13 has no FlexAttention
-backward on CPU, so only the forward is compared.
+Child et al., 2019, sec. 4.3 and 5.1 (patterns, combine modes), and the two
+neighbours Longformer and BigBird. PyTorch 2.13 has no FlexAttention backward on
+CPU, so only the forward is compared.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import create_block_mask
 
 from fast.backends.flex import block_mask, flex_sparse_attention, mask_mod
 from fast.layout import block_layout
@@ -162,3 +162,19 @@ def test_bad_qkv_shape():
     x = torch.zeros(4, 8, 16)
     with pytest.raises(ValueError, match=r"\(B, H, n, d\)"):
         flex_sparse_attention(x, x, x, "full", compile=False)
+
+
+def test_cache_key_accepts_array_and_list_parameters():
+    """Parameters are checked (and made hashable) before they key the BlockMask cache:
+    global_tokens as a NumPy array or a list, NumPy integers, all give the reference."""
+    n, n_heads = 61, 2
+    q, k, v = make_qkv(n, 16, (1, n_heads))
+    want, _ = attend(q, k, v, reference_mask("longformer", n, n_heads, "merged", 0,
+                                             dict(window=3, dilation=2, global_tokens=(5, 40))))
+    qt, kt, vt = (torch.from_numpy(x).float() for x in (q, k, v))
+    for tokens in (np.array([40, 5]), [5, 40, 5], (np.int64(5), 40)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = flex_sparse_attention(qt, kt, vt, "longformer", window=np.int64(3),
+                                        dilation=2, global_tokens=tokens, compile=False)
+        assert float(np.abs(got.double().numpy() - want).max()) < 1e-5

@@ -1,8 +1,8 @@
 """Tests of fast.layout: block-sparse layouts against reference.patterns.
 
 Child et al., 2019, sec. 4.3 and 5.1 (patterns, combine modes), sec. 5.5 (the
-transposed / gathered kernels); ``shared/paper-notes.md`` sec. 8 (exact causal
-diagonal blocks, real density, no n x n mask on the way to a layout).
+transposed / gathered kernels): exact causal diagonal blocks, the real density,
+and no n x n mask on the way to a layout.
 """
 
 from __future__ import annotations
@@ -67,27 +67,29 @@ def nonempty_blocks(mask: np.ndarray, block: int) -> int:
     return int(pad.reshape(h, nb, block, nb, block).any((2, 4)).sum())
 
 
+def tiles(name, count, index, mask, transpose) -> set:
+    """The (head, query block, key block, mask index) tiles of one table; indices ascending."""
+    out = set()
+    for h in range(count.shape[0]):
+        for r in range(count.shape[1]):
+            c = int(count[h, r])
+            idx = index[h, r, :c].tolist()
+            assert idx == sorted(set(idx)), (name, "indices not ascending")
+            for x, m in zip(idx, mask[h, r, :c].tolist()):
+                out.add((h, x, r, m) if transpose else (h, r, x, m))
+    return out
+
+
 def check_tables(layout: BlockLayout) -> None:
     """kv tables and q tables describe the same tiles; indices ascending; masks exact."""
     b = layout.block_size
     for part in layout.parts:
         nh, mq = part.q_pos.shape
         assert mq % b == 0 and part.k_pos.shape[1] % b == 0, part.name
-        assert part.kv_count.shape == (nh, mq // b) and part.q_count.shape == (nh, part.k_pos.shape[1] // b)
-
-        def tiles(count, index, mask, transpose):
-            out = set()
-            for h in range(nh):
-                for r in range(count.shape[1]):
-                    c = int(count[h, r])
-                    idx = index[h, r, :c].tolist()
-                    assert idx == sorted(set(idx)), (part.name, "indices not ascending")
-                    for x, m in zip(idx, mask[h, r, :c].tolist()):
-                        out.add((h, x, r, m) if transpose else (h, r, x, m))
-            return out
-
-        kv = tiles(part.kv_count, part.kv_index, part.kv_mask, False)
-        qt = tiles(part.q_count, part.q_index, part.q_mask, True)
+        assert part.kv_count.shape == (nh, mq // b)
+        assert part.q_count.shape == (nh, part.k_pos.shape[1] // b)
+        kv = tiles(part.name, part.kv_count, part.kv_index, part.kv_mask, False)
+        qt = tiles(part.name, part.q_count, part.q_index, part.q_mask, True)
         assert kv == qt, part.name
         assert len(kv) == part.n_blocks_computed
         nm = part.token_masks.shape[0]
@@ -130,10 +132,16 @@ def test_core_patterns_match_reference(pattern, n, n_heads, block, params, combi
 
 
 @pytest.mark.parametrize("order", ["structured", "natural"])
+@pytest.mark.parametrize("combine,layer", COMBINE_LAYER)
 @pytest.mark.parametrize("pattern,n,n_heads,block,params", NEIGHBOUR_CASES)
-def test_neighbour_patterns_match_reference(pattern, n, n_heads, block, params, order):
-    layout = block_layout(pattern, n, n_heads, block_size=block, order=order, **params)
+def test_neighbour_patterns_match_reference(pattern, n, n_heads, block, params, combine, layer,
+                                            order):
+    """Every head reads the one mask, whatever combine and layer say."""
+    layout = block_layout(pattern, n, n_heads, combine, layer, block_size=block, order=order,
+                          **params)
     check_layout(layout, neighbour_mask(pattern, n, n_heads, params), order)
+    np.testing.assert_array_equal(layout.to_dense().numpy(),
+                                  ref.head_masks(pattern, n, n_heads, combine, layer, **params))
     if order == "structured":
         assert any(p.name == "window" for p in layout.parts)
         slots = torch.arange(-(-n // block) * block)
@@ -171,10 +179,9 @@ def test_random_cases_match_reference(case):
     pattern, n, n_heads, block, combine, layer, order, params = case
     layout = block_layout(pattern, n, n_heads, combine, layer, block_size=block, order=order,
                           **params)
-    if pattern in ref.PATTERNS:
-        want = ref.head_masks(pattern, n, n_heads, combine, layer, **params)
-    else:
-        want = neighbour_mask(pattern, n, n_heads, params)
+    want = ref.head_masks(pattern, n, n_heads, combine, layer, **params)
+    if pattern in ("longformer", "bigbird"):  # every head reads the one mask
+        np.testing.assert_array_equal(want, neighbour_mask(pattern, n, n_heads, params))
     check_layout(layout, want, order)
 
 
@@ -185,7 +192,8 @@ def test_structured_strided_order_and_block_counts():
     layout = block_layout("strided", n, nh, block_size=b, stride=l)
     local, column = layout.parts
     assert (local.name, column.name) == ("local", "column")
-    r_pad = -(-(-(-n // l)) // b) * b
+    rows = -(-n // l)                      # ceil(n / l)
+    r_pad = -(-rows // b) * b              # rounded up to a multiple of B
     i = np.arange(n)
     slot = (i % l) * r_pad + i // l
     np.testing.assert_array_equal(column.q_pos[0, slot].numpy(), i)
@@ -213,8 +221,8 @@ def test_fixed_summary_keys_are_gathered_per_head():
 
 
 def test_strided_structured_is_truly_sparse():
-    """paper-notes sec. 8: at l = 128 every natural 128-block is touched, so the
-    natural layout only skips the causal half; the transposed one does not."""
+    """At l = 128 every natural 128-block is touched, so the natural layout only
+    skips the causal half; the transposed one does not."""
     n, l = 16384, 128
     natural = block_layout("strided", n, 1, block_size=128, order="natural", stride=l)
     structured = block_layout("strided", n, 1, block_size=64, stride=l)
@@ -254,7 +262,8 @@ def test_diagonal_blocks_are_causal():
     assert part.kv_index[0, torch.arange(4), last].tolist() == [0, 1, 2, 3]
     diag = part.kv_mask[0, torch.arange(4), last]
     assert bool((diag >= 0).all())
-    np.testing.assert_array_equal(part.token_masks[diag[0]].numpy(), np.tril(np.ones((16, 16), bool)))
+    np.testing.assert_array_equal(part.token_masks[diag[0]].numpy(),
+                                  np.tril(np.ones((16, 16), bool)))
 
 
 @pytest.mark.parametrize("kwargs,match", [

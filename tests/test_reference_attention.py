@@ -244,6 +244,12 @@ def problems(draw):
         divisors = [c for c in range(1, stride + 1) if stride % c == 0]
         c = draw(st.sampled_from(divisors)) if H > 1 else draw(st.integers(1, stride))
         params = {"stride": stride, "c": c}
+    elif pattern == "longformer":
+        params = {"window": draw(st.integers(1, 6)), "dilation": draw(st.integers(1, 3)),
+                  "global_tokens": draw(st.sets(st.integers(0, n - 1), max_size=2))}
+    elif pattern == "bigbird":
+        params = {"window": draw(st.integers(1, 6)), "n_random": draw(st.integers(0, 3)),
+                  "n_global": draw(st.integers(0, min(n, 2))), "seed": draw(st.integers(0, 9))}
     seed = draw(st.integers(0, 2**16))
     return n, d, H, pattern, combine, layer, params, seed
 
@@ -302,7 +308,10 @@ def _bad_cases():
 def test_bad_input(name, args, match):
     with pytest.raises(ValueError, match=match):
         attend(*args)
-    g = np.zeros(np.shape(args[0])[:-1] + (np.shape(args[2])[-1],)) if np.ndim(args[2]) >= 2 else np.zeros(1)
+    if np.ndim(args[2]) >= 2:
+        g = np.zeros(np.shape(args[0])[:-1] + (np.shape(args[2])[-1],))
+    else:
+        g = np.zeros(1)
     with pytest.raises(ValueError, match=match):
         attend_backward(*args, g)
 

@@ -3,7 +3,7 @@
 Child et al., 2019, "Generating Long Sequences with Sparse Transformers":
 section 4.3 (strided and fixed patterns, Fig. 3), section 4.2 (any j <= i reaches
 i in at most p + 1 hops), section 5.1 (merged, multi-head and interleaved heads),
-and the neighbours of paper-notes section 7 (Longformer, BigBird).
+and the two neighbours the benchmarks compare with (Longformer, BigBird), causal.
 
 Every count below is an independent closed form of the row index i (it never
 looks at the mask it checks), and the sizes are odd on purpose: n not a multiple
@@ -18,9 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference import patterns as P
+from reference.counts import keys_per_query
 
 # (n, l, c) with n not a multiple of l, n < l, n == l, c == l, c == 1, c not dividing l.
-SIZES = [(1, 1, 1), (5, 8, 3), (8, 8, 8), (36, 6, 2), (37, 6, 4), (50, 7, 3), (64, 8, 8), (97, 10, 1)]
+SIZES = [(1, 1, 1), (5, 8, 3), (8, 8, 8), (36, 6, 2), (37, 6, 4), (50, 7, 3), (64, 8, 8),
+         (97, 10, 1)]
 
 
 # ----------------------------------------------------------------------------
@@ -89,7 +91,8 @@ def test_causal(n, l, c):
     masks = [P.full(n), *P.strided(n, l), *P.fixed(n, l, c)]
     masks += [P.longformer(n, 3, 2, [0, n - 1]), P.bigbird(n, 2, 3, 1, seed=5)]
     for combine in P.COMBINES:
-        for pattern, params in [("full", {}), ("strided", {"stride": l}), ("fixed", {"stride": l, "c": c})]:
+        for pattern, params in [("full", {}), ("strided", {"stride": l}),
+                                ("fixed", {"stride": l, "c": c})]:
             masks += list(P.head_masks(pattern, n, 1, combine, **params))
     for m in masks:
         assert not np.any(m & upper)
@@ -203,7 +206,7 @@ def test_fixed_several_heads_need_c_dividing_l():
 
 
 # ----------------------------------------------------------------------------
-# Neighbours: Longformer and BigBird (paper-notes section 7).
+# Neighbours: Longformer and BigBird, causal.
 # ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n,w,r", [(1, 1, 1), (30, 4, 1), (31, 3, 2), (40, 5, 3), (9, 20, 2)])
@@ -328,14 +331,12 @@ def test_bad_input(call, match):
 
 
 # ----------------------------------------------------------------------------
-# fast/plot_patterns.keys_per_query: the closed forms the notebooks plot at
+# reference.counts.keys_per_query: the closed forms the notebooks plot at
 # large n, checked against the masks.
 # ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n,l,c", SIZES)
 def test_keys_per_query_matches_masks(n, l, c):
-    from fast.plots.patterns import keys_per_query
-
     np.testing.assert_array_equal(keys_per_query("full", n), P.full(n).sum(1))
     for pattern, kw in (("strided", {"stride": l}), ("fixed", {"stride": l, "c": c})):
         heads = range(3) if pattern == "fixed" and l % c == 0 else [0]

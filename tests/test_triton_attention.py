@@ -25,9 +25,13 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
+from fast import sparse_attention  # noqa: E402
+from fast.core.merge import merge  # noqa: E402
+from fast.kernels import triton_attention as T  # noqa: E402
+from fast.layout import block_layout  # noqa: E402
+from fast.measure.bench_triton import contenders, ideal_speedup  # noqa: E402
 from reference import attention as A  # noqa: E402
 from reference import patterns as P  # noqa: E402
-from fast.kernels import triton_attention as T  # noqa: E402
 
 if T.interpreted():
     DEVICE = "cpu"
@@ -98,7 +102,7 @@ def test_kernel_merges_disjoint_parts_exactly():
     dparts = [T.device_part(p, BLOCK, q.device) for p in parts]
     outs, lses = T.forward(q, k, v, dparts, d ** -0.5, BLOCK, separate=True)
     assert len(outs) == 2 and all(torch.isfinite(x).any() for x in lses)
-    out_t, lse_t = T.merge(outs, lses)
+    out_t, lse_t = merge(outs, lses)
     out_k, lse_k = T.forward(q, k, v, dparts, d ** -0.5, BLOCK)
     torch.testing.assert_close(out_k, out_t, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(lse_k, lse_t, atol=1e-6, rtol=1e-5)
@@ -174,7 +178,6 @@ def test_layout_is_cached_and_results_are_deterministic():
 
 @needs_runner
 def test_bench_contenders_and_ideal_speedup():
-    from fast.measure.bench_triton import contenders, ideal_speedup
     params = dict(stride=8, combine="multihead")
     fns = contenders("strided", params, torch.float32, block_size=BLOCK)
     assert set(fns) == {"triton block-sparse", "triton natural order"}
@@ -208,6 +211,60 @@ def test_bad_inputs_raise_value_error():
         T.triton_sparse_attention(big, big, big, "full")
     with pytest.raises(ValueError, match="block_size"):
         T.triton_sparse_attention(q, q, q, "full", block_size=24)
+
+
+BAD_QKV = [
+    # (what is wrong, q, k, v)
+    ("not a tensor", np.zeros((1, 2, 20, 16)), None, None),
+    ("3 dimensions", torch.zeros(2, 20, 16), None, None),
+    ("two shapes", None, None, torch.zeros(1, 2, 10, 16)),
+    ("two dtypes", None, torch.zeros(1, 2, 20, 16, dtype=torch.float16), None),
+    ("n = 0", *[torch.zeros(1, 2, 0, 16)] * 3),
+    ("H = 0", *[torch.zeros(1, 0, 20, 16)] * 3),
+]
+
+
+@pytest.mark.parametrize("case", BAD_QKV, ids=[c[0] for c in BAD_QKV])
+def test_both_entry_points_share_one_tensor_check(case):
+    """fast.sparse_attention and the kernel's own entry point reject the same bad
+    q, k, v with the same message (fast.core.checks.check_tensors)."""
+    ok = torch.zeros(1, 2, 20, 16)
+    q, k, v = (ok if t is None else t for t in case[1:])
+    messages = []
+    for entry in (sparse_attention, T.triton_sparse_attention):
+        with pytest.raises(ValueError) as err:
+            entry(q, k, v, "full")
+        messages.append(str(err.value))
+    assert messages[0] == messages[1], messages
+    # the dtypes allowed differ (the kernel has no float64); the check and its words do not
+    bad = torch.zeros(1, 2, 20, 16, dtype=torch.int64)
+    for entry, allowed in ((sparse_attention, "torch.float64, torch.float32"),
+                           (T.triton_sparse_attention, "torch.float32, torch.float16")):
+        with pytest.raises(ValueError, match=f"q has dtype torch.int64; allowed: {allowed}"):
+            entry(bad, bad, bad, "full")
+
+
+def test_both_entry_points_share_one_scale_check():
+    q = torch.zeros(1, 2, 20, 16)
+    messages = []
+    for entry in (sparse_attention, T.triton_sparse_attention):
+        with pytest.raises(ValueError, match="scale must be a finite real number") as err:
+            entry(q, q, q, "full", scale=float("nan"))
+        messages.append(str(err.value))
+    assert messages[0] == messages[1]
+
+
+def test_device_part_counts_on_the_host():
+    """A DevicePart carries its tile count and highest position as Python ints,
+    so forward and backward never read them back from the device."""
+    n = 40
+    lay = block_layout("fixed", n, 2, combine="multihead", block_size=BLOCK, stride=8, c=2)
+    for part in lay.parts:
+        dp = T.device_part(part, BLOCK, "cpu")
+        assert type(dp.blocks) is int and dp.blocks == int(part.kv_count.sum())
+        assert type(dp.top) is int
+        assert dp.top == max(int(part.q_pos.max()), int(part.k_pos.max()))
+        assert dp.top < n
 
 
 def test_part_with_a_position_twice_is_rejected():
@@ -248,21 +305,16 @@ gpu = pytest.mark.skipif(
     reason="needs CUDA and TRITON_INTERPRET unset (or 0)")
 
 
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("pattern,params", [("strided", dict(stride=32)),
-                                            ("fixed", dict(stride=64, c=16)),
-                                            ("bigbird", dict(window=48, n_random=3, n_global=4))])
-def test_gpu_low_precision_flash_rule(dtype, pattern, params):
-    B, H, n, d = 2, 4, 1025, 64
+def _flash_rule(dtype, pattern, params, B, H, n, d, device, block_size=None):
+    """Forward and q, k, v gradients of the kernel in ``dtype`` against float64:
+    err(kernel) <= 2 * err(the masked-softmax reference run in ``dtype``) + floor."""
     masks = torch.from_numpy(np.ascontiguousarray(ref_masks(pattern, n, H, "multihead", 0,
-                                                            **params))).cuda()
-    q, k, v, do = make_inputs(B, H, n, d, device="cuda", dtype=torch.float64)
+                                                            **params))).to(device)
+    q, k, v, do = make_inputs(B, H, n, d, device=device, dtype=torch.float64)
     scale = d ** -0.5
 
     def grads(fn, dt):
-        ins = [t.to(dt).requires_grad_(True) for t in (q, k, v)]
+        ins = [t.detach().to(dt).clone().requires_grad_(True) for t in (q, k, v)]  # leaves
         out = fn(*ins)
         out.backward(do.to(dt))
         return [out.double()] + [t.grad.double() for t in ins]
@@ -270,7 +322,8 @@ def test_gpu_low_precision_flash_rule(dtype, pattern, params):
     exact = grads(lambda a, b, c: _torch_reference(a, b, c, masks, scale), torch.float64)
     low = grads(lambda a, b, c: _torch_reference(a, b, c, masks, scale), dtype)
     fast = grads(lambda a, b, c: T.triton_sparse_attention(a, b, c, pattern, combine="multihead",
-                                                           **params), dtype)
+                                                           block_size=block_size, **params),
+                 dtype)
     for name, e, lo, f in zip(("out", "dq", "dk", "dv"), exact, low, fast):
         err_ref = (lo - e).abs().max().item()
         err_fast = (f - e).abs().max().item()
@@ -279,9 +332,45 @@ def test_gpu_low_precision_flash_rule(dtype, pattern, params):
         assert err_fast <= 2 * err_ref + floor, name
 
 
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("pattern,params", [("strided", dict(stride=32)),
+                                            ("fixed", dict(stride=64, c=16)),
+                                            ("bigbird", dict(window=48, n_random=3, n_global=4))])
+def test_gpu_low_precision_flash_rule(dtype, pattern, params):
+    _flash_rule(dtype, pattern, params, 2, 4, 1025, 64, "cuda")
+
+
+@needs_runner
+@pytest.mark.parametrize("pattern,params", [("strided", dict(stride=8)),
+                                            ("fixed", dict(stride=16, c=4)),
+                                            ("bigbird", dict(window=6, n_random=2, n_global=2))])
+def test_flash_rule_check_runs_where_the_kernels_run(pattern, params):
+    """The GPU test's body, small and in float32, wherever the kernels run (the
+    interpreter on a CPU machine): its gradients come from proper leaf copies."""
+    _flash_rule(torch.float32, pattern, params, 1, 2, 70, 16, DEVICE, block_size=BLOCK)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_forward_and_backward_never_wait_for_the_device():
+    """Once the layout is cached, a call reads nothing back from the GPU: the tile
+    counts and the highest position are host ints of each DevicePart."""
+    q, k, v, do = make_inputs(1, 4, 1000, 64, device="cuda", dtype=torch.float16)
+    args = dict(stride=32, combine="merged")
+    for mode in ("default", "error"):  # the first call builds the layout and compiles
+        qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode(mode)
+        try:
+            T.triton_sparse_attention(qg, kg, vg, "strided", **args).backward(do)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
 def test_parts_that_do_not_fit_the_inputs_are_rejected():
     """A part built for another block size, head count or a longer sequence raises."""
-    from fast.layout import block_layout
     q = k = v = torch.randn(1, 2, 40, 16)
     parts16 = block_layout("strided", 40, 2, block_size=16, stride=5).parts
     with pytest.raises(ValueError, match="block size"):

@@ -25,7 +25,13 @@ from __future__ import annotations
 
 import torch
 
-from fast.backends.flash_cpu import attention_backward, attention_forward
+from fast.backends.flash_cpu import (
+    attention_backward,
+    attention_forward,
+    causal_prefix_backward,
+    causal_prefix_forward,
+)
+from fast.core.precision import acc_dtype
 
 
 def _lo_rows(los: list[int], G: int, device) -> torch.Tensor:
@@ -87,8 +93,7 @@ class SummaryEarlier:
         idx = _gather_index(G, M - 1, l, c, self.los, q.device)
         ks, vs = _gather(k, idx), _gather(v, idx)                        # (G, (M-1) c, d)
         out = torch.empty(G, N - l, d, dtype=q.dtype, device=q.device)
-        lse = torch.empty(G, N - l, dtype=torch.float64 if q.dtype == torch.float64
-                          else torch.float32, device=q.device)
+        lse = torch.empty(G, N - l, dtype=acc_dtype(q.dtype), device=q.device)
         for b in range(1, M):                     # query block b reads key blocks 0..b-1
             o, s = attention_forward(q[:, None, b * l:(b + 1) * l], ks[:, None, :b * c],
                                      vs[:, None, :b * c], scale=self.scale)  # (G, 1, l, d)
@@ -129,7 +134,8 @@ class Summary:
     * own (``own=True``, A(2) alone): the query's own block, lo + u <= s.
     * ``block=True`` (the merged head): the tail and A(1) share one call -- each
       block's queries read [block b-1's summaries | block b] (c + l keys, one
-      copy) through a fixed (l, c + l) mask; block 0 is plain causal.
+      copy) through a fixed (l, c + l) mask; block 0 is plain causal
+      (``flash_cpu.causal_prefix_forward``, as in the strided local band).
 
     fold + tail = the summaries of all earlier blocks, exactly once. Needs c | l;
     otherwise (one summary head only, see reference.patterns.check_summary)
@@ -213,11 +219,8 @@ class Summary:
                                            scale=self.scale)            # (G, M-1, l, d)
                 empty = torch.arange(l, device=q.device) % c == c - 1
                 chunks.append((l, o, lse.masked_fill(empty, float("-inf"))))
-        if self.block:
-            first = lambda t: t[:, :l].unsqueeze(1)                     # (G, 1, l, d)
-            o, lse = attention_forward(first(q), first(k), first(v), is_causal=True,
-                                       scale=self.scale)
-            chunks.insert(0, (0, o.squeeze(1), lse.squeeze(1)))
+        if self.block:                                  # block 0: plain causal, (G, l, d)
+            chunks.insert(0, (0, *causal_prefix_forward(q, k, v, l, self.scale)))
         if self.own:
             o, lse = attention_forward(q.unflatten(1, (M, l)), ks.unflatten(1, (M, c)),
                                        vs.unflatten(1, (M, c)), scale=self.scale,
@@ -263,11 +266,7 @@ class Summary:
             dks[:, :S].add_(gk.flatten(1, 2))
             dvs[:, :S].add_(gv.flatten(1, 2))
         if self.block:
-            first = lambda t: t[:, :l].unsqueeze(1)                     # (G, 1, l, ...)
-            g = attention_backward(first(go), first(q), first(k), first(v), first(out),
-                                   first(lse), is_causal=True, scale=self.scale)
-            for acc, grad in zip((dq, dk, dv), g):
-                acc[:, :l].add_(grad.squeeze(1))
+            causal_prefix_backward(q, k, v, go, out, lse, dq, dk, dv, l, self.scale)
         if self.own:
             r = lambda t: t.unflatten(1, (M, l))                          # (G, M, l, ...)
             gq, gk, gv = attention_backward(

@@ -19,15 +19,25 @@ log-sum-exp, which the public ``scaled_dot_product_attention`` does not return.
   chunks of at most ``MATH_CHUNK_ELEMENTS`` scores, so memory stays bounded; it
   is correct but not fast (on CUDA the "triton" backend is the fast path).
 
-Both return/accept ``lse`` in float32 (float64 for float64 inputs), shaped like
-q without its last dimension. The backward recomputes P = exp(scale q k^T - lse):
-given the lse of a *merged* softmax (several pieces of one row), it returns
-exactly this piece's share of the merged gradient (``shared/perf-notes.md``).
+Both return/accept ``lse`` in float32 (float64 for float64 inputs,
+``fast.core.precision``), shaped like q without its last dimension. A
+flash-style backward given the merged output and the merged log-sum-exp
+computes each piece's share of the merged gradient exactly, because it
+recomputes P = exp(s - lse): with the lse of a *merged* softmax (several pieces
+of one row, ``fast.core.merge``), P is this piece's columns of the merged
+softmax, and delta = rowsum(dO * O) is the merged one (FlashAttention-2, Dao,
+2023, sec. 3.1.2).
+
+``causal_prefix_forward`` / ``causal_prefix_backward``: plain causal attention
+over the first l rows of (G, N, d) tensors, the first block that the strided
+local band and the fixed merged head both start with.
 """
 
 from __future__ import annotations
 
 import torch
+
+from fast.core.precision import acc_dtype
 
 _OPS = torch.ops.aten
 HAS_CPU_FLASH = (hasattr(_OPS, "_scaled_dot_product_flash_attention_for_cpu")
@@ -58,8 +68,26 @@ def attention_backward(grad_out, q, k, v, out, lse, *, is_causal: bool = False, 
     return _math_backward(grad_out, q, k, v, out, lse, is_causal, mask, scale)
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def _first(t: torch.Tensor, l: int) -> torch.Tensor:
+    """Rows [0, l) of (G, N, ...) as one attention problem: (G, 1, l, ...), a view."""
+    return t[:, :l].unsqueeze(1)
+
+
+def causal_prefix_forward(q, k, v, l: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (G, l, d), lse (G, l)) of plain causal attention over rows [0, l) of
+    q, k, v (G, N, d): the first block, where no row reads anything before it."""
+    o, lse = attention_forward(_first(q, l), _first(k, l), _first(v, l), is_causal=True,
+                               scale=scale)                             # (G, 1, l, d)
+    return o.squeeze(1), lse.squeeze(1)
+
+
+def causal_prefix_backward(q, k, v, go, out, lse, dq, dk, dv, l: int, scale: float) -> None:
+    """Add the gradient of ``causal_prefix_forward`` into rows [0, l) of dq, dk, dv
+    (G, N, d), given the merged out and lse of those rows."""
+    g = attention_backward(*(_first(t, l) for t in (go, q, k, v, out, lse)), is_causal=True,
+                           scale=scale)
+    for acc, grad in zip((dq, dk, dv), g):
+        acc[:, :l].add_(grad.squeeze(1))
 
 
 # The fallback materialises scores for at most this many elements at a time
@@ -75,7 +103,7 @@ def _row_chunks(q, k):
 
 def _scores(q, k, is_causal, mask, scale, a, b):
     """Scaled scores of query rows [a, b), masked, in the accumulation dtype."""
-    acc = _acc_dtype(q.dtype)
+    acc = acc_dtype(q.dtype)
     s = scale * (q[..., a:b, :].to(acc) @ k.to(acc).transpose(-1, -2))  # (X, Y, b-a, S)
     if mask is not None:
         s = s + (mask[..., a:b, :] if mask.shape[-2] > 1 else mask).to(acc)
@@ -88,7 +116,7 @@ def _scores(q, k, is_causal, mask, scale, a, b):
 
 def _math_forward(q, k, v, is_causal, mask, scale):
     out = torch.empty_like(q)
-    lse = torch.empty(q.shape[:-1], dtype=_acc_dtype(q.dtype), device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=acc_dtype(q.dtype), device=q.device)
     for a, b in _row_chunks(q, k):
         s = _scores(q, k, is_causal, mask, scale, a, b)
         m = torch.logsumexp(s, dim=-1)                                  # (X, Y, b-a)
@@ -99,7 +127,7 @@ def _math_forward(q, k, v, is_causal, mask, scale):
 
 
 def _math_backward(grad_out, q, k, v, out, lse, is_causal, mask, scale):
-    acc = _acc_dtype(q.dtype)
+    acc = acc_dtype(q.dtype)
     dq = torch.empty(q.shape, dtype=acc, device=q.device)
     dk = torch.zeros(k.shape, dtype=acc, device=q.device)
     dv = torch.zeros(v.shape, dtype=acc, device=q.device)

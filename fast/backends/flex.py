@@ -2,9 +2,10 @@
 
 Child et al., 2019, "Generating Long Sequences with Sparse Transformers", sec. 4.3
 (strided and fixed patterns) and sec. 5.1 (merged / multi-head / interleaved heads),
-exactly as ``reference.patterns.head_masks`` (off-by-ones: ``shared/paper-notes.md``
-sec. 2); Longformer and BigBird (sec. 7) as ``reference.patterns.longformer`` /
-``bigbird``, every head reading the same mask.
+exactly as ``reference.patterns.head_masks`` for all five patterns: parameters are
+checked by ``reference.params.check_params``, what each head reads comes from
+``reference.heads.head_roles`` (as ``fast.layout.heads.head_table``); Longformer
+and BigBird: every head reads the same mask.
 
 * ``mask_mod``: the pattern as a FlexAttention ``mask_mod(b, h, q_idx, kv_idx)``,
   built from closed forms (tensor ops only); per-head behaviour comes from small
@@ -17,9 +18,10 @@ sec. 2); Longformer and BigBird (sec. 7) as ``reference.patterns.longformer`` /
   ``flex_attention`` cached.
 
 FlexAttention sees the natural order, where strided and fixed touch almost every
-causal 128-block (paper-notes sec. 8): it skips the upper triangle, not more; see
-``fast.layout`` for the structured (transposed / gathered) layouts. PyTorch 2.13
-has no FlexAttention backward on CPU ("does not support backward on CPU").
+causal 128-block (at l = 128 every query block reads every earlier key block): it
+skips the upper triangle, not more; see ``fast.layout`` for the structured
+(transposed / gathered) layouts. PyTorch 2.13 has no FlexAttention backward on
+CPU ("does not support backward on CPU").
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from fast.layout import blocks as fl
-from reference import patterns as ref
+from fast.layout import block_layout
+from fast.layout.heads import head_table
+from reference.heads import head_roles
+from reference.params import check_params
+from reference.patterns import bigbird_random_keys
 
 
 def mask_mod(pattern: str, n: int, n_heads: int, combine: str = "merged", layer: int = 0,
@@ -46,11 +51,11 @@ def mask_mod(pattern: str, n: int, n_heads: int, combine: str = "merged", layer:
 
 
 def _mask_mod(pattern, n, n_heads, combine, layer, device, params):
-    # The checks of fast.layout.block_layout, so both accept the same inputs.
-    fl.check_head_args(pattern, n_heads, combine, layer)
-    n = ref.check_n(n)
-    params = fl._check_params(pattern, n, params)
-    table = fl._head_table(pattern, int(n_heads), combine, layer, params).to(device)  # (H, k)
+    params = check_params(pattern, n, n_heads, combine, layer, params)
+    n = int(n)
+    roles = head_roles(pattern, n_heads, combine, layer,
+                       stride=params.get("stride"), c=params.get("c"))
+    table = head_table(pattern, roles).to(device)                        # (H, k)
     table = [table[:, col].contiguous() for col in range(table.shape[1])]  # one (H,) per column
 
     if pattern == "full":
@@ -89,7 +94,7 @@ def _mask_mod(pattern, n, n_heads, combine, layer, device, params):
         random_keys = None
     else:
         is_global[: params["n_global"]] = True
-        random_keys = torch.from_numpy(np.asarray(ref.bigbird_random_keys(
+        random_keys = torch.from_numpy(np.asarray(bigbird_random_keys(
             n, params["n_random"], params["seed"]), dtype=np.int64)).to(device)  # (n, n_random)
     columns = [] if random_keys is None else [random_keys[:, r].contiguous()
                for r in range(random_keys.shape[1])]  # (n,) each: contiguous for inductor
@@ -115,8 +120,8 @@ def block_mask(pattern: str, n: int, n_heads: int, combine: str = "merged", laye
     it does not. The tables are padded to the full block width, as FlexAttention
     derives the transposed (q) tables from that width.
     """
-    layout = fl.block_layout(pattern, n, n_heads, combine, layer, block_size=block_size,
-                             order="natural", **params)
+    layout = block_layout(pattern, n, n_heads, combine, layer, block_size=block_size,
+                          order="natural", **params)
     part = layout.parts[0]
     nb = layout.n_blocks
     valid = torch.arange(part.kv_index.shape[-1]) < part.kv_count[..., None].long()
@@ -165,13 +170,12 @@ def flex_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pat
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be (B, H, n, d), got shapes {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
-    if stride is not None:
-        params["stride"] = stride
-    if c is not None:
-        params["c"] = c
-    items = tuple(sorted((key, tuple(val) if isinstance(val, (list, tuple)) else val)
-                         for key, val in params.items()))
     _, n_heads, n, _ = q.shape
+    # checked params hold only ints and tuples of ints (global_tokens), so they can
+    # key the cache whatever the caller passed (lists, NumPy arrays, NumPy ints)
+    params = check_params(pattern, n, n_heads, combine, layer,
+                          {"stride": stride, "c": c, **params})
+    items = tuple(sorted(params.items()))
     mask = _cached_block_mask(pattern, n, n_heads, combine, layer, str(q.device), items)
     attend = _compiled_flex() if compile else flex_attention
     return attend(q, k, v, block_mask=mask, scale=scale)

@@ -2,7 +2,7 @@
 
 Child et al., 2019, section 4.3 (the strided and fixed patterns) and section 5.1
 (eq. 5-8: merged, multi-head and interleaved heads); Longformer and BigBird as in
-``reference/patterns.py`` (paper-notes section 7).
+``reference/patterns.py``.
 
 Every mask here is the torch twin of a function in ``reference/patterns.py``,
 built from index arithmetic on the target device (no NumPy (n, n) grid, no
@@ -10,8 +10,11 @@ copy from the host), with the same 0-indexed decisions:
 
 * strided local  0 <= i - j < l (exactly l positions), column (i - j) mod l == 0;
 * fixed block    floor(j / l) == floor(i / l), summary (j mod l) in [lo, hi) with
-  [lo, hi) = ``reference.patterns.summary_range(l, c, rank)``;
+  [lo, hi) the head's ``reference.heads.HeadRole.summary``;
 * all causal, j <= i.
+
+Which parts each head reads comes from ``reference.heads.head_roles``; nothing
+here re-derives it.
 
 These masks are O(n^2) memory: they serve the obviously-correct "naive" backend
 and the tests, never the structured fast path.
@@ -19,9 +22,12 @@ and the tests, never the structured fast path.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from reference.patterns import bigbird_random_keys, summary_range, summary_rank
+from reference.heads import PARTS, HeadRole, head_roles
+from reference.patterns import bigbird_random_keys
 
 
 def _back(n: int, device) -> torch.Tensor:
@@ -42,11 +48,10 @@ def strided_masks(n: int, stride: int, device=None) -> tuple[torch.Tensor, torch
     return causal & (back < stride), causal & (back % stride == 0)
 
 
-def fixed_masks(n: int, stride: int, c: int, rank: int = 0,
+def fixed_masks(n: int, stride: int, lo: int, hi: int,
                 device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(block, summary) of the fixed pattern (sec. 4.3), each bool (n, n); the
-    summary reads sub-block ``rank`` (``reference.patterns.summary_range``)."""
-    lo, hi = summary_range(stride, c, rank)
+    summary reads (j mod l) in [lo, hi), a head's ``HeadRole.summary``."""
     idx = torch.arange(n, device=device)
     causal = idx[None, :] <= idx[:, None]                               # (n, n)
     block = causal & ((idx[None, :] // stride) == (idx[:, None] // stride))
@@ -80,35 +85,45 @@ def bigbird_mask(n: int, window: int, n_random: int, n_global: int, seed: int = 
     return mask
 
 
+def part_masks(pattern: str, n: int, role: HeadRole, device=None,
+               **params) -> dict[str, torch.Tensor]:
+    """The masks of the parts of ``pattern`` (``reference.heads.PARTS``) as ``role``
+    sees them (only a fixed head's summary depends on its role): {name: bool (n, n)}."""
+    if pattern == "full":
+        masks = (full_mask(n, device),)
+    elif pattern == "strided":
+        masks = strided_masks(n, params["stride"], device)
+    elif pattern == "fixed":
+        masks = fixed_masks(n, params["stride"], *role.summary, device=device)
+    elif pattern == "longformer":
+        masks = (longformer_mask(n, device=device, **params),)
+    else:
+        masks = (bigbird_mask(n, device=device, **params),)
+    return dict(zip(PARTS[pattern], masks))
+
+
 def head_masks(pattern: str, n: int, n_heads: int, combine: str = "merged", layer: int = 0,
                device=None, **params) -> torch.Tensor:
     """Which positions each head reads: bool (n_heads, n, n), equal to
-    ``reference.patterns.head_masks`` (and, for "longformer"/"bigbird", to the
-    reference mask repeated over heads). Arguments are assumed valid (see
-    ``fast.attention`` for the checks)."""
-    if pattern == "longformer":
-        return longformer_mask(n, device=device, **params)[None].expand(n_heads, n, n)
-    if pattern == "bigbird":
-        return bigbird_mask(n, device=device, **params)[None].expand(n_heads, n, n)
-    if pattern == "full":
-        return full_mask(n, device)[None].expand(n_heads, n, n)
+    ``reference.patterns.head_masks``: head h reads the union of the parts its
+    ``reference.heads.HeadRole`` names. When every head reads the same mask the
+    result is that mask expanded over heads (a view, not n_heads copies).
+    Parameters are assumed checked (``reference.params.check_params``)."""
+    roles = head_roles(pattern, n_heads, combine, layer,
+                       stride=params.get("stride"), c=params.get("c"))
+    parts_of: dict = {}   # summary sub-block -> {part name: mask}; one entry unless fixed
+    read_by: dict = {}    # (parts read, summary sub-block) -> the head's mask
+    for role in roles:
+        key = (role.parts, role.summary)
+        if key in read_by:
+            continue
+        if role.summary not in parts_of:
+            parts_of[role.summary] = part_masks(pattern, n, role, device, **params)
+        masks = [parts_of[role.summary][name] for name in role.parts]
+        read_by[key] = functools.reduce(torch.logical_or, masks)
+    if len(read_by) == 1:
+        return next(iter(read_by.values()))[None].expand(n_heads, n, n)
     out = torch.empty(n_heads, n, n, dtype=torch.bool, device=device)
-    cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    for h in range(n_heads):
-        if pattern == "strided":
-            key = 0
-            if key not in cache:
-                cache[key] = strided_masks(n, params["stride"], device)
-        else:  # fixed: the summary sub-block depends on the head's rank
-            stride, c = params["stride"], params["c"]
-            key = summary_rank(h, combine) % (stride // c) if stride % c == 0 else 0
-            if key not in cache:
-                cache[key] = fixed_masks(n, stride, c, key, device)
-        first, second = cache[key]
-        if combine == "merged":
-            out[h] = first | second
-        elif combine == "multihead":
-            out[h] = (first, second)[h % 2]
-        else:  # interleaved
-            out[h] = (first, second)[layer % 2]
+    for role in roles:
+        out[role.head] = read_by[(role.parts, role.summary)]
     return out

@@ -5,7 +5,8 @@ is computed by transposing the sequence into an (n/l, l) grid"). Positions
 i = r l + s sit at row r, column s of that grid (n padded up to N = M l).
 
 * ``LocalBand`` -- A(1), 0 <= i - j < l. Block 0 (rows [0, l)) is plain causal
-  attention. From row l on, queries go in chunks of C rows (C divides l); chunk
+  attention (``flash_cpu.causal_prefix_forward``, shared with the fixed merged
+  head). From row l on, queries go in chunks of C rows (C divides l); chunk
   w reads the C + l keys before and at it, a strided window of k (no copy),
   through a fixed (C, C + l) band mask  s < t <= s + l  (query s, key t).
 * ``Column`` -- A(2), (i - j) mod l == 0. Transposing the grid makes every
@@ -25,7 +26,12 @@ from __future__ import annotations
 
 import torch
 
-from fast.backends.flash_cpu import attention_backward, attention_forward
+from fast.backends.flash_cpu import (
+    attention_backward,
+    attention_forward,
+    causal_prefix_backward,
+    causal_prefix_forward,
+)
 
 _MASKS: dict = {}
 
@@ -81,10 +87,7 @@ class LocalBand:
     def forward(self, q, k, v):
         G, N, d = q.shape
         l, C = self.l, self.C
-        first = lambda t: t[:, :l].unsqueeze(1)                         # (G, 1, l, d)
-        o0, lse0 = attention_forward(first(q), first(k), first(v), is_causal=True,
-                                     scale=self.scale)
-        chunks = [(0, o0.squeeze(1), lse0.squeeze(1))]
+        chunks = [(0, *causal_prefix_forward(q, k, v, l, self.scale))]  # block 0: (G, l, d)
         if N > l:
             qb = q[:, l:].unflatten(1, (-1, C))                          # (G, nc, C, d)
             o, lse = attention_forward(qb, _windows(k, l, C), _windows(v, l, C),
@@ -96,11 +99,7 @@ class LocalBand:
     def backward(self, q, k, v, go, out, lse, dq, dk, dv):
         G, N, d = q.shape
         l, C = self.l, self.C
-        first = lambda t: t[:, :l].unsqueeze(1)                         # (G, 1, l, ...)
-        g = attention_backward(first(go), first(q), first(k), first(v), first(out),
-                               lse[:, :l].unsqueeze(1), is_causal=True, scale=self.scale)
-        for acc, grad in zip((dq, dk, dv), g):
-            acc[:, :l].add_(grad.squeeze(1))
+        causal_prefix_backward(q, k, v, go, out, lse, dq, dk, dv, l, self.scale)
         if N > l:
             rows = lambda t: t[:, l:].unflatten(1, (-1, C))             # (G, nc, C, ...)
             dqb, dkw, dvw = attention_backward(

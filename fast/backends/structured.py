@@ -18,9 +18,10 @@ Plan: the heads of a layer fall into groups that read the same pieces
 
 Summary(own=True) also reads the summaries of the query's own block (j <= i);
 it runs as SummaryEarlier internally when c does not divide l. The first piece
-of a group reads something in every row (the merge relies on it, ``fast.core.merge``).
+of a group reads something in every row.
 
-(each fixed summary piece gathers every head's own sub-block, ``summary_rank``).
+Which heads read which parts comes from ``reference.heads.head_roles``; each
+fixed summary piece gathers every head's own sub-block (``HeadRole.summary``).
 The pieces of a group cover disjoint key sets, so their outputs merge exactly
 through the log-sum-exp (``fast.core.merge``). The backward saves only q, k, v, the
 merged out and the merged lse, and runs each piece's flash backward with the
@@ -43,39 +44,56 @@ import torch
 import torch.nn.functional as F
 
 from fast.backends.fixed import BlockCausal, Summary
-from fast.core.merge import merge_into
+from fast.backends.naive import naive_sparse_attention
 from fast.backends.strided import Column, LocalBand
-from reference.patterns import summary_range, summary_rank
-
-
-def _lse_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from fast.core.merge import merge_into
+from fast.core.precision import acc_dtype
+from reference.heads import head_roles
 
 
 def plan(pattern: str, combine: str, layer: int, n_heads: int, scale: float, stride: int,
          c: int | None = None) -> list[tuple[slice, list]]:
-    """[(head slice, pieces)] for one layer; see the table in the module docstring."""
-    l = stride
+    """[(head slice, pieces)] for one layer; see the table in the module docstring.
+
+    The heads are grouped by the parts their ``reference.heads.HeadRole`` reads
+    (all heads, or the even and the odd ones); each group's parts become pieces.
+    """
+    if pattern not in ("strided", "fixed"):
+        raise ValueError(f"the structured plan serves 'strided' and 'fixed', got {pattern!r}")
+    roles = head_roles(pattern, n_heads, combine, layer, stride=stride, c=c)
+    groups: dict[tuple[str, ...], list] = {}
+    for role in roles:
+        groups.setdefault(role.parts, []).append(role)
+    return [(_head_slice([r.head for r in group]), _pieces(pattern, group, scale, stride, c))
+            for group in groups.values()]
+
+
+def _head_slice(heads: list[int]) -> slice:
+    """The heads of a group (all, the even or the odd ones) as a slice."""
+    step = heads[1] - heads[0] if len(heads) > 1 else 1
+    sl = slice(heads[0], heads[-1] + 1, step)
+    if list(range(heads[-1] + 1)[sl]) != heads:
+        raise AssertionError(f"heads {heads} are not an arithmetic progression")
+    return sl
+
+
+def _pieces(pattern: str, group: list, scale: float, l: int, c: int | None) -> list:
+    """The pieces that compute what the heads of ``group`` (one set of parts) read."""
+    role = group[0]
     if pattern == "strided":
-        first, second = [LocalBand(l, scale)], [Column(l, scale, strict=False)]
-        if combine == "merged":
-            return [(slice(0, n_heads), [LocalBand(l, scale), Column(l, scale, strict=True)])]
-        if combine == "multihead":
-            return [(slice(0, n_heads, 2), first), (slice(1, n_heads, 2), second)]
-        return [(slice(0, n_heads), first if layer % 2 == 0 else second)]
-    # fixed: the r-th summary-reading head reads sub-block r mod (l / c)
-    lo = lambda h: summary_range(l, c, summary_rank(h, combine))[0]
-    los = lambda sl: [lo(h) for h in range(n_heads)[sl]]
-    everyone, even, odd = slice(0, n_heads), slice(0, n_heads, 2), slice(1, n_heads, 2)
-    if combine == "merged" and l % c == 0:
-        return [(everyone, [Summary(l, c, los(everyone), scale, own=False, block=True)])]
-    if combine == "merged":
-        return [(everyone, [BlockCausal(l, scale), Summary(l, c, los(everyone), scale, own=False)])]
-    if combine == "multihead":
-        return [(even, [BlockCausal(l, scale)]), (odd, [Summary(l, c, los(odd), scale, own=True)])]
-    if layer % 2 == 0:
-        return [(everyone, [BlockCausal(l, scale)])]
-    return [(everyone, [Summary(l, c, los(everyone), scale, own=True)])]
+        pieces = [LocalBand(l, scale)] if role.reads("local") else []
+        if role.reads("column"):  # strict: the diagonal is already in the local band
+            pieces.append(Column(l, scale, strict=role.reads("local")))
+        return pieces
+    # fixed: each head gathers its own summary sub-block, from lo = its summary[0]
+    los = [r.summary[0] for r in group]
+    if not role.reads("summary"):
+        return [BlockCausal(l, scale)]
+    if not role.reads("block"):
+        return [Summary(l, c, los, scale, own=True)]
+    if l % c == 0:
+        return [Summary(l, c, los, scale, own=False, block=True)]
+    return [BlockCausal(l, scale), Summary(l, c, los, scale, own=False)]
 
 
 def _combine(chunk_lists, out, lse) -> None:
@@ -126,7 +144,7 @@ class _StructuredAttention(torch.autograd.Function):
         pad = lambda t: F.pad(t, (0, 0, 0, N - n)) if N != n else t.contiguous()
         q, k, v = pad(q), pad(k), pad(v)                                 # (B, H, N, d)
         out = torch.empty(B, H, N, d, dtype=q.dtype, device=q.device)
-        lse = torch.empty(B, H, N, dtype=_lse_dtype(q.dtype), device=q.device)
+        lse = torch.empty(B, H, N, dtype=acc_dtype(q.dtype), device=q.device)
         for heads, pieces in groups:
             qg, kg, vg = _group(q, heads), _group(k, heads), _group(v, heads)   # (G, N, d)
             if qg.shape[0] == 0:
@@ -152,7 +170,7 @@ class _StructuredAttention(torch.autograd.Function):
         go = F.pad(grad_out, (0, 0, 0, N - n)) if N != n else grad_out.contiguous()
         # rows that read nothing (lse = -inf) must contribute nothing: exp(s - inf) = 0
         lse_b = lse.masked_fill(lse == float("-inf"), float("inf"))
-        acc = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
+        acc = acc_dtype(q.dtype)
         grads = [torch.zeros(B, H, N, d, dtype=acc, device=q.device) for _ in range(3)]
         for heads, pieces in ctx.groups:
             views = [_group(t, heads) for t in (q, k, v, go, out, lse_b)]
@@ -177,7 +195,6 @@ def structured_attention(q, k, v, pattern: str, *, combine: str = "merged", laye
     (``fast.attention``). Returns (B, H, n, d)."""
     n = q.shape[2]
     if n < stride:
-        from fast.backends.naive import naive_sparse_attention
         params = {"stride": stride} if pattern == "strided" else {"stride": stride, "c": c}
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
                                       scale=scale, **params)

@@ -1,7 +1,8 @@
 """What every fast path shares, written once (Child et al., 2019, section 4).
 
 The bottom layer of ``fast``: it imports nothing of ``fast`` and only
-``reference`` from the project. Input checks, the exact log-sum-exp merge of
-attention pieces, and atomic file writes live here, so that the backends, the
-kernels, the model and the scripts all call the same code.
+``reference`` from the project. Input checks (``checks``), the accumulation
+dtype (``precision``), the exact log-sum-exp merge of attention pieces
+(``merge``) and atomic file writes (``files``) live here, so that the backends,
+the kernels, the model and the scripts all call the same code.
 """

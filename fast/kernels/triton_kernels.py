@@ -31,12 +31,14 @@ Pseudocode of the forward program for query block ``qb`` of head ``(b, h)``::
 Parts are merged exactly through their log-sum-exp, inside the kernel: every
 part after the first is launched with ACCUMULATE and folds its (out, lse) into
 the rows already written (lse' = logaddexp(lse_prev, lse), out' = weighted sum),
-so no per-part buffers and no extra passes over memory are needed.
+so no per-part buffers and no extra passes over memory are needed. Its readable
+twin in torch, the same formula and the same empty-row rule (out 0, lse -inf),
+is ``fast.core.merge`` (``merge``), which the tests compare it with.
 
 The token mask of a partial block is always applied: the diagonal block is
 causal inside itself because the layout gives it a mask, never "a block sees
 all of itself".  ``lse`` is stored in NATURAL log units, like
-``reference.attention.attend``, so parts merge with ``torch.logsumexp``.
+``reference.attention.attend``, so parts merge with ``fast.core.merge``.
 
 Backward (FlashAttention-2, section 3.1.2): with the merged output O and merged
 lse, P = exp(S - lse) is each part's exact share of the merged softmax, so
@@ -154,7 +156,7 @@ def _fwd_kernel(
     o_ok = q_ok[:, None] & d_ok[None, :]
     l_ptrs = Lse + b * stride_lb + h64 * stride_lh + q_pos
     if ACCUMULATE:
-        # exact merge with the parts already written (natural-log lse):
+        # exact merge with the parts already written (natural-log lse; torch twin: fast.core.merge):
         # lse' = logaddexp(lse_prev, lse), out' = e^(lse_prev - lse') out_prev + e^(lse - lse') out
         lse_prev = tl.load(l_ptrs, mask=q_ok, other=float("-inf"))
         out_prev = tl.load(o_ptrs, mask=o_ok, other=0.0)
@@ -242,7 +244,8 @@ def _dq_kernel(
 
 @triton.jit
 def _dkdv_kernel(
-    # pointers: q, k, v, dO (B, H, n, D); lse, delta (B, H, n) fp32; dK, dV (B, H, n, D) fp32 (added to)
+    # pointers: q, k, v, dO (B, H, n, D); lse, delta (B, H, n) fp32;
+    # dK, dV (B, H, n, D) fp32 (added to)
     Q, K, V, DO, Lse, Delta, DK, DV,
     # strides
     stride_qb, stride_qh, stride_qn,

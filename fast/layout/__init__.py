@@ -3,8 +3,9 @@
 A layout says, for every head, which (query block, key block) tiles a pattern
 touches and with which exact token mask, in a token order of its own per part
 (strided columns transposed, fixed summaries gathered), without ever forming an
-n x n mask. ``blocks`` holds the public ``block_layout``; ``parts`` enumerates
-candidate tiles from closed forms; ``tiles`` turns candidates into tables.
+n x n mask. ``blocks`` holds the public ``block_layout``; ``heads`` turns the head
+roles of ``reference.heads`` into a per-head table; ``parts`` enumerates candidate
+tiles from closed forms; ``tiles`` turns candidates into tables.
 """
 
 from fast.layout.blocks import BlockLayout, LayoutPart, block_layout

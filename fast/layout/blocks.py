@@ -5,9 +5,10 @@ Child et al., 2019, "Generating Long Sequences with Sparse Transformers", sec. 4
 sec. 5.5 (kernels: "a stride-l pattern is computed by transposing the sequence into
 an (n/l, l) grid and running a local window; fixed positions are gathered and
 computed in blocks; the upper triangle is never computed"). Patterns, combine modes
-and off-by-ones are exactly those of ``reference.patterns.head_masks`` (see
-``shared/paper-notes.md`` sec. 2-3); Longformer and BigBird (sec. 7) as in
-``reference.patterns.longformer`` / ``bigbird``, every head reading the same mask.
+and off-by-ones are exactly those of ``reference.patterns.head_masks``: parameters
+are checked by ``reference.params.check_params`` and what each head reads comes
+from ``reference.heads.head_roles`` (as the table of ``fast.layout.heads``);
+Longformer and BigBird: every head reads the same mask.
 
 A layout is a list of DISJOINT parts whose union is the pattern. Each part has its
 own token order (q_pos / k_pos: the position held by each slot), and for that order
@@ -22,9 +23,9 @@ every tile that is not full (causal inside diagonal blocks, padding never allowe
                         transposed by the dilation) + "global_keys" +
                         "global_queries"; bigbird -> those + "random".
 
-Building a layout never forms an n x n mask (paper-notes sec. 8): candidate tiles
-come from closed forms on block ranges (``fast.layout.parts``), and token rules are
-evaluated only on candidate tiles (``fast.layout.tiles``).
+Building a layout never forms an n x n mask (at n = 2**20 it would take 1 TiB):
+candidate tiles come from closed forms on block ranges (``fast.layout.parts``), and
+token rules are evaluated only on candidate tiles (``fast.layout.tiles``).
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ import numpy as np
 import torch
 
 from fast.layout import parts as lp
+from fast.layout.heads import head_table
 from fast.layout.tiles import build_part
-from reference import patterns as ref
+from reference.heads import head_roles
+from reference.params import check_int, check_params
+from reference.patterns import bigbird_random_keys
 
-PATTERNS = ("full", "strided", "fixed", "longformer", "bigbird")
 ORDERS = ("structured", "natural")
 
 
@@ -153,11 +156,11 @@ def block_layout(pattern: str, n: int, n_heads: int = 1, combine: str = "merged"
     pattern, params: "full"; "strided" (stride); "fixed" (stride, c);
         "longformer" (window, dilation=1, global_tokens=());
         "bigbird" (window, n_random, n_global, seed=0).
-    n_heads, combine, layer: exactly as ``reference.patterns.head_masks`` (merged:
-        every head reads A(1) | A(2); multihead: head h reads A(h mod 2); interleaved:
-        layer r reads A(r mod 2); fixed summary heads read sub-block
-        ``summary_rank(h, combine)`` mod l/c). Longformer and BigBird: every head
-        reads the same mask; combine and layer are checked and have no effect.
+    n_heads, combine, layer: exactly as ``reference.patterns.head_masks``: head h
+        reads the parts of its ``reference.heads.HeadRole`` (merged: A(1) | A(2);
+        multihead: A(h mod 2); interleaved: layer r reads A(r mod 2); a fixed head
+        of summary rank r reads sub-block r mod l/c). Longformer and BigBird: every
+        head reads the same mask; combine and layer are checked and have no effect.
     block_size: B, slots per block (any integer >= 1; n need not be a multiple).
     order: "structured" (several disjoint parts, each in its own token order, so
         that each is truly block-sparse) or "natural" (one part, natural order).
@@ -175,13 +178,13 @@ def block_layout(pattern: str, n: int, n_heads: int = 1, combine: str = "merged"
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    check_head_args(pattern, n_heads, combine, layer)
-    if not ref._is_int(block_size) or block_size < 1:
-        raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
-    n, n_heads, block_size = ref.check_n(n), int(n_heads), int(block_size)
+    params = check_params(pattern, n, n_heads, combine, layer, params)
+    n, n_heads = int(n), int(n_heads)
+    block_size = check_int("block_size", block_size, 1)
     build = _BUILDERS[pattern]
-    params = _check_params(pattern, n, params)
-    table = _head_table(pattern, n_heads, combine, layer, params)  # (H, k) per-head params
+    roles = head_roles(pattern, n_heads, combine, layer,
+                       stride=params.get("stride"), c=params.get("c"))
+    table = head_table(pattern, roles)  # (H, k) per-head behaviour
     uniq, inverse = torch.unique(table, dim=0, return_inverse=True)
     plans = build(n, block_size, order, uniq, params)
     parts = [_expand(LayoutPart(**build_part(p.name, p.q_pos, p.k_pos, block_size, p.cand,
@@ -191,75 +194,8 @@ def block_layout(pattern: str, n: int, n_heads: int = 1, combine: str = "merged"
 
 
 # ----------------------------------------------------------------------------
-# Parameters and per-head behaviour.
+# Distinct head behaviours (equal rows of the head table) -> every head.
 # ----------------------------------------------------------------------------
-
-def check_head_args(pattern: str, n_heads, combine: str, layer) -> None:
-    """ValueError unless pattern, n_heads, combine and layer are allowed (shared with fast.backends.flex)."""
-    if pattern not in PATTERNS:
-        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
-    if combine not in ref.COMBINES:
-        raise ValueError(f"combine must be one of {ref.COMBINES}, got {combine!r}")
-    if not ref._is_int(n_heads) or n_heads < 1:
-        raise ValueError(f"n_heads must be an integer >= 1, got {n_heads!r}")
-    if not ref._is_int(layer) or layer < 0:
-        raise ValueError(f"layer must be an integer >= 0, got {layer!r}")
-
-
-def _check_params(pattern: str, n: int, params: dict) -> dict:
-    if pattern in ref.PATTERNS:
-        # the reference's own checks, without building its masks:
-        allowed = {"full": (), "strided": ("stride",), "fixed": ("stride", "c")}[pattern]
-        ref._no_extra(pattern, params, allowed)
-        out = {k: ref._need(params, k, pattern) for k in allowed}
-        if "stride" in out:
-            out["stride"] = ref.check_stride(out["stride"])
-        if "c" in out:
-            out["c"] = ref.check_summary(out["stride"], out["c"])
-        return out
-    if pattern == "longformer":
-        ref._no_extra(pattern, params, ("window", "dilation", "global_tokens"))
-        window = ref._need(params, "window", pattern)
-        dilation = params.get("dilation", 1)
-        if not ref._is_int(window) or window < 1:
-            raise ValueError(f"window must be an integer >= 1, got {window!r}")
-        if not ref._is_int(dilation) or dilation < 1:
-            raise ValueError(f"dilation must be an integer >= 1, got {dilation!r}")
-        glob = ref._check_globals(n, params.get("global_tokens") or ())
-        return dict(window=int(window), dilation=int(dilation),
-                    global_tokens=tuple(int(g) for g in glob))
-    ref._no_extra(pattern, params, ("window", "n_random", "n_global", "seed"))
-    window = ref._need(params, "window", pattern)
-    if not ref._is_int(window) or window < 1:
-        raise ValueError(f"window must be an integer >= 1, got {window!r}")
-    n_random, n_global = ref._need(params, "n_random", pattern), ref._need(params, "n_global", pattern)
-    if not ref._is_int(n_random) or n_random < 0:
-        raise ValueError(f"n_random must be an integer >= 0, got {n_random!r}")
-    if not ref._is_int(n_global) or n_global < 0 or n_global > n:
-        raise ValueError(f"n_global must be an integer in [0, n={n}], got {n_global!r}")
-    return dict(window=int(window), n_random=int(n_random), n_global=int(n_global),
-                seed=params.get("seed", 0) or 0)
-
-
-def _head_table(pattern, n_heads, combine, layer, params) -> torch.Tensor:
-    """Per-head behaviour as a small int64 table (H, k); equal rows build once.
-
-    strided: (reads local, reads column, first column row: 1 if local has the diagonal)
-    fixed:   (reads block, reads summary, summary lo, summary hi, summary strict)
-    """
-    rows = []
-    for h in range(n_heads):
-        which = {"merged": (1, 1), "multihead": ((h + 1) % 2, h % 2),
-                 "interleaved": ((layer + 1) % 2, layer % 2)}[combine]
-        if pattern == "strided":
-            rows.append((*which, int(which[0] == 1)))
-        elif pattern == "fixed":
-            lo, hi = ref.summary_range(params["stride"], params["c"], ref.summary_rank(h, combine))
-            rows.append((*which, lo, hi, int(which[0] == 1)))
-        else:
-            rows.append((0,))
-    return torch.tensor(rows, dtype=torch.long)
-
 
 def _expand(part: LayoutPart, inverse: torch.Tensor) -> LayoutPart:
     """Per-head tensors of the distinct head behaviours -> every head."""
@@ -345,7 +281,7 @@ def _longformer(n, block, order, table, params):
 
 
 def _bigbird(n, block, order, table, params):
-    keys = torch.from_numpy(np.asarray(ref.bigbird_random_keys(
+    keys = torch.from_numpy(np.asarray(bigbird_random_keys(
         n, params["n_random"], params["seed"]), dtype=np.int64))  # (n, n_random), -1 padded
     glob = torch.arange(params["n_global"])
     return _neighbour(n, block, order, table, params, glob, keys)
@@ -364,4 +300,4 @@ def _translation_key(n_heads):
 _BUILDERS = {"full": _full, "strided": _strided, "fixed": _fixed,
              "longformer": _longformer, "bigbird": _bigbird}
 
-__all__ = ["BlockLayout", "LayoutPart", "block_layout", "PATTERNS", "ORDERS"]
+__all__ = ["BlockLayout", "LayoutPart", "block_layout", "ORDERS"]

@@ -4,7 +4,8 @@ Child et al., 2019, "Generating Long Sequences with Sparse Transformers", sec. 4
 (strided and fixed patterns) and sec. 5.5 ("a stride-l pattern is computed by
 transposing the sequence into an (n/l, l) grid and running a local window; fixed
 positions are gathered and computed in blocks"). Definitions and off-by-ones as
-in ``shared/paper-notes.md`` sec. 2 and ``reference/patterns.py``.
+in ``reference/patterns.py`` (strided local 0 <= i - j < l, exactly l positions;
+fixed summaries the c positions l-c..l-1 of each block, or a head's sub-block).
 
 Each function below is one part kind. It returns a ``Plan``: the position held by
 every query and key slot (its token order), the candidate tiles enumerated by
@@ -197,7 +198,7 @@ def fixed_summary(n: int, block: int, stride: int, lo: torch.Tensor, hi: torch.T
 
 
 # ----------------------------------------------------------------------------
-# Neighbours (paper-notes sec. 7): global tokens and BigBird's random keys.
+# Neighbours (Longformer, BigBird): global tokens and BigBird's random keys.
 # Every head reads the same mask; the window is a ``band``.
 # ----------------------------------------------------------------------------
 

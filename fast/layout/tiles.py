@@ -2,11 +2,11 @@
 
 Child et al., 2019, "Generating Long Sequences with Sparse Transformers", sec. 5.5:
 a sparse pattern is computed as dense blocks ("fixed positions are gathered and
-computed in blocks"). ``shared/paper-notes.md`` sec. 8 lists what peers got wrong:
+computed in blocks"). Two mistakes are common in block-sparse implementations:
 blocks that are not causal inside the diagonal block, and masks of size n x n built
 on the way to a block layout. Neither happens here:
 
-* a part kind (``fast/layout_parts.py``) enumerates *candidate* tiles
+* a part kind (``fast.layout.parts``) enumerates *candidate* tiles
   (query block, key block) from closed forms and says which ones are certainly full;
 * ``build_part`` evaluates the exact token rule only on the other candidate tiles,
   (block_size x block_size each, from the slot positions q_pos / k_pos), in chunks,

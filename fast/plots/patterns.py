@@ -6,9 +6,9 @@ pixels each of the two heads reads, over the n x n connectivity matrices), and
 the cost argument of section 4.2 (about sqrt(n) keys per query instead of n).
 
 ``reference/`` stays NumPy-only, so the matplotlib code lives here. The masks
-come from ``reference.patterns``; ``keys_per_query`` gives the number of keys
-each row reads from closed forms, so it runs at n = 16,384 without an n x n mask
-(tests/test_reference_patterns.py checks it against the masks).
+come from ``reference.patterns``; the keys each row reads come from the closed
+forms of ``reference.counts.keys_per_query`` (imported here, so the notebooks'
+``pp.keys_per_query`` keeps working), which run at n = 16,384 without an n x n mask.
 
 Colours follow the paper: head A(1) dark blue, head A(2) light blue; a position
 both heads read is drawn in between; positions after the query (never read:
@@ -27,49 +27,13 @@ from matplotlib.patches import Patch, Rectangle
 
 from fast.plots import style
 from reference import patterns as P
+from reference.counts import keys_per_query as keys_per_query  # re-exported for the notebooks
 
 A1_COLOUR = "#1b4f9c"     # head A(1): dark blue, as in Fig. 3
 A2_COLOUR = "#8cc0eb"     # head A(2): light blue
 BOTH_COLOUR = "#4d86c6"   # read by both heads
 FUTURE_COLOUR = "#e6e6e6"  # j > i: never read (causal)
 EMPTY_COLOUR = "#ffffff"   # allowed by causality but not read
-
-
-# ----------------------------------------------------------------------------
-# Closed forms: how many keys row i reads (no n x n mask needed).
-# ----------------------------------------------------------------------------
-
-def keys_per_query(pattern: str, n: int, part: str = "merged", stride: int | None = None,
-                   c: int | None = None, head: int = 0) -> np.ndarray:
-    """Number of keys each row i = 0..n-1 reads, as an int64 array of shape (n,).
-
-    part: "A1" (strided local / fixed block), "A2" (strided column / fixed
-    summary of head ``head``) or "merged" (their union). ``full`` reads i + 1.
-      strided  A1: min(i+1, l)        A2: floor(i/l) + 1   merged: min(i+1, l) + floor(i/l)
-      fixed    A1: (i mod l) + 1      A2: summaries [lo, hi) of every j <= i
-               merged: (i mod l) + 1 + floor(i/l) * c   (own block, earlier blocks' summaries)
-    """
-    n = P.check_n(n)
-    if part not in ("A1", "A2", "merged"):
-        raise ValueError(f"part must be one of ('A1', 'A2', 'merged'), got {part!r}")
-    i = np.arange(n, dtype=np.int64)
-    if pattern == "full":
-        return i + 1
-    if pattern not in P.PATTERNS:
-        raise ValueError(f"pattern must be one of {P.PATTERNS}, got {pattern!r}")
-    if stride is None:
-        raise ValueError(f"pattern {pattern!r} needs the parameter 'stride', got None")
-    l = P.check_stride(stride)
-    if pattern == "strided":
-        a1, a2 = np.minimum(i + 1, l), i // l + 1
-        return {"A1": a1, "A2": a2, "merged": a1 + a2 - 1}[part]  # they share only j = i
-    if c is None:
-        raise ValueError("pattern 'fixed' needs the parameter 'c', got None")
-    lo, hi = P.summary_range(l, c, head)
-    whole, rest = np.divmod(i + 1, l)
-    a1 = i % l + 1
-    a2 = whole * (hi - lo) + np.clip(rest - lo, 0, hi - lo)
-    return {"A1": a1, "A2": a2, "merged": a1 + (i // l) * (hi - lo)}[part]
 
 
 # ----------------------------------------------------------------------------

@@ -20,10 +20,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from reference import patterns as _patterns
+from reference.params import COMBINES, check_params, check_stride
+from reference.params import FACTORIZED as PATTERNS  # the model's patterns: full, strided, fixed
 
-PATTERNS = _patterns.PATTERNS          # ("full", "strided", "fixed")
-COMBINES = _patterns.COMBINES          # ("merged", "multihead", "interleaved")
 EMBEDDINGS = ("image", "text")
 ATTENTION_IMPLS = ("sparse", "masked")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -80,15 +79,16 @@ class ModelConfig:
             if self.stride is None:
                 raise ValueError(f"pattern={self.pattern!r} with embedding={self.embedding!r} "
                                  f"needs a stride l (an integer >= 1), got None")
-            _patterns.check_stride(self.stride)
-        if self.pattern == "fixed":
-            if self.c is None:
-                raise ValueError("pattern='fixed' needs the summary width c, got None")
-            # Every head index that will be used must be valid (several heads need l % c == 0).
-            _patterns.check_summary(self.stride, self.c, self.n_heads - 1)
-        elif self.c is not None:
+            check_stride(self.stride)
+        if self.pattern == "fixed" and self.c is None:
+            raise ValueError("pattern='fixed' needs the summary width c, got None")
+        if self.pattern != "fixed" and self.c is not None:
             raise ValueError(f"c is the fixed pattern's summary width; pattern={self.pattern!r} "
                              f"takes no c, got c={self.c!r}")
+        # the checks of every attention path; the heads' summary ranks do not depend
+        # on the layer, so layer 0 stands for all of them
+        check_params(self.pattern, self.n_ctx, self.n_heads, self.combine, 0,
+                     self.pattern_params())
         if self.embedding == "image":
             shape = self.image_shape
             if (shape is None or len(shape) != 3
@@ -111,7 +111,7 @@ class ModelConfig:
         return self.d_model // 2 if self.qk_half else self.d_model
 
     def pattern_params(self) -> dict:
-        """Keyword parameters of the pattern (for reference.patterns.head_masks)."""
+        """Keyword parameters of the pattern (``reference.params.PARAMS``)."""
         if self.pattern == "full":
             return {}
         if self.pattern == "strided":
