@@ -7,8 +7,8 @@ Kept small and stable on purpose, other test files import from it:
 
 * ``make_qkv(shape, d, seed)``  seeded float64 q, k, v (importable helper);
 * ``rng``                       a seeded ``np.random.Generator`` fixture;
-* ``one_thread``                one intra-op torch thread for a module's tiny
-                                models (use: ``pytestmark = pytest.mark.usefixtures("one_thread")``);
+* ``one_thread``                one intra-op torch thread for a module's tiny models
+                                (``pytestmark = pytest.mark.usefixtures("one_thread")``);
 * hypothesis profile "ci" (loaded by default): ``deadline=None`` (the machine is
   shared and slow, so timing-based failures would be noise), few examples and a
   derandomized search so that a run is reproducible. Set
