@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml Makefile | $(PY)
 install: $(STAMP)
 
 test: $(STAMP) lint
-	TRITON_INTERPRET=1 $(PY) -m pytest tests notebooks --nbval --nbval-current-env \
+	TRITON_INTERPRET=1 SPARSE_TRANSFORMER_FIGURES=$$(mktemp -d) $(PY) -m pytest tests notebooks --nbval --nbval-current-env \
 		--nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider -q
 
 # Style (ruff) and the layering rule: imports run downward only (docs/architecture.md).

@@ -40,8 +40,8 @@ def _cells(ax, grid: np.ndarray, cols: np.ndarray, mark: set, query: int, title:
     ax.set_title(title, fontsize=9)
 
 
-def draw_transposition(n: int = 24, stride: int = 6, query: int = 20,
-                       path: Path | str = "../figures/transpose_trick.png"):
+def draw_transposition(n: int = 24, stride: int = 6, query: int = 20, *,
+                       path: Path | str):
     """Draw the three panels for a sequence of n = M l positions into ``path``; return
     the (closed) figure."""
     if n % stride:
