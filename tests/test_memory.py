@@ -8,8 +8,17 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from fast.measure.child import call, run_child
-from fast.measure.memory import count_saved, format_bytes, peak_memory, peak_rss, saved_bytes
+from fast.measure.memory import (
+    count_saved,
+    format_bytes,
+    graph_saved,
+    peak_memory,
+    peak_rss,
+    saved_bytes,
+)
 from fast.measure.model_memory import measure, per_layer
+from fast.transformer.config import ModelConfig
+from fast.transformer.model import SparseTransformer
 
 
 def test_counts_activations_and_parameters_apart():
@@ -149,3 +158,46 @@ def test_memory_report_measures_one_block_input_per_layer_with_recomputation():
         rows[recompute] = per_layer({**small, **measure(small)}, {**large, **measure(large)})
     assert rows[True] == 64 * 32 * 4                 # the block input, fp32
     assert rows[False] >= 10 * rows[True]            # norms, q, k, v, attention, ff, ...
+
+
+def test_tensors_of_a_dropped_branch_are_not_counted():
+    # An input check run with gradients on (min and max of q, read once) packs q, but
+    # its branch of the graph is freed at once: q is not kept for backward.
+    x = torch.randn(8, 5, requires_grad=True)
+    with count_saved() as log:
+        q = x * 3.0                                    # saves nothing (scalar multiply)
+        assert bool(torch.isfinite(torch.stack(torch.aminmax(q))).all())
+        assert log.activation_bytes == 0 and log.n_saved == 0
+        kept = torch.sigmoid(q).sum()                  # sigmoid keeps its output
+        assert log.activation_bytes == 8 * 5 * 4
+    assert log.n_packed > log.n_saved == 1 and log.n_storages == 1
+    assert log.activation_bytes == 8 * 5 * 4          # frozen when the block exited
+    kept.backward()
+    s = torch.sigmoid(x.detach() * 3.0)
+    assert torch.allclose(x.grad, 3.0 * s * (1 - s))
+
+
+def test_graph_saved_lists_what_count_saved_counts():
+    torch.manual_seed(0)
+    for pattern in ("strided", "full"):
+        model = SparseTransformer(ModelConfig(n_ctx=40, d_model=16, n_heads=2, n_layers=1,
+                                              pattern=pattern, stride=8)).train()
+        h = torch.randn(1, 37, 16, requires_grad=True)
+        with count_saved(model.parameters()) as log:
+            out = model.blocks[0](h)
+        rows = graph_saved(out, model.parameters())
+        assert sum(r[4] for r in rows) == log.activation_bytes
+        assert len(rows) == log.n_storages
+        ops = [r[0] for r in rows]
+        assert ops[0] == "NativeLayerNormBackward0" and "SigmoidBackward0" in ops
+
+
+def test_a_timed_step_records_its_runs_and_cpu_seconds():
+    spec = dict(d=16, heads=2, stride=8, c=4, batch=1, pattern="fixed", impl="sparse",
+                what="step", n=32, layers=1, recompute=True, repeats=2)
+    out = measure(spec)
+    assert len(out["runs"]) == 2
+    for run in out["runs"]:
+        assert run["total_s"] >= run["forward_s"] > 0
+        if sys.platform.startswith("linux"):
+            assert run["cpu_user_s"] + run["cpu_sys_s"] > 0 and run["minor_faults"] >= 0

@@ -15,7 +15,8 @@ result is already there is skipped unless --force, so the script resumes):
               without recomputation; the target: at 64 layers >= 10x less;
 * length   -- the same at 8 layers for n = 1024 .. 16384, strided and dense;
 * peak     -- peak resident memory of a forward + backward step (Linux
-              VmHWM) vs depth, with and without recomputation;
+              VmHWM) vs depth, with and without recomputation, and its time:
+              wall clock and CPU seconds, median of 3 runs per point;
 * blog     -- the blog's table beside ours: per-layer bytes of the explicit
               masked softmax (stores n x n weights, as the blog counts) and of
               our flash-style dense path, scaled to 64 layers;
@@ -36,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -93,12 +95,28 @@ def step_length(quick: bool) -> dict:
     return {"layers": layers, "rows": rows}
 
 
-def step_peak(quick: bool) -> dict:
+TIMED = ("total_s", "forward_s", "cpu_user_s", "cpu_sys_s", "minor_faults")
+
+
+def step_peak(quick: bool, repeats: int = 3) -> dict:
+    """Peak memory and time of a whole step: one fresh process per point, the step
+    run ``repeats`` times in it (the peak is the first run's). A row holds the
+    first run's numbers, the median of every timed field over the runs, and the
+    runs themselves (``runs``)."""
     depths = [2, 4] if quick else [4, 16, 64]
     n = 1024 if quick else 3072
-    rows = [measure_in_child([_spec(n=n, layers=L, recompute=r, what="step")])[0]
-            for L in depths for r in (False, True)]
-    return {"n": n, "rows": rows}
+    rows = []
+    for L in depths:
+        for r in (False, True):
+            row = measure_in_child([_spec(n=n, layers=L, recompute=r, what="step",
+                                          repeats=repeats)])[0]
+            for k in TIMED:
+                values = [run[k] for run in row["runs"] if run[k] is not None]
+                row[k] = statistics.median(values) if values else None
+            rows.append(row)
+    return {"n": n, "repeats": repeats, "rows": rows,
+            "timing": "median of the runs; CPU seconds = user + system time of the "
+                      "measuring process during the step"}
 
 
 # The blog's table: attention memory of a 64-layer, 4-head model (fp32 weights).

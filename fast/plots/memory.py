@@ -32,43 +32,54 @@ def _arrow(ax, a, b, rad=0.0):
                                  linewidth=1.0, connectionstyle=f"arc3,rad={rad}"))
 
 
-def draw_dataflow(path, block_tensors=None):
+# The block's forward pass, bottom to top (eq. 11-14): (text, extra text at the side).
+DATAFLOW = [
+    "H_{k-1}  (n x d)  block input",
+    "norm(H)  (n x d)",
+    "q, k, v  (n x d each)",
+    "attention out (n x d) + lse",
+    "a = dropout(W_p out)  (n x d)",
+    "norm(H + a)  (n x d)",
+    "W_1 x + b_1  (n x 4d)",
+    "f = GeLU: x sigmoid(1.702 x)  (n x 4d)",
+    "b = dropout(W_2 f + b_2)  (n x d)",
+    "H_k = H + a + b",
+]
+
+
+def draw_dataflow(path, block_tensors=None, *, n=None, d=None, pattern=None):
     """Figure 4: the residual block's dataflow; which tensors backward needs.
 
-    block_tensors: optional list of (shape, dtype, bytes) that one block saved
-    (from fast.experiments.memory_report), printed under the drawing.
+    The forward pass runs bottom to top: attention branch a, then the
+    feed-forward branch b, both added to the residual stream H.
+    block_tensors: optional list of (shape, dtype, bytes) that one block of a
+    model of width d at length n saved (a row of ``memory.json``'s "depth" step,
+    from ``fast.experiments.memory_report``), summed under the drawing.
     """
-    fig, axes = plt.subplots(1, 2, figsize=(9.6, 6.4))
+    fig, axes = plt.subplots(1, 2, figsize=(10.4, 7.4))
+    step = 1.15
+    top = step * (len(DATAFLOW) - 1)
     for ax, recompute in zip(axes, (False, True)):
-        ax.set_xlim(-2.2, 4.4)
-        ax.set_ylim(-0.6, 10.2)
+        ax.set_xlim(-2.3, 4.5)
+        ax.set_ylim(-0.6, top + 0.6)
         ax.axis("off")
         act = RECOMPUTED if recompute else KEPT
-        # the forward pass, bottom to top (eq. 11-14)
-        nodes = [  # (x, y, text, is tensor)
-            (0, 0.0, "H_{k-1}  (n x d)  block input", True),
-            (0, 1.2, "norm(H)", True),
-            (0, 2.4, "q, k, v  (n x d each)", True),
-            (0, 3.6, "attention out + lse", True),
-            (0, 4.8, "a = dropout(W_p out)", True),
-            (0, 6.0, "norm(H + a)", True),
-            (0, 7.2, "W_1 x + b_1  (n x 4d)", True),
-            (0, 8.4, "f(.)  GeLU  (n x 4d)", True),
-            (0, 9.6, "H_k = H + a + b", True),
-        ]
-        for i, (x, y, text, _) in enumerate(nodes):
-            first_or_last = i in (0, len(nodes) - 1)
+        for i, text in enumerate(DATAFLOW):
+            y = step * i
+            first_or_last = i in (0, len(DATAFLOW) - 1)
             color = KEPT if first_or_last else act
-            _box(ax, x, y, text, color, dashed=(recompute and not first_or_last))
+            _box(ax, 0, y, text, color, dashed=(recompute and not first_or_last), width=2.9)
             if i:
-                _arrow(ax, (x, nodes[i - 1][1] + 0.3), (x, y - 0.3))
+                _arrow(ax, (0, y - step + 0.3), (0, y - 0.3))
         # the residual stream around the block: H is added to both branches' outputs
-        ax.plot([1.34, 1.7, 1.7], [0.0, 0.0, 9.6], color=OP, lw=1.0)
-        _arrow(ax, (1.7, 9.6), (1.34, 9.6))
-        ax.text(1.8, 4.8, "residual\nstream", fontsize=8, color=OP, va="center")
-        ax.text(2.9, 3.0, "fast.sparse_attention\n(O(n d) kept:\nout and lse)", fontsize=7.5,
-                color=OP, ha="center", va="center")
-        title = ("with recomputation: keep H only,\nrecompute the rest in backward"
+        ax.plot([1.49, 1.8, 1.8], [0.0, 0.0, top], color=OP, lw=1.0)
+        _arrow(ax, (1.8, top), (1.49, top))
+        ax.text(1.9, top / 2, "residual\nstream", fontsize=8, color=OP, va="center")
+        ax.text(1.9, step * 2.5, "attention branch a:\nfast.sparse_attention keeps\n"
+                "out and lse, O(n d),\nnever an n x n matrix", fontsize=7.5, color=OP,
+                va="center")
+        ax.text(1.9, step * 7, "feed-forward branch b", fontsize=7.5, color=OP, va="center")
+        title = ("with recomputation: keep H_{k-1} only,\nrecompute the rest in backward"
                  if recompute else "without recomputation: keep every\nintermediate for backward")
         ax.set_title(title, fontsize=10)
     handles = [plt.Line2D([], [], color=KEPT, lw=2, label="kept for backward"),
@@ -77,10 +88,12 @@ def draw_dataflow(path, block_tensors=None):
     fig.legend(handles=handles, loc="lower center", ncol=2, frameon=False, fontsize=9)
     if block_tensors:
         total = sum(t[2] for t in block_tensors)
-        fig.text(0.5, 0.055, f"measured: one block kept {len(block_tensors)} tensors, "
-                 f"{total / 2**20:.1f} MiB without recomputation", ha="center", fontsize=8.5)
-    fig.suptitle("Figure 4: one residual block (sec. 5.4)", fontsize=11)
-    fig.tight_layout(rect=(0, 0.08, 1, 0.96))
+        fig.text(0.5, 0.05, f"measured ({pattern}, d = {d}, n = {n}, fp32): without "
+                 f"recomputation one block keeps {len(block_tensors)} tensors, "
+                 f"{total / 2**20:.1f} MiB; with it, its input alone, "
+                 f"{n * d * 4 / 2**20:.1f} MiB", ha="center", fontsize=8.5)
+    fig.suptitle("Figure 4: one pre-activation residual block (sec. 5.2, 5.4)", fontsize=11)
+    fig.tight_layout(rect=(0, 0.07, 1, 0.97))
     return style.save(fig, path)
 
 
@@ -116,25 +129,55 @@ def plot_depth(data: dict, path):
     return style.save(fig, path)
 
 
+def extra_per_block(length: dict) -> list[float]:
+    """(strided - dense) bytes saved without recomputation, per block, in units of one
+    n x d fp32 tensor, at every n of the "length" step of ``memory.json``."""
+    rows, L = length["rows"], length["layers"]
+    out = []
+    for n in sorted({r["n"] for r in rows}):
+        saved = {r["pattern"]: r for r in rows if r["n"] == n and not r["recompute"]}
+        out.append((saved["strided"]["saved_bytes"] - saved["full"]["saved_bytes"])
+                   / (L * n * saved["full"]["d"] * 4))
+    return out
+
+
 def plot_length(data: dict, path):
-    """Bytes saved for backward vs sequence length, strided and dense."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    """Bytes saved for backward vs sequence length, strided and dense: left the
+    whole model in GiB, right per token and layer in KiB (where the curves part)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.4))
     length = data["length"]
-    lines = {("strided", False): (KEPT, "o-"), ("strided", True): (RECOMPUTED, "o-"),
-             ("full", False): (KEPT, "^--"), ("full", True): (RECOMPUTED, "^--")}
-    for (pattern, rc), (color, line) in lines.items():
+    L = length["layers"]
+    lines = {("strided", False): (KEPT, "o-", 6, "full"),
+             ("full", False): (KEPT, "^--", 10, "none"),
+             ("strided", True): (RECOMPUTED, "o-", 6, "full"),
+             ("full", True): (RECOMPUTED, "^--", 10, "none")}
+    for (pattern, rc), (color, line, size, fill) in lines.items():
         xs = _series(length["rows"], "n", pattern=pattern, recompute=rc)
         saved = _series(length["rows"], "saved_bytes", pattern=pattern, recompute=rc)
-        ax.plot(xs, [b / GIB for b in saved], line, color=color,
-                label=f"{style.display_name(pattern)}, "
-                      f"{'recomputation' if rc else 'no recomputation'}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length n")
-    ax.set_ylabel("GiB saved for backward")
-    ax.set_title(f"{length['layers']} layers, d=256, 4 heads (CPU, fp32, batch 1)", fontsize=9)
-    ax.legend(fontsize=7.5)
-    ax.grid(alpha=0.3, which="both")
+        label = (f"{style.display_name(pattern)}, "
+                 f"{'recomputation' if rc else 'no recomputation'}")
+        for ax, ys in ((left, [b / GIB for b in saved]),
+                       (right, [b / (L * n) / 1024 for b, n in zip(saved, xs)])):
+            ax.plot(xs, ys, line, color=color, markersize=size, fillstyle=fill,
+                    markeredgewidth=1.5, label=label)
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length n")
+        ax.grid(alpha=0.3, which="both")
+    left.set_yscale("log")
+    left.set_ylabel("GiB saved for backward (whole model)")
+    left.set_title(f"{L} layers, d=256, 4 heads (CPU, fp32, batch 1)", fontsize=9)
+    left.legend(fontsize=7.5)
+    right.set_ylim(bottom=0)
+    right.set_ylabel(f"KiB saved per token and layer (total / ({L} n))")
+    right.set_title("flat in n: O(n d) per block, no n x n term", fontsize=9)
+    extra = extra_per_block(length)
+    right.text(0.03, 0.5, f"strided keeps {min(extra):.2f} n x d tensor more per block than "
+               "dense:\n"
+               "its attention output is copied when the heads are put side by side\n"
+               "for W_p; dense attention (SDPA) writes it in that order already.\n"
+               "With recomputation both keep the block inputs only (same curve).",
+               transform=right.transAxes, fontsize=7.5, va="center")
     fig.tight_layout()
     return style.save(fig, path)
 
@@ -142,11 +185,13 @@ def plot_length(data: dict, path):
 def make_all(data: dict, figdir) -> list[Path]:
     """Every memory figure that the data allows; returns the paths written."""
     figdir = Path(figdir)
-    tensors = None
+    row = None
     if "depth" in data:
         two = [r for r in data["depth"]["rows"] if r["layers"] >= 2 and not r["recompute"]]
-        tensors = two[0]["block_tensors"] if two else None
-    paths = [draw_dataflow(figdir / "fig4_dataflow.png", tensors)]
+        row = two[0] if two else None
+    paths = [draw_dataflow(figdir / "fig4_dataflow.png", row and row["block_tensors"],
+                           n=row and row["n"], d=row and row["d"],
+                           pattern=row and row["pattern"])]
     if "depth" in data:
         paths.append(plot_depth(data, figdir / "memory_depth.png"))
     if "length" in data:

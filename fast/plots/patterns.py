@@ -24,10 +24,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from fast.plots import style
 from reference import patterns as P
 from reference.counts import keys_per_query as keys_per_query  # re-exported for the notebooks
+from reference.heads import PARTS, head_roles
 
 A1_COLOUR = "#1b4f9c"     # head A(1): dark blue, as in Fig. 3
 A2_COLOUR = "#8cc0eb"     # head A(2): light blue
@@ -180,26 +182,95 @@ def plot_head_masks(masks: np.ndarray, parts: Sequence[tuple[np.ndarray, np.ndar
     return fig
 
 
+def head_parts(pattern: str, n: int, role, **params) -> tuple[np.ndarray, np.ndarray]:
+    """(A(1), A(2)) as the head of ``reference.heads.HeadRole`` ``role`` reads them:
+    a part the head does not read is all False; a fixed head's A(2) is its own
+    summary sub-block (its rank)."""
+    masks = P.factorized(pattern, n, role.rank or 0, **params)
+    names = PARTS[pattern]
+    return tuple(m if role.reads(name) else np.zeros_like(m) for m, name in zip(masks, names))
+
+
+def _role_title(role, stride: int | None, c: int | None) -> str:
+    """"head h" and what it reads: the parts, and a fixed summary's sub-block."""
+    parts = []
+    for name in role.parts:
+        if name == "summary":
+            parts.append(f"summary {role.rank % (stride // c)}")
+        else:
+            parts.append(name)
+    return f"head {role.head}: " + " + ".join(parts)
+
+
+def plot_combine_modes(pattern: str, n: int, n_heads: int,
+                       rows: Sequence[tuple[str, int]] = (("merged", 0), ("multihead", 0),
+                                                          ("interleaved", 0), ("interleaved", 1)),
+                       **params):
+    """What every head reads under the three ways of using the two heads (sec. 5.1):
+    one row of connectivity matrices per (combine, layer) in ``rows``, one column
+    per head, entries coloured by the part they come from; the head roles of
+    ``reference.heads.head_roles``, the masks of ``reference.patterns.head_masks``.
+    A fixed summary sub-block is numbered k = rank mod (l / c). Returns the figure."""
+    stride, c = params.get("stride"), params.get("c")
+    fig, axes = plt.subplots(len(rows), n_heads, figsize=(2.3 * n_heads, 2.45 * len(rows)),
+                             squeeze=False)
+    for (combine, layer), ax_row in zip(rows, axes):
+        masks = P.head_masks(pattern, n, n_heads, combine, layer=layer, **params)  # (H, n, n)
+        roles = head_roles(pattern, n_heads, combine, layer, stride=stride, c=c)
+        parts = [head_parts(pattern, n, role, **params) for role in roles]
+        titles = [_role_title(role, stride, c) for role in roles]
+        plot_head_masks(masks, parts, titles, axes=ax_row)
+        ax_row[0].set_ylabel(f"{combine}\nlayer {layer}", fontsize=10)
+    p = ", ".join(f"{k if k != 'stride' else 'l'} = {v}" for k, v in params.items())
+    fig.suptitle(f"What each of {n_heads} heads reads: the {pattern} pattern (n = {n}, {p}), "
+                 f"merged, multi-head and interleaved (sec. 5.1)\n"
+                 f"rows = outputs i, columns = inputs j; 'summary k' = sub-block k of each "
+                 f"block", fontsize=10)
+    fig.legend(handles=legend_patches(), loc="lower center", ncol=4, fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.035, 1, 0.965))
+    return fig
+
+
+# Line style of each curve of ``plot_keys_per_query``, by label prefix: curves that
+# lie on top of each other get different markers (filled / hollow, small / large),
+# so that neither hides the other.
+_KPQ_STYLE = {"full": ("o", 5, "full", "-"), "strided": ("s", 9, "none", "-"),
+              "fixed l=sqrt": ("o", 4, "full", "--"), "fixed l=128": ("D", 8, "none", ":")}
+
+
+def _kpq_style(label: str):
+    for prefix, st in _KPQ_STYLE.items():
+        if label.startswith(prefix):
+            return st
+    return ("x", 6, "full", "-")
+
+
 def plot_keys_per_query(ns: np.ndarray, curves: dict[str, tuple[np.ndarray, np.ndarray]]):
-    """Log-log: left, keys read per query (solid max, dashed mean) against n with
-    the sqrt(n) and n guides; right, pairs computed (sum over queries) against n
-    with n sqrt(n) and n^2 / 2. ``curves`` maps a label to (mean, max) arrays."""
+    """Log-log, two panels. Left: keys read by the query that reads the most
+    against n, with the sqrt(n) and n guides. Right: query-key pairs of one head
+    (the sum over queries, n times the mean) divided by n sqrt(n): O(n sqrt n)
+    is a flat line there. ``curves`` maps a label to (mean, max) arrays over
+    ``ns``. Curves that coincide are drawn with different markers (hollow over
+    filled), so none is hidden."""
     ns = np.asarray(ns, dtype=float)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 4.0))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.6, 4.3))
     for idx, (label, (mean, top)) in enumerate(curves.items()):
-        colour = f"C{idx}"
-        left.loglog(ns, top, "-o", color=colour, markersize=3, label=f"{label}: max")
-        left.loglog(ns, mean, "--", color=colour, label=f"{label}: mean")
-        right.loglog(ns, np.asarray(mean) * ns, "-o", color=colour, markersize=3, label=label)
+        marker, size, fill, line = _kpq_style(label)
+        kw = dict(color=f"C{idx}", marker=marker, markersize=size, fillstyle=fill,
+                  markeredgewidth=1.4, linestyle=line, label=label)
+        left.loglog(ns, top, **kw)
+        right.semilogx(ns, np.asarray(mean) * ns / ns ** 1.5, **kw)
     left.loglog(ns, np.sqrt(ns), ":", color="black", label="sqrt(n)")
     left.loglog(ns, ns, ":", color="grey", label="n")
-    right.loglog(ns, ns ** 1.5, ":", color="black", label="n sqrt(n)")
-    right.loglog(ns, ns ** 2 / 2, ":", color="grey", label="n^2 / 2")
-    left.set(xlabel="sequence length n", ylabel="keys read by one query", title="keys per query")
-    right.set(xlabel="sequence length n", ylabel="query-key pairs (sum over queries)",
-              title="pairs computed per head")
-    left.legend(fontsize=7, ncol=2)
-    right.legend(fontsize=7)
+    left.set(xlabel="sequence length n", ylabel="keys read (the query that reads most)",
+             title="keys per query: O(sqrt n) with l = sqrt(n)")
+    right.set_yscale("log")
+    right.yaxis.set_major_formatter(ScalarFormatter())
+    right.yaxis.set_minor_formatter(NullFormatter())
+    right.set(xlabel="sequence length n", ylabel="query-key pairs of one head / n^1.5",
+              title="pairs per head / n^1.5: flat means O(n sqrt n)")
+    left.legend(fontsize=7.5)
+    right.legend(fontsize=7.5)
     for ax in (left, right):
         ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
