@@ -17,6 +17,7 @@ from fast.measure.memory import (
     saved_bytes,
 )
 from fast.measure.model_memory import measure, per_layer
+from fast.plots import memory as plot_memory
 from fast.transformer.config import ModelConfig
 from fast.transformer.model import SparseTransformer
 
@@ -201,3 +202,34 @@ def test_a_timed_step_records_its_runs_and_cpu_seconds():
         assert run["total_s"] >= run["forward_s"] > 0
         if sys.platform.startswith("linux"):
             assert run["cpu_user_s"] + run["cpu_sys_s"] > 0 and run["minor_faults"] >= 0
+
+
+def _synthetic_memory_json(layers=8, d=16):
+    """A memory.json shaped like ``python -m fast memory``'s, with strided keeping exactly
+    one n x d fp32 tensor per block more than dense."""
+    length = []
+    for n in (64, 128, 256):
+        for rc in (False, True):
+            dense = (layers * 20 if not rc else layers) * n * d * 4
+            length.append({"n": n, "d": d, "pattern": "full", "recompute": rc,
+                           "saved_bytes": dense})
+            extra = 0 if rc else layers * n * d * 4
+            length.append({"n": n, "d": d, "pattern": "strided", "recompute": rc,
+                           "saved_bytes": dense + extra})
+    depth = [{"layers": L, "recompute": rc, "n": 64, "d": d, "pattern": "strided",
+              "saved_bytes": (L * (1 if rc else 21) + 2) * 64 * d * 4,
+              "block_tensors": [[[1, 64, d], "float32", 64 * d * 4]] * 21}
+             for L in (1, 2, 4) for rc in (False, True)]
+    return {"quick": True, "depth": {"n": 64, "rows": depth},
+            "length": {"layers": layers, "rows": length}}
+
+
+def test_memory_figures_are_drawn_and_the_strided_extra_is_measured_per_block(tmp_path):
+    data = _synthetic_memory_json()
+    assert plot_memory.extra_per_block(data["length"]) == [1.0, 1.0, 1.0]
+    paths = plot_memory.make_all(data, tmp_path)
+    assert [p.name for p in paths] == ["fig4_dataflow.png", "memory_depth.png",
+                                       "memory_length.png"]
+    assert all(p.stat().st_size > 10_000 for p in paths)
+    # Figure 4 draws the feed-forward branch's output node
+    assert any(text.startswith("b = dropout(W_2 f") for text in plot_memory.DATAFLOW)

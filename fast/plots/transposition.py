@@ -1,4 +1,4 @@
-"""Figures for notebook 03: the transposition trick of the structured path.
+"""Figures for notebook 03: the transposition trick of the structured path, and its cost.
 
 Child et al., 2019, section 5.5: "a stride-l pattern is computed by transposing
 the sequence into an (n/l, l) grid and running a local window". Three panels:
@@ -7,6 +7,10 @@ into, and the transposed (l, n/l) grid in which every column of the grid -- the
 keys of the strided head A(2) -- is one contiguous row, so A(2) is plain causal
 attention along rows (``fast.backends.strided.Column``). The query and its keys are
 outlined.
+
+``plot_cost`` draws what O(n sqrt n) means (sec. 4.2): the query-key pairs of a
+strided head, n l + about n^2 / (2 l), and measured times, against n, for a
+stride that grows as sqrt(n) and for a fixed one, beside an n^1.5 line.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.patches import Rectangle
 
+from fast.measure.bench import fitted_slope
 from fast.plots import style
 from fast.plots.style import plt
 
@@ -65,4 +70,35 @@ def draw_transposition(n: int = 24, stride: int = 6, query: int = 20, *,
                  "outlined, the positions it reads in A(2) opaque)", fontsize=10)
     fig.tight_layout()
     style.save(fig, path)
+    return fig
+
+
+def plot_cost(ns, pairs: dict, seconds: dict | None = None):
+    """Log-log against n: left, the query-key pairs of one head for each stride rule
+    in ``pairs`` (label -> array over ``ns``); right, measured seconds per call
+    (``seconds``, same labels), with fitted slopes in the legend. Both panels draw
+    n^1.5 through the first point of the first series. Returns the figure."""
+    ns = np.asarray(ns, dtype=float)
+    panels = [("query-key pairs of one head", pairs)]
+    if seconds:
+        panels.append(("seconds per forward (min of repeats)", seconds))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4.2), squeeze=False)
+    for ax, (ylabel, series) in zip(axes[0], panels):
+        first = None
+        for idx, (label, ys) in enumerate(series.items()):
+            ys = np.asarray(ys, dtype=float)
+            first = ys[0] if first is None else first
+            slope = fitted_slope(ns, ys)
+            ax.loglog(ns, ys, "os"[idx % 2] + "-", color=f"C{idx}", markersize=6,
+                      fillstyle="full" if idx % 2 == 0 else "none",
+                      label=f"{label} (slope {slope:.2f})")
+        ax.loglog(ns, first * (ns / ns[0]) ** 1.5, ":", color="black", label="n^1.5")
+        ax.loglog(ns, first * (ns / ns[0]) ** 2, ":", color="grey", label="n^2")
+        ax.set(xlabel="sequence length n", ylabel=ylabel)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_title("work: pairs read (closed forms)", fontsize=10)
+    if seconds:
+        axes[0][1].set_title("measured on this machine (structured path)", fontsize=10)
+    fig.tight_layout()
     return fig

@@ -1,0 +1,72 @@
+"""Tests of the figures of notebooks 01-03 (fast/plots/patterns.py, fast/plots/transposition.py):
+what each head reads under the three ways of combining heads (Child et al., 2019, sec. 5.1),
+keys per query and the cost of a strided head against n (sec. 4.2)."""
+
+import numpy as np
+import pytest
+
+from fast.plots import patterns as pp
+from fast.plots.style import plt
+from fast.plots.transposition import plot_cost
+from reference import patterns as P
+from reference.heads import PARTS, head_roles
+from reference.params import COMBINES
+
+
+@pytest.mark.parametrize("pattern,params", [("strided", {"stride": 5}),
+                                            ("fixed", {"stride": 6, "c": 2}),
+                                            ("fixed", {"stride": 7, "c": 3})])
+@pytest.mark.parametrize("combine", COMBINES)
+def test_head_parts_are_what_head_masks_reads(pattern, params, combine):
+    n = 23
+    H = 5 if params["stride"] % params.get("c", 1) == 0 else 1   # several summary heads need c | l
+    for layer in (0, 1):
+        masks = P.head_masks(pattern, n, H, combine, layer, **params)
+        for role in head_roles(pattern, H, combine, layer, stride=params["stride"],
+                               c=params.get("c")):
+            a1, a2 = pp.head_parts(pattern, n, role, **params)
+            assert np.array_equal(masks[role.head], a1 | a2)
+            assert a1.any() == role.reads(PARTS[pattern][0])
+            assert a2.any() == role.reads(PARTS[pattern][1])
+
+
+def test_combine_modes_figure_names_each_heads_summary_sub_block():
+    fig = pp.plot_combine_modes("fixed", 24, 4, stride=6, c=2)
+    titles = [ax.get_title() for ax in fig.axes]
+    # merged: l / c = 3 sub-blocks for 4 heads, so head 3 shares head 0's
+    assert titles[:4] == [f"head {h}: block + summary {h % 3}" for h in range(4)]
+    # multihead: only the odd heads read summaries, ranks h // 2 = 0, 1
+    assert titles[4:8] == ["head 0: block", "head 1: summary 0", "head 2: block",
+                           "head 3: summary 1"]
+    assert "merged, multi-head and interleaved" in fig._suptitle.get_text()
+    plt.close(fig)
+
+
+def test_keys_per_query_figure_draws_every_curve_in_both_panels():
+    ns = 2 ** np.arange(6, 10)
+    curves = {}
+    for label, kw in (("full", {}), ("strided l=sqrt(n)", None), ("fixed l=128, c=32",
+                                                                  {"stride": 128, "c": 32})):
+        pattern = label.split()[0]
+        rows = [pp.keys_per_query(pattern, n, **(kw if kw is not None
+                                                  else {"stride": int(round(np.sqrt(n)))}))
+                for n in ns]
+        curves[label] = (np.array([r.mean() for r in rows]), np.array([r.max() for r in rows]))
+    fig = pp.plot_keys_per_query(ns, curves)
+    left, right = fig.axes
+    for ax in (left, right):
+        labels = [line.get_label() for line in ax.get_lines()]
+        assert set(curves) <= set(labels)
+    # right panel: pairs per head / n^1.5, flat for l = sqrt(n)
+    strided = next(line for line in right.get_lines() if line.get_label() == "strided l=sqrt(n)")
+    ys = strided.get_ydata()
+    assert ys.max() / ys.min() < 1.1
+    plt.close(fig)
+
+
+def test_cost_figure_fits_the_slope_of_each_series():
+    ns = 2 ** np.arange(10, 15)
+    fig = plot_cost(ns, {"a": ns ** 1.5, "b": 3.0 * ns}, {"a": 1e-9 * ns ** 2})
+    labels = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
+    assert "a (slope 1.50)" in labels and "b (slope 1.00)" in labels and "a (slope 2.00)" in labels
+    plt.close(fig)
