@@ -232,4 +232,4 @@ def test_memory_figures_are_drawn_and_the_strided_extra_is_measured_per_block(tm
                                        "memory_length.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
     # Figure 4 draws the feed-forward branch's output node
-    assert any(text.startswith("b = dropout(W_2 f") for text in plot_memory.DATAFLOW)
+    assert any(text.startswith("b = dropout(W_2 f") for text, _, _ in plot_memory.DATAFLOW)

@@ -32,26 +32,33 @@ def _arrow(ax, a, b, rad=0.0):
                                  linewidth=1.0, connectionstyle=f"arc3,rad={rad}"))
 
 
-# The block's forward pass, bottom to top (eq. 11-14): (text, extra text at the side).
+# The block's forward pass, bottom to top (eq. 11-14): (text, kept for backward without
+# recomputation, rebuilt in backward with it). Measured (``fast.measure.memory.graph_saved``):
+# a and b themselves are never kept (only H + a, which the second norm reads, and f, which
+# W_2 reads, are), and torch.utils.checkpoint stops rebuilding once the last tensor backward
+# needs exists, so W_2 f is not recomputed.
 DATAFLOW = [
-    "H_{k-1}  (n x d)  block input",
-    "norm(H)  (n x d)",
-    "q, k, v  (n x d each)",
-    "attention out (n x d) + lse",
-    "a = dropout(W_p out)  (n x d)",
-    "norm(H + a)  (n x d)",
-    "W_1 x + b_1  (n x 4d)",
-    "f = GeLU: x sigmoid(1.702 x)  (n x 4d)",
-    "b = dropout(W_2 f + b_2)  (n x d)",
-    "H_k = H + a + b",
+    ("H_{k-1}  (n x d)  block input", True, False),
+    ("norm(H)  (n x d)", True, True),
+    ("q, k, v  (n x d each)", True, True),
+    ("attention out (n x d) + lse", True, True),
+    ("a = dropout(W_p out)  (n x d)", False, True),
+    ("norm(H + a), and H + a  (n x d)", True, True),
+    ("W_1 x + b_1  (n x 4d)", True, True),
+    ("f = GeLU: x sigmoid(1.702 x)  (n x 4d)", True, True),
+    ("b = dropout(W_2 f + b_2)  (n x d)", False, False),
+    ("H_k = H + a + b  (next block's input)", True, False),
 ]
+FREED = style.LIGHT_GREY
 
 
 def draw_dataflow(path, block_tensors=None, *, n=None, d=None, pattern=None):
     """Figure 4: the residual block's dataflow; which tensors backward needs.
 
     The forward pass runs bottom to top: attention branch a, then the
-    feed-forward branch b, both added to the residual stream H.
+    feed-forward branch b, both added to the residual stream H. Solid blue: kept
+    for backward; dashed orange: rebuilt in backward (recomputation); thin grey:
+    computed and freed at once.
     block_tensors: optional list of (shape, dtype, bytes) that one block of a
     model of width d at length n saved (a row of ``memory.json``'s "depth" step,
     from ``fast.experiments.memory_report``), summed under the drawing.
@@ -60,32 +67,36 @@ def draw_dataflow(path, block_tensors=None, *, n=None, d=None, pattern=None):
     step = 1.15
     top = step * (len(DATAFLOW) - 1)
     for ax, recompute in zip(axes, (False, True)):
-        ax.set_xlim(-2.3, 4.5)
+        ax.set_xlim(-1.8, 4.6)
         ax.set_ylim(-0.6, top + 0.6)
         ax.axis("off")
-        act = RECOMPUTED if recompute else KEPT
-        for i, text in enumerate(DATAFLOW):
+        for i, (text, kept, rebuilt) in enumerate(DATAFLOW):
             y = step * i
-            first_or_last = i in (0, len(DATAFLOW) - 1)
-            color = KEPT if first_or_last else act
-            _box(ax, 0, y, text, color, dashed=(recompute and not first_or_last), width=2.9)
+            if i in (0, len(DATAFLOW) - 1):
+                color, dashed = KEPT, False          # block input and output: kept either way
+            elif recompute:
+                color, dashed = (RECOMPUTED, True) if rebuilt else (FREED, False)
+            else:
+                color, dashed = (KEPT, False) if kept else (FREED, False)
+            _box(ax, 0, y, text, color, dashed=dashed, width=3.2)
             if i:
                 _arrow(ax, (0, y - step + 0.3), (0, y - 0.3))
         # the residual stream around the block: H is added to both branches' outputs
-        ax.plot([1.49, 1.8, 1.8], [0.0, 0.0, top], color=OP, lw=1.0)
-        _arrow(ax, (1.8, top), (1.49, top))
-        ax.text(1.9, top / 2, "residual\nstream", fontsize=8, color=OP, va="center")
-        ax.text(1.9, step * 2.5, "attention branch a:\nfast.sparse_attention keeps\n"
+        ax.plot([1.64, 1.9, 1.9], [0.0, 0.0, top], color=OP, lw=1.0)
+        _arrow(ax, (1.9, top), (1.64, top))
+        ax.text(2.0, top / 2, "residual\nstream", fontsize=8, color=OP, va="center")
+        ax.text(2.0, step * 2.5, "attention branch a:\nfast.sparse_attention keeps\n"
                 "out and lse, O(n d),\nnever an n x n matrix", fontsize=7.5, color=OP,
                 va="center")
-        ax.text(1.9, step * 7, "feed-forward branch b", fontsize=7.5, color=OP, va="center")
-        title = ("with recomputation: keep H_{k-1} only,\nrecompute the rest in backward"
-                 if recompute else "without recomputation: keep every\nintermediate for backward")
+        ax.text(2.0, step * 7, "feed-forward branch b", fontsize=7.5, color=OP, va="center")
+        title = ("with recomputation: keep H_{k-1} only,\nrebuild the rest in backward"
+                 if recompute else "without recomputation: keep what\nbackward needs")
         ax.set_title(title, fontsize=10)
     handles = [plt.Line2D([], [], color=KEPT, lw=2, label="kept for backward"),
                plt.Line2D([], [], color=RECOMPUTED, lw=2, ls="--",
-                          label="recomputed in backward (block by block)")]
-    fig.legend(handles=handles, loc="lower center", ncol=2, frameon=False, fontsize=9)
+                          label="rebuilt in backward (block by block)"),
+               plt.Line2D([], [], color=FREED, lw=2, label="computed, then freed")]
+    fig.legend(handles=handles, loc="lower center", ncol=3, frameon=False, fontsize=9)
     if block_tensors:
         total = sum(t[2] for t in block_tensors)
         fig.text(0.5, 0.05, f"measured ({pattern}, d = {d}, n = {n}, fp32): without "
