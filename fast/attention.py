@@ -22,6 +22,11 @@ Backends (one flag, the slow and the fast path side by side):
                strided, fixed -> "structured"; longformer, bigbird -> "naive".
 
 Every bad input raises ValueError saying what was given and what is allowed.
+Any finite ``scale`` is allowed, zero and negative ones included (scale 0 is uniform
+attention over the positions a row reads): every backend gives the reference's
+answer. For scale <= 0 the scale is folded into q (q * scale with scale 1), since the
+fused CPU attention kernel under the structured path and under dense causal SDPA
+returns NaN for a non-positive scale (torch 2.13.0).
 q, k, v and the scale are checked by ``fast.core.checks`` (the same checks as the
 Triton kernel's own entry point); non-finite q, k or v (NaN, inf) are rejected
 there, in one read-only pass, since a NaN would otherwise surface far from its cause.
@@ -84,6 +89,10 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
                           {"stride": stride, "c": c, **pattern_params})
     scale = check_scale(scale, d)
     which = resolve_backend(backend, pattern, q.device, q.dtype)
+    if scale <= 0:
+        # the fused CPU kernel returns NaN for scale <= 0 (its running maximum assumes
+        # scale > 0); folding the scale into q gives every backend the same scores
+        q, scale = q * scale, 1.0                                        # (B, H, n, d)
 
     if which == "naive":
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
