@@ -123,8 +123,8 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        found = next((line.strip() for line in str(err).splitlines()
-                      if "Unsupported global" in line or "Unsupported operand" in line), "")
+        found = next((line.strip().rstrip(".") for line in str(err).splitlines()
+                      if "GLOBAL" in line or "nsupported" in line), "")
         raise ValueError(
             f"{path} is refused: it holds Python objects other than tensors and plain "
             f"values ({found or 'see torch.load(weights_only=True)'}), so it was not written "
