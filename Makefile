@@ -1,31 +1,57 @@
 # Two commands do everything on a fresh machine:
 #   make figures   create .venv, install, regenerate every figure (training included)
 #   make test      create .venv, install, run pytest and nbval over the notebooks
+# and one opens the notebooks in a browser:
+#   make lab       install JupyterLab into .venv and open notebooks/ in it
 #
-# GPU users: make test TORCH_SPEC="torch==2.13.0 --index-url <your CUDA wheel index>"
+# Which PyTorch build is installed: one variable, TORCH.
+#   TORCH=cpu    (the default) the CPU build of torch 2.13.0 from download.pytorch.org/whl/cpu:
+#                about 200 MB, for Linux, macOS and Windows; the CPU paths and the Triton
+#                interpreter run on it.
+#   TORCH=cu128  a CUDA build (cu126, cu128, ...: a CUDA version your driver supports),
+#                from download.pytorch.org/whl/cu128; needed for the GPU kernels.
+#   TORCH=pypi   whatever PyPI serves: on Linux x86-64 a CUDA build (several GB with its
+#                NVIDIA libraries), the CPU build elsewhere.
+# e.g. make test TORCH=cu128. Changing TORCH (or TORCH_SPEC, the version) reinstalls torch.
 
 PYTHON      ?= python3
 VENV        ?= .venv
+TORCH       ?= cpu
 TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX := $(if $(filter pypi,$(TORCH)),,https://download.pytorch.org/whl/$(TORCH))
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
+TORCH_WANTED := $(VENV)/.torch-wanted
+TORCH_STAMP := $(VENV)/.torch-installed
+LAB_STAMP   := $(VENV)/.lab-installed
 
-.PHONY: install test lint notebooks figures bench clean help
+.PHONY: install test lint notebooks figures bench lab clean help FORCE
 
 help:
 	@echo "make figures  - install, then regenerate every figure in figures/"
 	@echo "make test     - install, then run pytest over tests/ and nbval over notebooks/"
+	@echo "make lab      - install JupyterLab, then open the notebooks in it"
 	@echo "make notebooks - re-execute every notebook in place (outputs committed)"
 	@echo "make bench    - CPU attention benchmark (figures/data/bench_cpu.json)"
 	@echo "make lint     - ruff and the import-layer contract (part of make test)"
+	@echo "TORCH=cpu (default) | cu128 | ... | pypi picks the PyTorch build (see Makefile)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# Re-install only when the project's requirements change.
-$(STAMP): pyproject.toml Makefile | $(PY)
+# The torch wanted, as a file rewritten only when it changes: a new TORCH or
+# TORCH_SPEC makes it newer than the installed torch, which is then replaced.
+$(TORCH_WANTED): FORCE | $(PY)
+	@echo '$(TORCH_SPEC) $(TORCH_INDEX)' | cmp -s - $@ || echo '$(TORCH_SPEC) $(TORCH_INDEX)' > $@
+
+$(TORCH_STAMP): $(TORCH_WANTED)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip uninstall --quiet --yes torch 2>/dev/null || true
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	touch $(TORCH_STAMP)
+
+# Re-install the project when its requirements change (torch stays as installed).
+$(STAMP): pyproject.toml Makefile $(TORCH_STAMP)
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
@@ -50,6 +76,16 @@ figures: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m fast bench
+
+# JupyterLab (the "lab" extra) with the notebooks opened in it; the kernel is .venv's
+# Python, which imports this checkout (installed editable). Notebooks run from
+# notebooks/ or from the root alike (they find data through fast.experiments.paths).
+$(LAB_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[dev,lab]"
+	touch $(LAB_STAMP)
+
+lab: $(LAB_STAMP)
+	$(VENV)/bin/jupyter lab notebooks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
