@@ -11,6 +11,7 @@ precision) and section 6 (training). One job per module:
 * ``loss``        the loss in nats, evaluation in bits per byte / bits per dim;
 * ``checkpoint``  the one file format: save, load, resume;
 * ``train``       the loop, and ``python -m fast train``;
+* ``preflight``   everything a run needs, checked before its first step;
 * ``cli``         that command's options and help text;
 * ``sample``      generation, and ``python -m fast sample``;
 * ``seed``        every random draw.
