@@ -234,7 +234,11 @@ def output_file(value: str) -> str:
     path = Path(value)
     if not value or path.is_dir():
         raise _bad(value, "a path to a file (not a folder) in a writable folder")
-    writable_folder(str(path.parent))
+    try:
+        check_writable(path.parent)
+    except OSError as err:
+        raise _bad(value, f"a path to a file in a writable folder ({path.parent}: "
+                          f"{err.strerror or err})") from None
     return value
 
 
