@@ -243,6 +243,10 @@ def test_resume_without_a_checkpoint_is_refused(tmp_path, digits, no_step):
     m, t = tiny(tmp_path / "empty", resume=True)
     with pytest.raises(UsageError, match="there is no checkpoint"):
         training.train(m, t, progress=False, dataset=digits)
+    (tmp_path / "odd" / "ckpt.pt").mkdir(parents=True)
+    m, t = tiny(tmp_path / "odd", overwrite=True)
+    with pytest.raises(UsageError, match="is a folder"):
+        training.train(m, t, progress=False, dataset=digits)
 
 
 # ----------------------------------------------------------------------------

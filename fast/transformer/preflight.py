@@ -76,6 +76,9 @@ def _check(model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset | No
 
 def _check_output(model_cfg, train_cfg, path: Path, device, world) -> dict | None:
     """out_dir writable; an existing checkpoint resumed, replaced on request, or kept."""
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder, where the checkpoint file would go; choose "
+                         f"another --out_dir")
     if train_cfg.resume:
         if not path.is_file():
             raise UsageError(f"cannot resume: there is no checkpoint {path}; run without "
