@@ -81,7 +81,10 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     (window, dilation=1, global_tokens=()), "bigbird" (window, n_random,
     n_global, seed=0). combine: "merged" | "multihead" | "interleaved" (sec. 5.1);
     layer: the residual block index (only "interleaved" looks at it).
-    scale defaults to 1 / sqrt(d). Rows that read nothing output 0.
+    scale defaults to 1 / sqrt(d); any finite value is allowed. Rows that read nothing
+    output 0. The "structured" and "triton" backends are differentiable once (their
+    backward is written by hand): asking for a second derivative (create_graph=True)
+    raises a RuntimeError; "naive" is twice differentiable.
     """
     check_tensors(q, k, v)
     B, H, n, d = q.shape
