@@ -224,7 +224,8 @@ def _splits(value) -> tuple[str, ...]:
 
 def _int(cfg, name: str, lo: int, hi: int = MAX_INT) -> None:
     check_int(name, getattr(cfg, name), lo, hi,
-              "the bound of every integer here, reference.params.MAX_INT" if hi == MAX_INT
+              "2**31 - 1 (reference.params.MAX_INT), the bound of every integer here"
+              if hi == MAX_INT
               else f"{hi}")
 
 
