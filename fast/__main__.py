@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from fast.core.cli import fail
+
 # command -> (module whose main(argv) runs it, what it does)
 COMMANDS = {
     "train": ("fast.transformer.train", "train a Sparse Transformer (presets, every config field)"),
@@ -48,9 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"python -m fast: unknown command {name!r}; allowed: {', '.join(COMMANDS)}\n\n"
-              f"{usage()}", file=sys.stderr)
-        return 2
+        fail("python -m fast", f"unknown command {name!r}; allowed: {', '.join(COMMANDS)} "
+                               f"(python -m fast --help lists what each does)")
     module = importlib.import_module(COMMANDS[name][0])
     sys.argv = [f"python -m fast {name}", *rest]
     result = module.main(rest)
