@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import make_qkv
+from tests.conftest import make_qkv
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
