@@ -165,7 +165,8 @@ def run(args, save=None) -> dict:
                     if getattr(fn, "density", None):
                         row["flex_density"] = fn.density.get(n)
                     if "skipped" not in row:
-                        _derived(row, dense, pattern, params, copy["bytes_per_s"])
+                        _derived(row, row if name == "dense" else dense, pattern, params,
+                                 copy["bytes_per_s"])
                 if name == "dense":
                     dense = row
                 data["results"].append(row)
@@ -213,7 +214,7 @@ def run_long(args, copy_bps: float, deadline, t0) -> list[dict]:
                     clear_layout_cache()             # the first call builds it again
                 row.update(bench_gpu.measure(fn, q, k, v, g, **timing(args)))
                 if "skipped" not in row:
-                    _derived(row, dense, pattern, params, copy_bps)
+                    _derived(row, row if pattern is None else dense, pattern, params, copy_bps)
                     if row.get("peak_fb_bytes") is not None:
                         row["peak_fb_over_qkvo"] = row["peak_fb_bytes"] / row["qkvo_bytes"]
             if pattern is None:

@@ -37,6 +37,11 @@ def label(name: str) -> str:
     return LABELS.get(name, name)
 
 
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:       # nothing measured: no empty legend
+        ax.legend(fontsize=7)
+
+
 def _log_axes(ax) -> None:
     """n on a base-2 log axis; the values on a base-10 log axis written as plain numbers
     (0.1, 1, 10, 100 ms)."""
@@ -60,7 +65,7 @@ def _time_panel(ax, rows, pattern, what, title, slopes=True):
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("sequence length n")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    _legend(ax)
 
 
 def plot(data: dict, path: Path, dtype: str = "float32") -> Path:
@@ -135,7 +140,7 @@ def _speedup_panel(ax, rows, pattern):
     ax.set_xlabel("sequence length n")
     ax.set_ylabel("dense time / time")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    _legend(ax)
 
 
 def _long_panels(axes, rows):
@@ -172,4 +177,4 @@ def _long_panels(axes, rows):
         ax.set_xlabel("sequence length n")
         ax.set_ylabel(unit)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax)
