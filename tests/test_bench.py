@@ -148,6 +148,28 @@ def test_same_process_sweep_on_the_cpu_writes_json_and_figure(tmp_path):
     assert (tmp_path / "bench_cpu_same_process.png").stat().st_size > 10_000
 
 
+def test_long_sweep_reports_layout_first_call_and_memory(tmp_path):
+    """--only-long: dense and the Triton kernel at B=1, H=8, l=256 (the kernel where it
+    runs: the interpreter on the CPU); the layout build and the first call apart."""
+    assert bench_cli.main(SAME + ["--out", str(tmp_path), "--only-long", "--long-n-min", "128",
+                                  "--long-n-max", "128"]) == 0
+    data = json.loads((tmp_path / "data" / "bench_cpu_same_process.json").read_text())
+    assert data["results"] == [] and data["config"]["long_ns"] == [128]
+    rows = {(r["contender"], r["pattern"]): r for r in data["long"]}
+    assert set(rows) == {("dense", None), ("triton block-sparse", "strided"),
+                         ("triton block-sparse", "fixed")}
+    assert rows["dense", None]["fwd_s"] > 0
+    for pattern in ("strided", "fixed"):
+        r = rows["triton block-sparse", pattern]
+        if not gpu_bench.triton_runs("cpu", torch.float32):
+            assert "do not run" in r["skipped"]
+            continue
+        assert (r["B"], r["H"]) == (1, 8) and r["qkvo_bytes"] == 4 * 8 * 128 * 64 * 4
+        assert r["layout_s"] > 0 and r["first_fwd_s"] > 0 and r["fb_s"] > 0
+        assert r["fwd"]["ideal"] == r["ideal"]
+    assert (tmp_path / "bench_cpu_same_process.png").stat().st_size > 10_000
+
+
 def test_time_budget_records_the_points_it_skips(tmp_path):
     assert bench_cli.main(SAME + ["--out", str(tmp_path), "--contenders", "dense", "structured",
                                   "--max-minutes", "1e-9"]) == 0

@@ -204,6 +204,9 @@ def parse_args(argv=None):
     g.add_argument("--no-target-points", dest="target_points", action="store_false",
                    default=None, help="skip the (1, 16, 65536) target point")
     g.add_argument("--long", action="store_true", help="add the long sweep (B=1, H=8, l=256)")
+    g.add_argument("--only-long", action="store_true",
+                   help="only the long sweep (with a 10-minute limit per command, run the "
+                        "default sweep and this one separately)")
     g.add_argument("--long-n-min", type=int, default=2**17)
     g.add_argument("--long-n-max", type=int, default=2**20)
     g.add_argument("--long-dense-n-max", type=int, default=2**19)
@@ -240,6 +243,9 @@ def same_process_defaults(args):
     args.patterns = bench.PATTERN_PARAMS
     args.ns = _powers(args.n_min, args.n_max)
     args.long_ns = _powers(args.long_n_min, args.long_n_max)
+    args.long = args.long or args.only_long
+    if args.only_long:
+        args.ns, args.target_points = [], False
     return args
 
 

@@ -173,6 +173,8 @@ def run(args, save=None) -> dict:
                 _say(row, t0)
         del q, k, v, g
     if args.long:
+        if save is not None:
+            save(data)
         data["long"] = run_long(args, copy["bytes_per_s"], deadline, t0)
     data["machine"]["wall_s"] = time.time() - t0
     data["targets"] = targets(data["results"])

@@ -42,7 +42,7 @@ class DevicePart:
     q_index: torch.Tensor      # (HL, NKB, MAXQ)
     q_mask: torch.Tensor       # (HL, NKB, MAXQ)
     token_masks: torch.Tensor  # (max(NM, 1), BLOCK, BLOCK) int8
-    blocks: int                # number of (query block, key block) pairs over all heads
+    blocks: int                # number of (query block, key block) pairs over its HL heads
     top: int                   # the highest position any slot holds (-1: none)
 
     @property
@@ -82,22 +82,27 @@ def device_part(part, block: int, device) -> DevicePart:
     """Copy a ``LayoutPart`` (or anything with its fields) to ``device`` as int32.
 
     A ``LayoutPart`` writes its look-up tables on ``device`` itself
-    (``LayoutPart.tables``: range tables never pass through the host); anything
-    else is copied field by field and checked for positions held twice."""
-    q_pos, k_pos = _host(part.q_pos), _host(part.k_pos)                  # (HL, Mq), (HL, Mk)
+    (``LayoutPart.tables``: range tables never pass through the host), and one whose
+    heads all behave alike (``shared``) becomes a one-head part (HL = 1: the kernels
+    serve every head from it). Anything else is copied field by field and checked
+    for positions held twice."""
     built = isinstance(part, LayoutPart)
+    one = built and part.shared
+    fields = {name: getattr(part, name)[:1] if one else getattr(part, name)
+              for name in ("q_pos", "k_pos", "kv_count", "q_count")}
+    q_pos, k_pos = _host(fields["q_pos"]), _host(fields["k_pos"])       # (HL, Mq), (HL, Mk)
     if not built:
         _check_slots(part, q_pos, k_pos)
     name = getattr(part, "name", "?")
     part_block = getattr(part, "block_size", block)
-    kv_count = _host(part.kv_count)                                      # (HL, NQB)
-    n_qb, n_kb = kv_count.shape[-1], _host(part.q_count).shape[-1]
+    kv_count = _host(fields["kv_count"])                                 # (HL, NQB)
+    n_qb, n_kb = kv_count.shape[-1], _host(fields["q_count"]).shape[-1]
     if part_block != block or q_pos.shape[-1] != n_qb * block or k_pos.shape[-1] != n_kb * block:
         raise ValueError(f"layout part {name!r} was built for another block size "
                          f"({part_block}; {n_qb} query blocks over "
                          f"{q_pos.shape[-1]} slots) than block_size={block}")
     if built:
-        kv_index, kv_mask, q_index, q_mask = part.tables(device)
+        kv_index, kv_mask, q_index, q_mask = part.tables(device, first_head=one)
     else:
         kv_index, kv_mask = part.kv_index, part.kv_mask
         q_index, q_mask = part.q_index, part.q_mask
@@ -110,9 +115,9 @@ def device_part(part, block: int, device) -> DevicePart:
     top = max((int(pos.max()) for pos in (q_pos, k_pos) if pos.numel()), default=-1)
     return DevicePart(
         name=str(getattr(part, "name", "part")),
-        q_pos=_int32(part.q_pos, device), k_pos=_int32(part.k_pos, device),
-        kv_count=_int32(part.kv_count, device), kv_index=kv_index, kv_mask=kv_mask,
-        q_count=_int32(part.q_count, device), q_index=q_index, q_mask=q_mask,
+        q_pos=_int32(q_pos, device), k_pos=_int32(k_pos, device),
+        kv_count=_int32(kv_count, device), kv_index=kv_index, kv_mask=kv_mask,
+        q_count=_int32(fields["q_count"], device), q_index=q_index, q_mask=q_mask,
         token_masks=tm, blocks=int(kv_count.sum()), top=top,
     )
 

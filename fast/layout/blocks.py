@@ -37,6 +37,7 @@ import torch
 
 from fast.layout import parts as lp
 from fast.layout.heads import head_table
+from fast.layout.lut import per_head
 from fast.layout.tiles import build_part
 from reference.heads import head_roles
 from reference.params import check_int, check_params
@@ -66,9 +67,15 @@ class LayoutPart:
     token_masks: torch.Tensor  # (NM, B, B) bool: deduplicated masks of the partial tiles
     _cpu: dict = field(default_factory=dict)
 
-    def tables(self, device=None) -> tuple[torch.Tensor, ...]:
-        """(kv_index, kv_mask, q_index, q_mask), contiguous int32 on ``device``."""
-        return (*self.kv_lut.on(device), *self.q_lut.on(device))
+    @property
+    def shared(self) -> bool:
+        """Every head behaves alike: the per-head tensors are views of one row."""
+        return self.q_pos.shape[0] > 1 and self.q_pos.stride(0) == 0
+
+    def tables(self, device=None, first_head: bool = False) -> tuple[torch.Tensor, ...]:
+        """(kv_index, kv_mask, q_index, q_mask), contiguous int32 on ``device``;
+        ``first_head``: head 0's rows only (enough for a ``shared`` part)."""
+        return (*self.kv_lut.on(device, first_head), *self.q_lut.on(device, first_head))
 
     def _table(self, i: int) -> torch.Tensor:
         if not self._cpu:
@@ -225,11 +232,12 @@ def _distinct(table: torch.Tensor, cols: list[int] | None = None):
 
 
 def _expand(part: LayoutPart, inverse: torch.Tensor) -> LayoutPart:
-    """Per-head tensors of the distinct head behaviours -> every head."""
+    """Per-head tensors of the distinct head behaviours -> every head (views of one row
+    when every head behaves alike: ``LayoutPart.shared``)."""
     if torch.equal(inverse, torch.arange(inverse.shape[0])):
         return part
     for name in ("q_pos", "k_pos", "kv_count", "q_count"):
-        setattr(part, name, getattr(part, name)[inverse].contiguous())
+        setattr(part, name, per_head(getattr(part, name), inverse))
     part.kv_lut, part.q_lut = part.kv_lut.expand(inverse), part.q_lut.expand(inverse)
     part._cpu.clear()
     return part

@@ -17,8 +17,10 @@ Two forms, one interface (``on(device) -> (index, mask)``, int32 (H, R, MAXK)):
   (H, R) tensors and the partial tiles, and the tables are written directly on
   the device that runs the kernel (``fast.kernels.tables.device_part``).
 
-``expand(inverse)`` copies the rows of distinct head behaviours to every head
-(``fast.layout.blocks``).
+``expand(inverse)`` gives every head the rows of its distinct head behaviour
+(``fast.layout.blocks``): copies, or, when every head behaves alike, views of one
+row (stride 0), and then ``on(device, first_head=True)`` writes that one row only
+(a kernel serves every head from a one-head table).
 """
 
 from __future__ import annotations
@@ -34,14 +36,16 @@ class DenseLUT:
     index: torch.Tensor
     mask: torch.Tensor
 
-    def on(self, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(index, mask) as contiguous int32 on ``device`` (None: where they are)."""
+    def on(self, device=None, first_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(index, mask) as contiguous int32 on ``device`` (None: where they are);
+        ``first_head``: head 0's rows only, (1, R, MAXK)."""
         device = self.index.device if device is None else device
-        return (self.index.to(device=device, dtype=torch.int32).contiguous(),
-                self.mask.to(device=device, dtype=torch.int32).contiguous())
+        index, mask = (self.index[:1], self.mask[:1]) if first_head else (self.index, self.mask)
+        return (index.to(device=device, dtype=torch.int32).contiguous(),
+                mask.to(device=device, dtype=torch.int32).contiguous())
 
     def expand(self, inverse: torch.Tensor) -> DenseLUT:
-        return DenseLUT(self.index[inverse].contiguous(), self.mask[inverse].contiguous())
+        return DenseLUT(per_head(self.index, inverse), per_head(self.mask, inverse))
 
 
 @dataclass
@@ -53,20 +57,32 @@ class RangeLUT:
     width: int
     partial: tuple                 # (h, r, t, mid), each (P,) int64
 
-    def on(self, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def on(self, device=None, first_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(index, mask) as contiguous int32 on ``device``, written there: O(H R MAXK)
-        device work, O(H R + P) host-to-device copies."""
+        device work, O(H R + P) host-to-device copies. ``first_head``: head 0 only."""
         device = self.start.device if device is None else torch.device(device)
-        start = self.start.to(device=device, dtype=torch.int32)
+        start, (h, r, t, mid) = self.start, self.partial
+        if first_head:
+            start, keep = start[:1], h == 0
+            h, r, t, mid = h[keep], r[keep], t[keep], mid[keep]
+        start = start.to(device=device, dtype=torch.int32)
         cols = torch.arange(self.width, device=device, dtype=torch.int32)
         index = (start[..., None] + cols).contiguous()                   # (H, R, MAXK)
         mask = torch.full(index.shape, -1, dtype=torch.int32, device=device)
-        h, r, t, mid = (x.to(device) for x in self.partial)
+        h, r, t, mid = (x.to(device) for x in (h, r, t, mid))
         mask[h, r, t] = mid.to(torch.int32)
         return index, mask
 
     def expand(self, inverse: torch.Tensor) -> RangeLUT:
         h, r, t, mid = self.partial
         heads, which = torch.nonzero(inverse[:, None] == h[None, :], as_tuple=True)  # (H, P)
-        return RangeLUT(self.start[inverse].contiguous(), self.width,
+        return RangeLUT(per_head(self.start, inverse), self.width,
                         (heads, r[which], t[which], mid[which]))
+
+
+def per_head(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """Rows of the distinct head behaviours -> one per head: ``x[inverse]``, or a view of
+    row 0 (stride 0, no copy) when every head has behaviour 0."""
+    if bool((inverse == 0).all()):
+        return x[:1].expand(inverse.shape[0], *x.shape[1:])
+    return x[inverse].contiguous()

@@ -96,7 +96,7 @@ def plot_gpu(data: dict, path: Path, dtype: str | None = None, shape=None) -> Pa
     rows = [r for r in data["results"] if r["dtype"] == dtype and (r["B"], r["H"]) == (B, H)
             and "skipped" not in r]
     long = [r for r in data.get("long", []) if "skipped" not in r]
-    patterns = list(c["patterns"])
+    patterns = list(c["patterns"]) if rows or not long else []     # --only-long: its row only
     n_rows = len(patterns) + (1 if long else 0)
     fig, axes = plt.subplots(n_rows, 3, figsize=(15, 4.2 * n_rows), squeeze=False)
     timer = data["machine"].get("timer", "cuda events")
