@@ -117,16 +117,18 @@ SAME = ["--same-process", "--n-min", "64", "--n-max", "128", "--target", "0", "-
 
 def test_same_process_sweep_on_the_cpu_writes_json_and_figure(tmp_path):
     """The CUDA code path's orchestration with a wall-clock timer: every point, its
-    first call apart, medians, the derived speed-up / ideal / floor, the JSON and
-    the figure."""
+    first call apart, medians, the derived speed-up / ideal / floor, the long sweep
+    (B=1, H=8, l=256: the layout build and the first call apart; the Triton kernel
+    where it runs, the interpreter on the CPU), the JSON and the figure."""
     contenders = ["dense", "structured"]
     if gpu_bench.triton_runs("cpu", torch.float32):
         contenders.append("triton block-sparse")
-    assert bench_cli.main(SAME + ["--out", str(tmp_path), "--contenders", *contenders]) == 0
+    assert bench_cli.main(SAME + ["--out", str(tmp_path), "--contenders", *contenders,
+                                  "--long", "--long-n-min", "128", "--long-n-max", "128"]) == 0
     data = json.loads((tmp_path / "data" / "bench_cpu_same_process.json").read_text())
     assert data["machine"]["timer"] == "perf_counter"
     assert data["config"]["ns"] == [64, 128] and data["config"]["shapes"] == [[1, 4]]
-    assert data["estimate"]["measurements"] == 2 * 2 * (1 + 2 * (len(contenders) - 1))
+    assert data["estimate"]["measurements"] == 2 * 2 * (1 + 2 * (len(contenders) - 1)) + 4
     assert data["calibration"]["copy"]["bytes_per_s"] > 0
     assert data["calibration"]["sdpa_backend"]["float32"] != ""
     got = {(r["contender"], r["pattern"], r["n"]) for r in data["results"]}
@@ -145,16 +147,12 @@ def test_same_process_sweep_on_the_cpu_writes_json_and_figure(tmp_path):
             assert math.isclose(d["x_floor"], r[what + "_s"] / d["floor_s"])
             if r["contender"] == "dense":
                 assert math.isclose(d["speedup"], 1.0)
+    check_long(data)
     assert (tmp_path / "bench_cpu_same_process.png").stat().st_size > 10_000
 
 
-def test_long_sweep_reports_layout_first_call_and_memory(tmp_path):
-    """--only-long: dense and the Triton kernel at B=1, H=8, l=256 (the kernel where it
-    runs: the interpreter on the CPU); the layout build and the first call apart."""
-    assert bench_cli.main(SAME + ["--out", str(tmp_path), "--only-long", "--long-n-min", "128",
-                                  "--long-n-max", "128"]) == 0
-    data = json.loads((tmp_path / "data" / "bench_cpu_same_process.json").read_text())
-    assert data["results"] == [] and data["config"]["long_ns"] == [128]
+def check_long(data: dict) -> None:
+    assert data["config"]["long_ns"] == [128]
     rows = {(r["contender"], r["pattern"]): r for r in data["long"]}
     assert set(rows) == {("dense", None), ("triton block-sparse", "strided"),
                          ("triton block-sparse", "fixed")}
@@ -167,7 +165,11 @@ def test_long_sweep_reports_layout_first_call_and_memory(tmp_path):
         assert (r["B"], r["H"]) == (1, 8) and r["qkvo_bytes"] == 4 * 8 * 128 * 64 * 4
         assert r["layout_s"] > 0 and r["first_fwd_s"] > 0 and r["fb_s"] > 0
         assert r["fwd"]["ideal"] == r["ideal"]
-    assert (tmp_path / "bench_cpu_same_process.png").stat().st_size > 10_000
+
+
+def test_only_long_skips_the_default_sweep():
+    args = bench_cli.same_process_defaults(bench_cli.parse_args(["--only-long"]))
+    assert args.long and args.ns == [] and gpu_bench.points(args) == []
 
 
 def test_time_budget_records_the_points_it_skips(tmp_path):
