@@ -16,6 +16,7 @@ import math
 import statistics
 
 import torch
+from torch.nn.attention.flex_attention import create_block_mask
 
 from fast.experiments import bench as bench_cli
 from fast.experiments import bench_gpu as gpu_bench
@@ -241,3 +242,11 @@ def test_gpu_figure_replots_from_its_json(tmp_path):
     (tmp_path / "data" / "bench_cuda.json").write_text(json.dumps(_synthetic_gpu_result()))
     assert bench_cli.main(["--replot", "--device", "cuda", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "bench_cuda.png").stat().st_size > 10_000
+
+
+def test_flex_block_density_counts_partial_and_full_blocks():
+    """Causal at n = 256, block 128: 3 of the 4 blocks (the diagonal ones partial, one full)."""
+    mask = create_block_mask(lambda b, h, q, k: k <= q, None, 2, 256, 256, device="cpu")
+    assert bench_gpu.block_density(mask) == 0.75
+    mask = create_block_mask(lambda b, h, q, k: k == q, None, 1, 300, 300, device="cpu")
+    assert bench_gpu.block_density(mask) == 3 / 9

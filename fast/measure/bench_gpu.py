@@ -13,7 +13,7 @@ CUDA-event times. The peers, for one pattern at one n:
                       from create_block_mask(mask_mod, ..., _compile=True) once per
                       (pattern, n, H) (built inside the first call), dynamo's cache
                       limit raised so that it never falls back to the unfused path;
-                      its block density is recorded
+                      its block density (blocks computed / all blocks) is recorded
   structured          fast.sparse_attention(backend="structured") (PyTorch pieces)
   triton block-sparse ours, and "triton natural order" (the same kernel without
                       the transposition / gathering), ``fast.measure.bench_triton``
@@ -84,11 +84,20 @@ def flex_peer(pattern: str, params: dict, n_heads: int, device):
             masks.clear()
             masks[n] = create_block_mask(mod, None, n_heads, n, n, device=device,
                                          BLOCK_SIZE=FLEX_BLOCK, _compile=True)
-            density[n] = 1.0 - float(masks[n].sparsity()) / 100.0
+            density[n] = block_density(masks[n])
         return compiled_flex()(q, k, v, block_mask=masks[n])
 
     fn.density = density
     return fn
+
+
+def block_density(mask) -> float:
+    """Blocks FlexAttention computes (partial and full) / all blocks of the n x n square."""
+    count = mask.kv_num_blocks.sum()
+    if mask.full_kv_num_blocks is not None:
+        count = count + mask.full_kv_num_blocks.sum()
+    total = mask.kv_num_blocks.numel() * (-(-mask.seq_lengths[1] // mask.BLOCK_SIZE[1]))
+    return float(count) / total
 
 
 def registry(pattern: str, params: dict, n_heads: int, device, dtype, *,
