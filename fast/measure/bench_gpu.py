@@ -71,6 +71,20 @@ def compiled_flex():
     return torch.compile(flex_attention)
 
 
+_MASK_MODS: dict = {}
+
+
+def _mask_mod(pattern, n, n_heads, device, items):
+    """One mask_mod per (pattern, H, device, parameters): those of full, strided and fixed
+    do not depend on n, so one function serves every n of the run (a new function object
+    at every n would make dynamo compile flex_attention again)."""
+    key = (pattern, n_heads, device, items) + (() if pattern in ("full", "strided", "fixed")
+                                               else (n,))
+    if key not in _MASK_MODS:
+        _MASK_MODS[key] = mask_mod(pattern, n, n_heads, device=device, **dict(items))
+    return _MASK_MODS[key]
+
+
 def flex_peer(pattern: str, params: dict, n_heads: int, device):
     """FlexAttention with the pattern's mask_mod (``fast.backends.flex.mask_mod``), its
     BlockMask made by ``create_block_mask(_compile=True)`` on the first call at each n
@@ -80,7 +94,7 @@ def flex_peer(pattern: str, params: dict, n_heads: int, device):
     def fn(q, k, v):
         n = q.shape[2]
         if n not in masks:
-            mod = mask_mod(pattern, n, n_heads, device=device, **params)
+            mod = _mask_mod(pattern, n, n_heads, str(device), tuple(sorted(params.items())))
             masks.clear()
             masks[n] = create_block_mask(mod, None, n_heads, n, n, device=device,
                                          BLOCK_SIZE=FLEX_BLOCK, _compile=True)
