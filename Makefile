@@ -26,6 +26,7 @@ TORCH_STAMP := $(VENV)/.torch-installed
 LAB_STAMP   := $(VENV)/.lab-installed
 
 .PHONY: install test lint notebooks figures bench lab clean help FORCE
+.PHONY: test-gpu gpu-check gpu-tests gpu-bench gpu-long gpu-train-time gpu-layout-time
 
 help:
 	@echo "make figures  - install, then regenerate every figure in figures/"
@@ -35,6 +36,7 @@ help:
 	@echo "make bench    - CPU attention benchmark (figures/data/bench_cpu.json)"
 	@echo "make lint     - ruff and the import-layer contract (part of make test)"
 	@echo "TORCH=cpu (default) | cu128 | ... | pypi picks the PyTorch build (see Makefile)"
+	@echo "make gpu-check OUT=dir - GPU tests, benchmark, long sweep, training time (docs/gpu.md)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +62,7 @@ install: $(STAMP)
 test: $(STAMP) lint
 	TRITON_INTERPRET=1 SPARSE_TRANSFORMER_FIGURES=$$(mktemp -d) $(PY) -m pytest tests notebooks --nbval --nbval-current-env \
 		--nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider -q
+	@$(MAKE) --no-print-directory test-gpu
 
 # Style (ruff) and the layering rule: imports run downward only (docs/architecture.md).
 lint: $(STAMP)
@@ -86,6 +89,43 @@ $(LAB_STAMP): $(STAMP)
 
 lab: $(LAB_STAMP)
 	$(VENV)/bin/jupyter lab notebooks
+
+# GPU (docs/gpu.md). test-gpu: the tests marked gpu with the kernels compiled, when CUDA
+# is present (one line saying why not otherwise). gpu-check: those tests, the benchmark,
+# its long sweep, Table 2's training time and the layout build time, results under OUT;
+# each part is its own target (a lent machine may limit one command to 10 minutes).
+# They use $(PY) as it is: make install first, or pass PY=python3 where torch is installed.
+OUT ?= gpu-results
+GPU_RUN = bash -o pipefail -c
+
+test-gpu:
+	@if $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+		TRITON_INTERPRET=0 $(PY) -m pytest tests -m gpu -p no:cacheprovider -q; \
+	else echo "test-gpu: skipped (no CUDA device: torch.cuda.is_available() is False)"; fi
+
+gpu-tests:
+	mkdir -p $(OUT)
+	$(GPU_RUN) 'TRITON_INTERPRET=0 $(PY) -m pytest tests -m gpu -p no:cacheprovider -q -rA \
+		--junitxml=$(OUT)/gpu-tests.xml 2>&1 | tee $(OUT)/gpu-tests.log'
+
+gpu-bench:
+	mkdir -p $(OUT)
+	$(GPU_RUN) '$(PY) -m fast bench --device cuda --out $(OUT) 2>&1 | tee $(OUT)/bench.log'
+
+gpu-long:
+	mkdir -p $(OUT)/long
+	$(GPU_RUN) '$(PY) -m fast bench --device cuda --only-long --out $(OUT)/long 2>&1 \
+		| tee $(OUT)/long/bench.log'
+
+gpu-train-time:
+	mkdir -p $(OUT)
+	$(GPU_RUN) '$(PY) -m fast train-time --out $(OUT) 2>&1 | tee $(OUT)/train-time.log'
+
+gpu-layout-time:
+	mkdir -p $(OUT)
+	$(GPU_RUN) '$(PY) -m fast.experiments.layout_time 2>&1 | tee $(OUT)/layout-time.log'
+
+gpu-check: gpu-tests gpu-bench gpu-long gpu-train-time gpu-layout-time
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

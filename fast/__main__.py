@@ -33,6 +33,9 @@ COMMANDS = {
     "figures": ("fast.experiments.make_figures", "run every figure script in turn (make figures)"),
     "results": ("fast.experiments.results", "print the README's result tables from figures/data"),
     "notebooks": ("fast.experiments.run_notebooks", "re-execute notebooks in place"),
+    "train-time": ("fast.experiments.gpu_iteration_time", "seconds per training iteration of "
+                                                           "dense, fixed and strided models at "
+                                                           "Table 2's shapes (GPU)"),
 }
 
 
