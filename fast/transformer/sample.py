@@ -91,9 +91,9 @@ def check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision
         start_token = cfg.embedding == "image"
     if not isinstance(start_token, bool):
         raise ValueError(f"start_token must be None, True or False, got {start_token!r}")
-    if prompt is None:
-        prompt = torch.empty(num, 0, dtype=torch.long) if start_token else \
-            torch.full((num, 1), ord("\n"), dtype=torch.long)
+    if prompt is None:                       # text without a start token: one newline byte
+        text = cfg.embedding == "text" and not start_token and cfg.vocab_size > ord("\n")
+        prompt = torch.full((num, int(text)), ord("\n"), dtype=torch.long)
     prompt = torch.as_tensor(np.asarray(prompt) if isinstance(prompt, (list, tuple)) else prompt)
     if prompt.dtype in (torch.bool,) or prompt.is_floating_point() or prompt.is_complex():
         raise ValueError(f"prompt must hold integer token ids, got dtype {prompt.dtype}")
