@@ -74,7 +74,11 @@ def read_positions(cache, t: int, heads: int) -> list[list[int]]:
         for kt, _, drop in pieces:
             pos = kt[:, 0, :].view(1, len(members), -1)[0]                     # (Hg, m)
             for i, h in enumerate(members):
-                keep = torch.ones(pos.shape[1], dtype=torch.bool) if drop is None else ~drop[i, 0]
+                keep = torch.ones(pos.shape[1], dtype=torch.bool)
+                if isinstance(drop, slice):
+                    keep[drop] = False
+                elif drop is not None:
+                    keep = ~drop[i, 0]
                 out[h] += pos[i][keep].round().long().tolist()
     return out
 

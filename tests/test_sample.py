@@ -64,8 +64,10 @@ def test_sampler_restores_state_and_reports_stats():
     model = model_for("fixed", "merged", True)
     model.train()
     stats = {}
-    out = sample(model, 2, generator=torch.Generator().manual_seed(0), stats=stats)
+    threads = torch.get_num_threads()
+    out = sample(model, 2, generator=torch.Generator().manual_seed(0), stats=stats, threads=2)
     assert model.training and not model.blocks[0].attn.qk_fp32
+    assert torch.get_num_threads() == threads
     assert stats["tokens"] == 2 * 26 and stats["cache"] == "sparse" and stats["seconds"] > 0
     # keys and values side by side: (B=2) x heads x (ceil(26/6) c + l rows) x (dk + dv) x 4 bytes
     per_layer = 2 * 2 * (5 * 3 + 6) * (8 + 8) * 4
@@ -116,6 +118,7 @@ BAD = [
     (dict(cache="paged"), "cache must be True, False, 'sparse', 'dense' or 'none'"),
     (dict(batch_size=0), "batch_size must be an integer >= 1, got 0"),
     (dict(start_token=False), "nothing to condition on"),
+    (dict(threads=0), "threads must be None or an integer >= 1, got 0"),
 ]
 
 

@@ -67,22 +67,26 @@ class Decoder:
         params = cfg.pattern_params()
         self.caches = [layer_cache(cache, capacity, H, self.dq // H, cfg.pattern, cfg.combine,
                                    i, params, qk_fp32) for i in range(cfg.n_layers)]
-        self.scale = 1.0 / math.sqrt(self.dq // H)
+        self.scale = 1.0 / math.sqrt(self.dq // H)                        # folded into W_q
         self.t = 0
         with torch.no_grad():
             self.positions = model.embed.positions(capacity)             # (capacity, d)
-            self.blocks = [self._weights(block, H) for block in model.blocks]
+            self.blocks = [self._weights(block, H, self.scale) for block in model.blocks]
+            self.head = (model.ln_f, model.head.bias, model.head.weight.t().contiguous())
 
     @staticmethod
-    def _weights(block, H: int) -> tuple:
-        """One block's weights as a step uses them: LayerNorm 1; the fused
-        [W_q; W_k, W_v of head 0; ...; of head H-1]^T, so that each head's key and
-        value come out side by side as the caches store them; W_p^T; LayerNorm 2;
-        W_1^T and W_2^T with the GeLU's 1.702 moved into them, f(x) = x sigmoid(1.702 x)
-        = silu(1.702 x) / 1.702 (sec. 5.2). Transposed once here, not per step."""
+    def _weights(block, H: int, scale: float) -> tuple:
+        """One block's weights as a step uses them, transposed once here, not per step:
+        LayerNorm 1; the fused [scale W_q; W_k, W_v of head 0; ...; of head H-1]^T,
+        with the attention's 1/sqrt(d) in W_q and each head's key and value side by
+        side as the caches store them; W_p^T; LayerNorm 2; W_1^T and W_2^T with the
+        GeLU's 1.702 moved into them, f(x) = x sigmoid(1.702 x) = silu(1.702 x) / 1.702
+        (sec. 5.2). (Float32 rounding aside, the same products as the module's.)"""
         a, ff = block.attn, block.ff
-        w = [a.q.weight] + [torch.cat(kv) for kv in zip(a.k.weight.chunk(H), a.v.weight.chunk(H))]
-        b = [a.q.bias] + [torch.cat(kv) for kv in zip(a.k.bias.chunk(H), a.v.bias.chunk(H))]
+        w = [a.q.weight * scale] + [torch.cat(kv) for kv in zip(a.k.weight.chunk(H),
+                                                                a.v.weight.chunk(H))]
+        b = [a.q.bias * scale] + [torch.cat(kv) for kv in zip(a.k.bias.chunk(H),
+                                                              a.v.bias.chunk(H))]
         return (block.ln1, torch.cat(b), torch.cat(w).t().contiguous(), a.proj.bias,
                 a.proj.weight.t().contiguous(), block.ln2, ff.fc1.bias * 1.702,
                 (ff.fc1.weight * 1.702).t().contiguous(), ff.fc2.bias,
@@ -134,9 +138,11 @@ class Decoder:
             cache.append(t, qkv[:, dq:].view(B, H, 1, -1))               # (B, H, 1, dqk + dh)
             with torch.autocast(h.device.type, enabled=False) if no_autocast \
                     else contextlib.nullcontext():
-                o = cache.attend(qkv[:, :dq].view(B, H, 1, -1), t, self.scale, masks)
+                o = cache.attend(qkv[:, :dq].view(B, H, 1, -1), t, 1.0, masks)   # q scaled
             ha = h + torch.addmm(b_p, o.to(x.dtype).view(B, d), w_p)     # (B, d)
             y = F.layer_norm(ha, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps)
             h = ha + torch.addmm(b_2, F.silu(torch.addmm(b_1, y, w_1)), w_2)
         self.t = t + 1
-        return model.head(model.ln_f(h)).float()                         # (B, vocab)
+        ln_f, b_out, w_out = self.head
+        h = F.layer_norm(h, ln_f.normalized_shape, ln_f.weight, ln_f.bias, ln_f.eps)
+        return torch.addmm(b_out, h, w_out).float()                      # (B, vocab)

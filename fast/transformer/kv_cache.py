@@ -64,20 +64,24 @@ class LayerCache:
 
     def _attend(self, q: torch.Tensor, scale: float, pieces: list,
                 empty_rows: bool) -> torch.Tensor | None:
-        """softmax(scale q K^T) V over the concatenated pieces [(K^T, V, drop or None)]:
-        q (B, Hg, 1, dk), K^T (B Hg, dk, m), V (B Hg, m, dv), drop (Hg, 1, m) True
-        where a head does not read the key. Returns (B, Hg, 1, dv) in float32 (float64
-        for float64), or None when there is no piece. Batch and heads are folded into
-        one dimension so that every product is a single bmm."""
+        """softmax(scale q K^T) V over the concatenated pieces [(K^T, V, drop)]:
+        q (B, Hg, 1, dk), K^T (B Hg, dk, m), V (B Hg, m, dv); drop None, a slice of
+        the m keys that no head reads, or (Hg, 1, m) True where a head does not.
+        Returns (B, Hg, 1, dv) in float32 (float64 for float64), or None when there
+        is no piece. Batch and heads are folded into one dimension so that every
+        product is a single bmm."""
         if not pieces:
             return None
         B, Hg = q.shape[0], q.shape[1]
         dtype = acc_dtype(q.dtype) if self.qk_fp32 else pieces[0][0].dtype
-        q = (q.to(dtype) * scale).reshape(B * Hg, 1, self.dk)            # (B Hg, 1, dk)
+        q = q.to(dtype).reshape(B * Hg, 1, self.dk)                      # (B Hg, 1, dk)
+        q = q if scale == 1.0 else q * scale
         scores = []
         for kt, _, drop in pieces:
             s = torch.bmm(q, kt.to(dtype))                               # (B Hg, 1, m)
-            if drop is not None:
+            if isinstance(drop, slice):                                  # no head reads these
+                s[..., drop] = float("-inf")
+            elif drop is not None:                                       # per head (Hg, 1, m)
                 s = s.view(B, Hg, 1, -1).masked_fill(drop, float("-inf")).view(B * Hg, 1, -1)
             scores.append(s)
         w = torch.softmax(scores[0] if len(scores) == 1 else torch.cat(scores, -1), dim=-1)
@@ -129,7 +133,8 @@ class DenseCache(LayerCache):
 
 
 class SparseCache(LayerCache):
-    """Only the keys row t can read, grouped by head (``kv_reads.head_groups``)."""
+    """Only the keys row t can read, grouped by head (``kv_reads.head_groups``):
+    one store per group (``Group.store``), read in the pieces of ``step_pieces``."""
 
     def __init__(self, capacity: int, n_heads: int, key_width: int, pattern: str, combine: str,
                  layer: int, params: dict, qk_fp32: bool = True):
@@ -139,7 +144,7 @@ class SparseCache(LayerCache):
         self.whole = len(self.groups) == 1                    # one group: every head
         self.writes = [self._summary_writes(g) for g in self.groups]
         self.drops = [{} for _ in self.groups]                # residue -> ~summary_mask
-        self.views: dict = {}                                 # store -> (K^T, V) views
+        self.views: dict = {}                                 # group -> (flat, K^T, V) views
 
     def _summary_writes(self, group) -> list:
         """For each residue s = t mod l: (heads of the group whose summary sub-block
@@ -156,33 +161,40 @@ class SparseCache(LayerCache):
         return writes
 
     def _allocate(self, kv: torch.Tensor) -> None:
-        rows = {"all": self.capacity, "ring": self.l,
-                "summary": math.ceil(self.capacity / (self.l or 1)) * (self.c or 0)}
+        summaries = math.ceil(self.capacity / (self.l or 1)) * (self.c or 0)
+        rows = {"all": self.capacity, "ring": self.l, "summary": summaries,
+                "joint": (self.l or 0) + summaries}
         for g, group in enumerate(self.groups):
             heads = len(range(self.n_heads)[group.heads])
-            for store in group.stores():
-                self.stores[(g, store)] = self._empty(kv, heads, rows[store])
-                self.views[(g, store)] = self._views(self.stores[(g, store)])
+            self.stores[g] = self._empty(kv, heads, rows[group.store()])
+            B, Hg, n, w = self.stores[g].shape
+            self.views[g] = (self.stores[g].view(B * Hg, n, w), *self._views(self.stores[g]))
+
+    def _summary_row(self, g: int, t: int):
+        """(heads or None, row) of the summary store where position t goes, or None."""
+        write = self.writes[g][t % self.l]
+        if write is None:
+            return None
+        offset = self.l if self.groups[g].store() == "joint" else 0   # after the ring
+        return write[0], offset + (t // self.l) * self.c + write[1]
 
     def append(self, t: int, kv: torch.Tensor) -> None:
         """Store position t: kv (B, H, 1, dk + dv), the key then the value."""
         if not self.stores:
             self._allocate(kv)
         for g, group in enumerate(self.groups):
-            kvg = kv if self.whole else kv[:, group.heads]
-            for store in group.stores():
-                buf = self.stores[(g, store)]
-                if store != "summary":
-                    buf.narrow(2, t if store == "all" else t % self.l, 1).copy_(kvg)
-                    continue
-                write = self.writes[g][t % self.l]
-                if write is not None:
-                    idx, offset = write
-                    row = buf[:, :, (t // self.l) * self.c + offset]    # (B, Hg, dk + dv)
+            kvg, buf, store = (kv if self.whole else kv[:, group.heads]), self.stores[g], \
+                group.store()
+            if store != "summary":
+                buf.narrow(2, t if store == "all" else t % self.l, 1).copy_(kvg)
+            if store in ("summary", "joint"):
+                where = self._summary_row(g, t)
+                if where is not None:
+                    idx, row = where
                     if idx is None:
-                        row.copy_(kvg[:, :, 0])
+                        buf[:, :, row].copy_(kvg[:, :, 0])
                     else:
-                        row.index_copy_(1, idx.to(row.device), kvg[:, idx, 0])
+                        buf[:, :, row].index_copy_(1, idx.to(buf.device), kvg[:, idx, 0])
 
     def extend(self, kv: torch.Tensor) -> None:
         """Store positions 0..p-1 at once (the prompt): kv (B, H, p, dk + dv)."""
@@ -190,38 +202,40 @@ class SparseCache(LayerCache):
             self._allocate(kv)
         p, l, device = kv.shape[2], self.l, kv.device
         for g, group in enumerate(self.groups):
-            kvg = kv[:, group.heads]
-            for store in group.stores():
-                buf = self.stores[(g, store)]
-                if store == "all":
-                    buf[:, :, :p].copy_(kvg)
-                elif store == "ring":                  # the last l positions, slot j mod l
-                    pos = torch.arange(max(0, p - l), p, device=device)
-                    buf[:, :, pos % l] = kvg[:, :, pos]
-                else:                                  # each head's own summary positions
-                    for lo in sorted({lo for lo, _ in group.summaries}):
-                        heads = torch.tensor([i for i, (a, _) in enumerate(group.summaries)
-                                              if a == lo], device=device)[:, None]
-                        pos = torch.arange(p, device=device)
-                        pos = pos[(pos % l >= lo) & (pos % l < lo + self.c)]
-                        rows = (pos // l) * self.c + pos % l - lo
-                        buf[:, heads, rows[None, :]] = kvg[:, heads, pos[None, :]]
+            kvg, buf, store = kv[:, group.heads], self.stores[g], group.store()
+            if store == "all":
+                buf[:, :, :p].copy_(kvg)
+            elif store in ("ring", "joint"):           # the last l positions, slot j mod l
+                pos = torch.arange(max(0, p - l), p, device=device)
+                buf[:, :, pos % l] = kvg[:, :, pos]
+            if store in ("summary", "joint"):          # each head's own summary positions
+                offset = l if store == "joint" else 0
+                for lo in sorted({lo for lo, _ in group.summaries}):
+                    heads = torch.tensor([i for i, (a, _) in enumerate(group.summaries)
+                                          if a == lo], device=device)[:, None]
+                    pos = torch.arange(p, device=device)
+                    pos = pos[(pos % l >= lo) & (pos % l < lo + self.c)]
+                    rows = offset + (pos // l) * self.c + pos % l - lo
+                    buf[:, heads, rows[None, :]] = kvg[:, heads, pos[None, :]]
 
     def pieces(self, t: int, masks: dict | None = None) -> list[tuple[slice, list]]:
         """[(heads, [(K^T, V, drop)])] per group: the keys row t reads (``step_pieces``);
-        K^T (B Hg, dk, m), V (B Hg, m, dv), drop None or (Hg, 1, m)."""
+        K^T (B Hg, dk, m), V (B Hg, m, dv), drop as ``LayerCache._attend`` takes it."""
         out = []
         for g, group in enumerate(self.groups):
+            flat, kt, v = self.views[g]
             pieces = []
-            for store, rows, mask_key in step_pieces(group, t, self.l, self.c):
-                kt, v = self.views[(g, store)]
-                drop = None
-                if mask_key is not None:
-                    s = mask_key[1]
-                    if s not in self.drops[g]:                   # (Hg, 1, c)
-                        self.drops[g][s] = ~summary_mask(group, self.l, self.c, s).to(v.device)
-                    drop = self.drops[g][s]
-                pieces.append((kt[..., rows], v[:, rows], drop))
+            for rows, drop in step_pieces(group, t, self.l, self.c, flat.device):
+                if isinstance(drop, tuple):                      # (Hg, 1, c), per residue
+                    if drop[1] not in self.drops[g]:
+                        self.drops[g][drop[1]] = ~summary_mask(group, self.l, self.c,
+                                                               drop[1]).to(flat.device)
+                    drop = self.drops[g][drop[1]]
+                if isinstance(rows, torch.Tensor):               # gathered into one piece
+                    kv = flat.index_select(1, rows)                  # (B Hg, m, dk + dv)
+                    pieces.append((kv[..., :self.dk].transpose(1, 2), kv[..., self.dk:], drop))
+                else:
+                    pieces.append((kt[..., rows], v[:, rows], drop))
             out.append((group.heads, pieces))
         return out
 
@@ -235,7 +249,7 @@ class SparseCache(LayerCache):
             if out is not None:
                 return out
         B, H = q.shape[:2]
-        dv = next(iter(self.stores.values())).shape[-1] - self.dk
+        dv = self.stores[0].shape[-1] - self.dk
         out = q.new_zeros(B, H, 1, dv, dtype=acc_dtype(q.dtype))
         for heads, pieces in groups:
             part = self._attend(q[:, heads], scale, pieces, empty_rows)

@@ -17,33 +17,36 @@ contract); nothing here re-derives which head reads which part.
 * ``head_groups`` and ``step_pieces`` -- the sparse form, for the model's
   patterns (full, strided, fixed; ``fast.transformer.config``). Heads that read
   the same parts form a group (all heads for "merged" and "interleaved"; even
-  and odd heads for "multihead"), and a group's keys at step t are a few
-  contiguous or strided slices of the stores it keeps (``STORES``):
+  and odd heads for "multihead"), and a group's keys at step t are one or two
+  pieces of the store it keeps (``STORES``):
 
-    parts             store(s)          pieces at step t (s = t mod l, b = t // l)
-    full              all               all[0 : t+1]
-    local             ring (l slots)    ring[0 : min(t+1, l)]   slot j mod l holds j
-    column            all               all[s : t+1 : l]
-    local + column    all               all[t-l+1 : t+1] and all[s : t-l+1 : l]
-    block             ring (l slots)    ring[0 : s+1]           the own block up to t
-    summary           summary           summary[0 : b c] and, masked per head,
-                                        summary[b c : b c + c] (own block up to t)
-    block + summary   ring, summary     ring[0 : s+1] and summary[0 : b c]
+    parts            store     rows read at step t (s = t mod l, b = t // l)
+    full             all       [0, t]
+    local            ring      [0, min(t, l - 1)]          slot j mod l holds j
+    column           all       s, s + l, ..., t            (a strided slice)
+    local + column   all       t-l+1, ..., t and s, s + l, ..., t - l: gathered
+                               into one piece by an index shared by all blocks
+    block            ring      [0, s]                      the own block up to t
+    summary          summary   [0, b c), and [b c, b c + c) with the rows each
+                               head has not yet written (lo + r > s) masked
+    block + summary  joint     [0, l + b c) of the ring followed by the
+                               summaries, the ring's slots s+1..l-1 (still
+                               holding the previous block) masked
 
-  where ``summary`` keeps, per head, only the c positions of its own summary
-  sub-block [lo, hi) of every block (row (j // l) c + (j mod l - lo) holds j).
-  When a head reads two parts the second piece leaves out the keys the first
-  already holds (the strided column without j > t - l, the summaries of the own
-  block), so every key is read once. A step reads l + t / l keys (strided) or
-  s + 1 + t c / l (fixed) instead of t + 1, and a fixed cache keeps
-  O(n c / l + l) keys instead of n: summaries are the only keys a later query
-  of another block can read.
+  where the summary rows keep, per head, only the c positions of its own
+  summary sub-block [lo, hi) of every block (row (j // l) c + (j mod l - lo)
+  holds j). When a head reads two parts, the column leaves out j > t - l and
+  the summaries leave out the own block, so every key is read once. A step reads
+  l + t / l keys (strided) or about l + t c / l (fixed) instead of t + 1, and a
+  fixed cache keeps O(n c / l + l) keys instead of n: summaries are the only keys
+  a later query of another block can read.
 
 The tests check both forms against ``reference.patterns.head_masks`` row by row.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -53,8 +56,9 @@ from reference.params import check_params
 from reference.patterns import bigbird_random_keys
 
 # What each store keeps: "all" every position (B, H, n, d); "ring" l slots, slot
-# j mod l; "summary" c rows per block of length l, the head's own sub-block.
-STORES = ("all", "ring", "summary")
+# j mod l; "summary" c rows per block of length l, the head's own sub-block;
+# "joint" a ring of l slots followed by the summary rows.
+STORES = ("all", "ring", "summary", "joint")
 
 
 # ----------------------------------------------------------------------------
@@ -128,12 +132,13 @@ class Group:
     parts: tuple[str, ...]
     summaries: tuple[tuple[int, int], ...] = ()
 
-    def stores(self) -> tuple[str, ...]:
-        """The stores this group keeps (``STORES``)."""
+    def store(self) -> str:
+        """The store this group keeps (``STORES``)."""
         if "full" in self.parts or "column" in self.parts:
-            return ("all",)
-        out = ("ring",) if "local" in self.parts or "block" in self.parts else ()
-        return out + (("summary",) if "summary" in self.parts else ())
+            return "all"
+        if "summary" in self.parts:
+            return "joint" if "block" in self.parts else "summary"
+        return "ring"
 
 
 def head_groups(pattern: str, n_heads: int, combine: str, layer: int,
@@ -169,37 +174,42 @@ def summary_mask(group: Group, stride: int, c: int, s: int) -> torch.Tensor:
     return lo + torch.arange(c)[None, None, :] <= s                      # (Hg, 1, c)
 
 
-def step_pieces(group: Group, t: int, stride: int | None, c: int | None) -> list[tuple]:
-    """The pieces group ``group`` reads at step t: a list of (store, slice of its
-    rows, mask key) where the mask key is None (every head reads every row) or
-    ``("summary", s)`` (``summary_mask`` at residue s). Pieces are disjoint."""
+@functools.lru_cache(maxsize=8)
+def local_and_column(t: int, l: int, device: str = "cpu") -> torch.Tensor:
+    """Positions a merged strided head reads at step t: t-l+1..t, then the column
+    s, s + l, ..., t - l. A LongTensor, built once per step for all blocks."""
+    first = max(0, t - l + 1)
+    column = torch.arange(t % l, max(first, t % l), l)                  # j <= t - l
+    return torch.cat([torch.arange(first, t + 1), column]).to(device)
+
+
+def step_pieces(group: Group, t: int, stride: int | None, c: int | None,
+                device="cpu") -> list[tuple]:
+    """The pieces group ``group`` reads at step t from its store: a list of
+    (rows, drop) where rows is a slice of the store's rows or a LongTensor of
+    them, and drop says which rows no head reads: None, a slice (for every
+    head), or ``("summary", s)`` (``summary_mask`` at residue s, per head).
+    Pieces are disjoint."""
     parts = group.parts
     if parts == ("full",):
-        return [("all", slice(0, t + 1), None)]
+        return [(slice(0, t + 1), None)]
     l = stride
     s, b = t % l, t // l
     if parts == ("local",):
-        return [("ring", slice(0, min(t + 1, l)), None)]
+        return [(slice(0, min(t + 1, l)), None)]
     if parts == ("column",):
-        return [("all", slice(s, t + 1, l), None)]
+        return [(slice(s, t + 1, l), None)]
     if parts == ("local", "column"):
-        first = max(0, t - l + 1)
-        pieces = [("all", slice(first, t + 1), None)]
-        if first > s:
-            pieces.append(("all", slice(s, first, l), None))     # the column, j <= t - l
-        return pieces
+        return [(local_and_column(t, l, str(device)), None)]
     if parts == ("block",):
-        return [("ring", slice(0, s + 1), None)]
-    if parts == ("block", "summary"):
-        pieces = [("ring", slice(0, s + 1), None)]
-        if b:
-            pieces.append(("summary", slice(0, b * c), None))    # earlier blocks only
-        return pieces
+        return [(slice(0, s + 1), None)]
+    if parts == ("block", "summary"):                # joint: ring, then earlier summaries
+        return [(slice(0, l + b * c), slice(s + 1, l) if s + 1 < l else None)]
     if parts == ("summary",):
-        pieces = [("summary", slice(0, b * c), None)] if b else []
+        pieces = [(slice(0, b * c), None)] if b else []
         lows = [lo for lo, _ in group.summaries]
-        if s >= min(lows):                                       # some head's rows written
+        if s >= min(lows):                           # some head has written rows of block b
             full = s >= max(lows) + c - 1
-            pieces.append(("summary", slice(b * c, b * c + c), None if full else ("summary", s)))
+            pieces.append((slice(b * c, b * c + c), None if full else ("summary", s)))
         return pieces
     raise AssertionError(f"no pieces for parts {parts}")

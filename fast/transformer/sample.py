@@ -63,7 +63,7 @@ def _is_real(x) -> bool:
 
 
 def check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision, start_token,
-                  cache, batch_size) -> dict:
+                  cache, batch_size, threads=None) -> dict:
     """Every argument of ``sample`` checked against the model's config ``cfg``;
     returns them normalised (prompt a LongTensor (num, p) on the CPU). Raises
     ValueError saying what was given and what is allowed."""
@@ -85,6 +85,8 @@ def check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision
         raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if threads is not None and (not _is_int(threads) or threads < 1):
+        raise ValueError(f"threads must be None or an integer >= 1, got {threads!r}")
     if not any(cache is key for key in CACHE_FLAGS) and cache not in ("sparse", "dense", "none"):
         raise ValueError(f"cache must be True, False, 'sparse', 'dense' or 'none', got {cache!r}")
     if start_token is None:
@@ -117,7 +119,8 @@ def check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision
                          "start_token=True")
     return dict(num=int(num), batch_size=int(batch_size), length=int(length),
                 temperature=float(temperature), top_k=top_k, top_p=top_p, precision=precision,
-                start_token=start_token, cache=CACHE_FLAGS[cache], prompt=prompt)
+                start_token=start_token, cache=CACHE_FLAGS[cache], prompt=prompt,
+                threads=threads)
 
 
 def draw(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -131,19 +134,19 @@ def draw(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = Non
     uniform number u from ``generator``, drawn on the CPU: a seed gives the same
     tokens on every device, and models sampled with one seed share their u's --
     where their distributions agree they draw the same token."""
-    logits = logits.float() / temperature
+    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]         # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float64)           # (B, V)
     if top_p is not None and top_p < 1:
         ranked, order = probs.sort(dim=-1, descending=True)              # (B, V)
         drop = (ranked.cumsum(-1) - ranked) >= top_p                     # mass before >= p
         probs = probs.masked_fill(drop.scatter(-1, order, drop), 0.0)
-    cdf = probs.double().cumsum(-1)                                      # (B, V)
-    u = torch.rand(len(cdf), 1, generator=generator, dtype=torch.float64)   # (B, 1), CPU
-    token = torch.searchsorted(cdf, u.to(cdf.device) * cdf[:, -1:], right=True)
-    return token[:, 0].clamp_(max=cdf.shape[-1] - 1)                     # u * total < total
+    cdf = probs.cumsum_(-1)                                              # (B, V)
+    u = torch.rand(len(cdf), 1, generator=generator, dtype=torch.float64).to(cdf.device)
+    token = torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True)     # (B, 1)
+    return token.clamp_(max=cdf.shape[-1] - 1)[:, 0]                     # u * total < total
 
 
 @torch.no_grad()
@@ -151,7 +154,8 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
            temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
            generator: torch.Generator | None = None, precision: str = "fp32",
            start_token: bool | None = None, cache=True, batch_size: int | None = None,
-           progress: bool = False, stats: dict | None = None) -> torch.Tensor:
+           threads: int | None = None, progress: bool = False,
+           stats: dict | None = None) -> torch.Tensor:
     """Draw ``num`` sequences of ``length`` tokens (default n_ctx) -> LongTensor (num, length).
 
     prompt: token ids (num, p) or (p,) to continue; they are the first p tokens
@@ -162,25 +166,34 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
     ``draw``. precision: autocast of everything but attention ("fp32", "bf16",
     "fp16", "auto" as in training); q.k products and the softmax stay float32.
     cache: True / "sparse", "dense", or False (re-run the model per token).
+    threads: torch's intra-op threads during the call (restored after); by default
+    1 when a cache decodes on the CPU -- a step is a chain of small products that a
+    second thread does not speed up, and on a busy machine slows many times (8
+    grey16 samples: 72 s with 2 threads, 4 s with 1, on this project's 2-core
+    machine under load) -- and torch's setting otherwise.
     progress: a progress bar counting tokens (and tokens per second). stats: a
     dict to fill with seconds, tokens drawn and the cache's bytes.
     """
     model = getattr(model, "module", model)
     cfg = model.cfg
     req = check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision,
-                        start_token, cache, batch_size)
+                        start_token, cache, batch_size, threads)
     device = next(model.parameters()).device
     precision = resolve_precision(req["precision"], device)
     num, length, prompt = req["num"], req["length"], req["prompt"]
     p = prompt.shape[1]
     out = torch.empty(num, length, dtype=torch.long, device=device)
     out[:, :p] = prompt.to(device)
+    threads = req["threads"] or (1 if device.type == "cpu" and req["cache"] else None)
+    threads_before = torch.get_num_threads()
     was_training = model.training
     model.eval()
     model.set_qk_fp32(True)
     bar = tqdm(total=num * (length - p), unit="tok", desc="sample", disable=not progress)
     start, cache_bytes = time.perf_counter(), 0
     try:
+        if threads:
+            torch.set_num_threads(threads)
         for r0 in range(0, num, req["batch_size"]):
             rows = out[r0:r0 + req["batch_size"]]                        # (b, length) view
             prefix = torch.full((rows.shape[0], int(req["start_token"])), cfg.vocab_size,
@@ -189,6 +202,7 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
                 cache_bytes = max(cache_bytes, _fill(model, rows, prefix, p, req, generator,
                                                      bar))
     finally:
+        torch.set_num_threads(threads_before)
         bar.close()
         model.set_qk_fp32(False)
         model.train(was_training)
@@ -289,6 +303,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep the most likely tokens up to this mass, in (0, 1]")
     p.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:1")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 "
+                   "when a cache decodes on the CPU, else torch's)")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS,
                    help="autocast of the network (q.k stays float32); default fp32")
     p.add_argument("--cache", default="sparse", choices=("sparse", "dense", "none"),
@@ -364,7 +380,7 @@ def main(argv=None) -> int:
         prompt, truth = _prompt(args, model_cfg, train_cfg)
         request = dict(length=args.length, prompt=prompt, temperature=args.temperature,
                        top_k=args.top_k, top_p=args.top_p, precision=args.precision,
-                       cache=args.cache, batch_size=args.batch_size)
+                       cache=args.cache, batch_size=args.batch_size, threads=args.threads)
         check_request(model_cfg, args.num, start_token=None, **request)
     except (ValueError, FileNotFoundError) as err:
         print(f"{COMMAND}: error: {err}", file=sys.stderr)
