@@ -14,12 +14,15 @@ one token at a time; what a step costs is the question:
 * ``cache_bytes``       the cache's size for a sample of n positions;
 * ``rerun_total``       the re-run sampler's time for a whole sample, summed from
                         step times measured at a few prefix lengths (linear
-                        interpolation between them: the step's cost grows with t).
+                        interpolation between them: the step's cost grows with t);
+* ``pattern_costs``     keys a step reads and bytes each cache holds, for a model
+                        shape and its pattern.
 
 Every function returns plain numbers; ``fast.experiments.generation`` runs them
-for its models and writes the JSON. Times are wall-clock seconds of this process
-(the machine may be shared: contenders are measured in the same run, and what
-counts are their ratios).
+for its models and writes the JSON. Times are wall-clock seconds; the CPU seconds
+of the process are kept beside them, because on a shared machine the wall clock
+also counts the time other processes held the cores (contenders are measured in
+the same run, and what counts are their ratios).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import numpy as np
 import torch
 
 from fast.transformer.decode import Decoder
+from fast.transformer.kv_reads import row_mask
+from fast.transformer.model import SparseTransformer
 from fast.transformer.sample import draw
 
 
@@ -44,22 +49,25 @@ def _prompt(model, t: int, generator: torch.Generator) -> torch.Tensor:
 
 
 @torch.no_grad()
-def rerun_seconds(model, t: int, repeats: int = 3, seed: int = 0, threads=(1,)) -> float:
+def rerun_seconds(model, t: int, repeats: int = 3, seed: int = 0, threads=(1,)) -> dict:
     """Seconds of one re-run sampling step at prefix length t: ``model`` over t
-    positions and a draw from the last one. The minimum over ``repeats`` and over
-    the intra-op thread counts ``threads`` (a long forward pass may gain from a
-    second core; the re-run sampler is credited with its best)."""
+    positions and a draw from the last one. {"wall": the minimum over ``repeats``
+    and over the intra-op thread counts ``threads`` (a long forward pass may gain
+    from a second core; the re-run sampler is credited with its best), "cpu": the
+    process's CPU seconds of that fastest repetition}."""
     gen = torch.Generator().manual_seed(seed)
     idx = _prompt(model, t, gen)
-    before, best = torch.get_num_threads(), float("inf")
+    before, best = torch.get_num_threads(), {"wall": float("inf"), "cpu": float("inf")}
     try:
         for count in threads:
             torch.set_num_threads(count)
             model(idx[:, :min(t, 8)])                                   # warm-up
             for _ in range(repeats):
-                start = time.perf_counter()
+                wall, cpu = time.perf_counter(), time.process_time()
                 draw(model(idx)[:, -1], generator=gen)
-                best = min(best, time.perf_counter() - start)
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                if wall < best["wall"]:
+                    best = {"wall": wall, "cpu": cpu}
     finally:
         torch.set_num_threads(before)
     return best
@@ -77,11 +85,12 @@ def rerun_total(ts, seconds, n: int) -> float:
 @torch.no_grad()
 def decode_timeline(model, kind: str, length: int | None = None, seed: int = 0) -> dict:
     """Sample ``length`` positions (default n_ctx) with a ``kind`` cache, timing
-    every step. Returns {"t": positions decoded, "seconds": each step's time
-    (a draw and a decoder step), "total_s", "prefill_s", "cache_bytes"}."""
+    every step. Returns {"t": positions decoded, "seconds": each step's wall time
+    (a draw and a decoder step), "total_s" (wall, prefill included), "total_cpu_s"
+    (the process's CPU time), "prefill_s", "cache_bytes"}."""
     length = model.cfg.n_ctx if length is None else length
     gen = torch.Generator().manual_seed(seed)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     dec = Decoder(model, length, kind)
     logits = dec.prefill(_prompt(model, 1, gen))
     prefill = time.perf_counter() - start
@@ -90,10 +99,11 @@ def decode_timeline(model, kind: str, length: int | None = None, seed: int = 0) 
         logits = dec.step(draw(logits, generator=gen))
         stamps[t] = time.perf_counter()
     draw(logits, generator=gen)
-    total = time.perf_counter() - start
+    total, cpu = time.perf_counter() - start, time.process_time() - cpu
     stamps[0] = start + prefill
     return {"t": list(range(1, length)), "seconds": np.diff(stamps).tolist(),
-            "total_s": total, "prefill_s": prefill, "cache_bytes": dec.nbytes()}
+            "total_s": total, "total_cpu_s": cpu, "prefill_s": prefill,
+            "cache_bytes": dec.nbytes()}
 
 
 @torch.no_grad()
@@ -125,3 +135,19 @@ def window_rate(seconds, window: int) -> tuple[list[int], list[float]]:
     s = np.asarray(seconds, dtype=float)
     ends = list(range(window, len(s) + 1, window))
     return ends, [float(1.0 / np.median(s[e - window:e])) for e in ends]
+
+
+def pattern_costs(cfg, t: int | None = None) -> dict:
+    """What a step at position t (default the last, n - 1) of a model shaped like
+    ``cfg`` costs with each cache: {"keys_read": mean over heads and blocks of the
+    keys row t reads (``kv_reads.row_mask``), "dense_keys": t + 1, "sparse_bytes"
+    and "dense_bytes": the caches' sizes for a sample of n_ctx positions}."""
+    t = cfg.n_ctx - 1 if t is None else t
+    torch.manual_seed(0)
+    model = SparseTransformer(cfg).eval()
+    reads = [row_mask(cfg.pattern, cfg.n_ctx, cfg.n_heads, cfg.combine, layer, t,
+                      **cfg.pattern_params()).sum(1).float().mean().item()
+             for layer in range(cfg.n_layers)]
+    return {"keys_read": float(np.mean(reads)), "dense_keys": t + 1,
+            "sparse_bytes": cache_bytes(model, "sparse", cfg.n_ctx),
+            "dense_bytes": cache_bytes(model, "dense", cfg.n_ctx)}

@@ -63,6 +63,7 @@ class Decoder:
         if cache not in CACHES:
             raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
         self.model, self.cfg, self.capacity, self.kind = model, cfg, capacity, cache
+        self.qk_fp32 = qk_fp32
         H, self.dq = cfg.n_heads, cfg.qk_dim
         params = cfg.pattern_params()
         self.caches = [layer_cache(cache, capacity, H, self.dq // H, cfg.pattern, cfg.combine,
@@ -112,7 +113,11 @@ class Decoder:
             x = block.ln1(h)
             q, k, v = block.attn.project(x)                              # (B, H, p, *)
             cache.extend(torch.cat([k, v], dim=-1))                      # (B, H, p, dk + dv)
-            out, _ = block.attn.attend(q, k, v, x.dtype)
+            flag, block.attn.qk_fp32 = block.attn.qk_fp32, self.qk_fp32  # the steps' rule
+            try:
+                out, _ = block.attn.attend(q, k, v, x.dtype)
+            finally:
+                block.attn.qk_fp32 = flag
             h = block.residual(h, block.attn.output(out))                # (B, p, d)
         self.t = p
         return model.head(model.ln_f(h[:, -1])).float()                  # (B, vocab)
