@@ -21,8 +21,13 @@ LINES = {"sparse": ("sparse cache (ours)", style.PURPLE, "-"),
          "dense": ("dense cache", style.GREY, "--"),
          "rerun": ("re-run sampler", style.RED, ":")}
 
-TITLES = {"photos32": "photos32: 32x32x3 images, strided l=96",
-          "enwik8": "Enwik8-shaped: 12,288 bytes, fixed l=128, c=32"}
+
+
+def _title(name: str, m: dict) -> str:
+    """"photos32: n=3072, strided l=96" from the model's stored config."""
+    cfg = m["config"]
+    c = f", c={cfg['c']}" if cfg.get("c") else ""
+    return f"{name}: n={m['n']}, {cfg['pattern']} l={cfg['stride']}{c}, {cfg['n_heads']} heads"
 
 
 def plot_generation(data: dict, path) -> Path:
@@ -40,16 +45,20 @@ def plot_generation(data: dict, path) -> Path:
         ax_speed.set_yscale("log")
         ax_speed.set_xlabel("position t of the token drawn")
         ax_speed.set_ylabel("tokens per second")
-        ax_speed.set_title(f"{TITLES.get(name, name)}\nwhole sample: sparse "
+        ax_speed.set_title(f"{_title(name, m)}\nwhole sample: sparse "
                            f"{m['sparse']['total_s']:.0f} s, re-run ~{r['total_s_estimated']:.0f}"
                            f" s (estimated): {speedup:.0f}x", fontsize=9)
         ax_speed.grid(alpha=0.3, which="both")
         ax_speed.legend(fontsize=8)
         mib = 2.0 ** 20
-        for kind in ("dense", "sparse"):
+        sizes = m["cache_bytes"]
+        for kind, width in (("sparse", 4.0), ("dense", 1.5)):   # the sparse line under the dense
             label, colour, ls = LINES[kind]
-            ax_mem.plot(m["cache_bytes"]["n"], [b / mib for b in m["cache_bytes"][kind]], ls,
-                        color=colour, marker="o", ms=4, label=label)
+            ax_mem.plot(sizes["n"], [b / mib for b in sizes[kind]], ls, color=colour, lw=width,
+                        marker="o", ms=4, label=label, alpha=0.6 if kind == "sparse" else 1.0)
+        if sizes["sparse"] == sizes["dense"]:
+            ax_mem.text(0.5, 0.08, "the column reaches position 0: both caches keep every key",
+                        transform=ax_mem.transAxes, ha="center", fontsize=8)
         ax_mem.set_xlabel("sample length n (positions)")
         ax_mem.set_ylabel("keys and values held (MiB)")
         ax_mem.set_ylim(bottom=0)

@@ -20,7 +20,8 @@ one copy appends both, one slice reads both. Stores keep the dtype keys and
 values arrive in (float16 under float16 autocast); q.k, the softmax and the
 weighted sum run in float32 (float64 for a float64 model;
 ``fast.core.precision.acc_dtype``). A row that reads nothing outputs 0
-(``reference.attention``). ``nbytes`` reports the memory the cache holds: its
+(``reference.attention``); a NaN from anything else (a float16 overflow) is not
+hidden. ``nbytes`` reports the memory the cache holds: its
 stores are allocated for ``capacity`` positions on the first write, so the
 number is the cache's full size for a sample of that length.
 """
@@ -84,9 +85,10 @@ class LayerCache:
             elif drop is not None:                                       # per head (Hg, 1, m)
                 s = s.view(B, Hg, 1, -1).masked_fill(drop, float("-inf")).view(B * Hg, 1, -1)
             scores.append(s)
-        w = torch.softmax(scores[0] if len(scores) == 1 else torch.cat(scores, -1), dim=-1)
-        if empty_rows:
-            w = w.nan_to_num(0.0)                                        # rows that read nothing
+        scores = scores[0] if len(scores) == 1 else torch.cat(scores, -1)
+        w = torch.softmax(scores, dim=-1)
+        if empty_rows:                                                   # rows that read nothing
+            w = w.masked_fill(torch.isneginf(scores.amax(-1, keepdim=True)), 0.0)
         out, start = None, 0
         for kt, v, _ in pieces:
             m = kt.shape[2]
@@ -129,7 +131,9 @@ class DenseCache(LayerCache):
         """Row t of attention: q (B, H, 1, dk) -> (B, H, 1, dv). ``masks`` shares
         the row masks of step t between the blocks of one step."""
         (_, pieces), = self.pieces(t, masks)
-        return self._attend(q, scale, pieces, empty_rows=self.pattern == "fixed")
+        # only a head that reads the fixed summaries alone has rows that read nothing
+        empty_rows = self.pattern == "fixed" and self.combine != "merged"
+        return self._attend(q, scale, pieces, empty_rows)
 
 
 class SparseCache(LayerCache):
@@ -242,16 +246,17 @@ class SparseCache(LayerCache):
     def attend(self, q: torch.Tensor, t: int, scale: float,
                masks: dict | None = None) -> torch.Tensor:
         """Row t of attention: q (B, H, 1, dk) -> (B, H, 1, dv)."""
-        empty_rows = self.pattern == "fixed"
         groups = self.pieces(t)
+        # only a head that reads the fixed summaries alone has rows that read nothing
+        empty = [group.parts == ("summary",) for group in self.groups]
         if self.whole:
-            out = self._attend(q, scale, groups[0][1], empty_rows)
+            out = self._attend(q, scale, groups[0][1], empty[0])
             if out is not None:
                 return out
         B, H = q.shape[:2]
         dv = self.stores[0].shape[-1] - self.dk
         out = q.new_zeros(B, H, 1, dv, dtype=acc_dtype(q.dtype))
-        for heads, pieces in groups:
+        for (heads, pieces), empty_rows in zip(groups, empty):
             part = self._attend(q[:, heads], scale, pieces, empty_rows)
             if part is not None:
                 out[:, heads] = part
