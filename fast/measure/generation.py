@@ -33,9 +33,9 @@ import numpy as np
 import torch
 
 from fast.transformer.decode import Decoder
+from fast.transformer.draw import draw
 from fast.transformer.kv_reads import row_mask
 from fast.transformer.model import SparseTransformer
-from fast.transformer.sample import draw
 
 
 def _prompt(model, t: int, generator: torch.Generator) -> torch.Tensor:

@@ -26,7 +26,6 @@ Decoding needs eval mode (dropout off), as sampling does.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -134,20 +133,24 @@ class Decoder:
         cfg, model = self.cfg, self.model
         B, H, d, dq = tokens.shape[0], cfg.n_heads, cfg.d_model, self.dq
         h = model.embed.tok.weight[tokens] + self.positions[t]           # (B, d)
-        no_autocast = _autocast_on(h.device)
+        autocast_on = _autocast_on(h.device)
         masks: dict = {}                                                 # row masks of step t
         for (ln1, b_qkv, w_qkv, b_p, w_p, ln2, b_1, w_1, b_2, w_2), cache in zip(self.blocks,
                                                                                self.caches):
-            x = F.layer_norm(h, ln1.normalized_shape, ln1.weight, ln1.bias, ln1.eps)
+            x = torch.layer_norm(h, ln1.normalized_shape, ln1.weight, ln1.bias, ln1.eps)
             qkv = torch.addmm(b_qkv, x, w_qkv)                           # (B, 2 dq + d)
-            cache.append(t, qkv[:, dq:].view(B, H, 1, -1))               # (B, H, 1, dqk + dh)
-            with torch.autocast(h.device.type, enabled=False) if no_autocast \
-                    else contextlib.nullcontext():
-                o = cache.attend(qkv[:, :dq].view(B, H, 1, -1), t, 1.0, masks)   # q scaled
-            ha = h + torch.addmm(b_p, o.to(x.dtype).view(B, d), w_p)     # (B, d)
-            y = F.layer_norm(ha, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps)
+            cache.append(t, qkv.narrow(1, dq, qkv.shape[1] - dq).view(B, H, 1, -1))
+            q = qkv.narrow(1, 0, dq).view(B, H, 1, -1)                   # (B, H, 1, dqk), scaled
+            if autocast_on:                                  # q.k, softmax, sum in float32
+                with torch.autocast(h.device.type, enabled=False):
+                    o = cache.attend(q, t, 1.0, masks)                   # (B, H, 1, dh)
+            else:
+                o = cache.attend(q, t, 1.0, masks)
+            o = o if o.dtype == x.dtype else o.to(x.dtype)
+            ha = h + torch.addmm(b_p, o.view(B, d), w_p)                 # (B, d)
+            y = torch.layer_norm(ha, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps)
             h = ha + torch.addmm(b_2, F.silu(torch.addmm(b_1, y, w_1)), w_2)
         self.t = t + 1
         ln_f, b_out, w_out = self.head
-        h = F.layer_norm(h, ln_f.normalized_shape, ln_f.weight, ln_f.bias, ln_f.eps)
+        h = torch.layer_norm(h, ln_f.normalized_shape, ln_f.weight, ln_f.bias, ln_f.eps)
         return torch.addmm(b_out, h, w_out).float()                      # (B, vocab)

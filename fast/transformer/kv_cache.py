@@ -75,11 +75,12 @@ class LayerCache:
             return None
         B, Hg = q.shape[0], q.shape[1]
         dtype = acc_dtype(q.dtype) if self.qk_fp32 else pieces[0][0].dtype
-        q = q.to(dtype).reshape(B * Hg, 1, self.dk)                      # (B Hg, 1, dk)
+        q = q.reshape(B * Hg, 1, self.dk)                                # (B Hg, 1, dk)
+        q = q if q.dtype == dtype else q.to(dtype)
         q = q if scale == 1.0 else q * scale
         scores = []
         for kt, _, drop in pieces:
-            s = torch.bmm(q, kt.to(dtype))                               # (B Hg, 1, m)
+            s = torch.bmm(q, kt if kt.dtype == dtype else kt.to(dtype))  # (B Hg, 1, m)
             if isinstance(drop, slice):                                  # no head reads these
                 s[..., drop] = float("-inf")
             elif drop is not None:                                       # per head (Hg, 1, m)
@@ -92,8 +93,8 @@ class LayerCache:
         out, start = None, 0
         for kt, v, _ in pieces:
             m = kt.shape[2]
-            wp, v = w.narrow(2, start, m), v.to(w.dtype)                 # (B Hg, 1, m), (.., m, dv)
-            out = torch.bmm(wp, v) if out is None else torch.baddbmm(out, wp, v)
+            wp, v = w.narrow(2, start, m), v if v.dtype == dtype else v.to(dtype)
+            out = torch.bmm(wp, v) if out is None else torch.baddbmm(out, wp, v)  # (B Hg, 1, dv)
             start += m
         return out.view(B, Hg, 1, -1)                                    # (B, Hg, 1, dv)
 
@@ -149,6 +150,8 @@ class SparseCache(LayerCache):
         self.writes = [self._summary_writes(g) for g in self.groups]
         self.drops = [{} for _ in self.groups]                # residue -> ~summary_mask
         self.views: dict = {}                                 # group -> (flat, K^T, V) views
+        self.kinds = [g.store() for g in self.groups]         # each group's store
+        self.device = "cpu"                                   # the stores' (set on allocation)
 
     def _summary_writes(self, group) -> list:
         """For each residue s = t mod l: (heads of the group whose summary sub-block
@@ -173,13 +176,14 @@ class SparseCache(LayerCache):
             self.stores[g] = self._empty(kv, heads, rows[group.store()])
             B, Hg, n, w = self.stores[g].shape
             self.views[g] = (self.stores[g].view(B * Hg, n, w), *self._views(self.stores[g]))
+        self.device = str(kv.device)
 
     def _summary_row(self, g: int, t: int):
         """(heads or None, row) of the summary store where position t goes, or None."""
         write = self.writes[g][t % self.l]
         if write is None:
             return None
-        offset = self.l if self.groups[g].store() == "joint" else 0   # after the ring
+        offset = self.l if self.kinds[g] == "joint" else 0              # after the ring
         return write[0], offset + (t // self.l) * self.c + write[1]
 
     def append(self, t: int, kv: torch.Tensor) -> None:
@@ -188,7 +192,7 @@ class SparseCache(LayerCache):
             self._allocate(kv)
         for g, group in enumerate(self.groups):
             kvg, buf, store = (kv if self.whole else kv[:, group.heads]), self.stores[g], \
-                group.store()
+                self.kinds[g]
             if store != "summary":
                 buf.narrow(2, t if store == "all" else t % self.l, 1).copy_(kvg)
             if store in ("summary", "joint"):
@@ -206,7 +210,7 @@ class SparseCache(LayerCache):
             self._allocate(kv)
         p, l, device = kv.shape[2], self.l, kv.device
         for g, group in enumerate(self.groups):
-            kvg, buf, store = kv[:, group.heads], self.stores[g], group.store()
+            kvg, buf, store = kv[:, group.heads], self.stores[g], self.kinds[g]
             if store == "all":
                 buf[:, :, :p].copy_(kvg)
             elif store in ("ring", "joint"):           # the last l positions, slot j mod l
@@ -229,7 +233,7 @@ class SparseCache(LayerCache):
         for g, group in enumerate(self.groups):
             flat, kt, v = self.views[g]
             pieces = []
-            for rows, drop in step_pieces(group, t, self.l, self.c, flat.device):
+            for rows, drop in step_pieces(group, t, self.l, self.c, self.device):
                 if isinstance(drop, tuple):                      # (Hg, 1, c), per residue
                     if drop[1] not in self.drops[g]:
                         self.drops[g][drop[1]] = ~summary_mask(group, self.l, self.c,
@@ -237,7 +241,8 @@ class SparseCache(LayerCache):
                     drop = self.drops[g][drop[1]]
                 if isinstance(rows, torch.Tensor):               # gathered into one piece
                     kv = flat.index_select(1, rows)                  # (B Hg, m, dk + dv)
-                    pieces.append((kv[..., :self.dk].transpose(1, 2), kv[..., self.dk:], drop))
+                    pieces.append((kv.narrow(2, 0, self.dk).transpose(1, 2),
+                                   kv.narrow(2, self.dk, kv.shape[2] - self.dk), drop))
                 else:
                     pieces.append((kt[..., rows], v[:, rows], drop))
             out.append((group.heads, pieces))

@@ -200,7 +200,8 @@ def step_pieces(group: Group, t: int, stride: int | None, c: int | None,
     if parts == ("column",):
         return [(slice(s, t + 1, l), None)]
     if parts == ("local", "column"):
-        return [(local_and_column(t, l, str(device)), None)]
+        return [(local_and_column(t, l, device if isinstance(device, str) else str(device)),
+                 None)]
     if parts == ("block",):
         return [(slice(0, s + 1), None)]
     if parts == ("block", "summary"):                # joint: ring, then earlier summaries

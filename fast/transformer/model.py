@@ -32,6 +32,11 @@ Two attention paths, chosen by one flag (``ModelConfig.attention_impl``):
 runs an explicit masked softmax. ``forward(..., return_attention=True)`` always
 takes the masked path and returns the attention weights: for figures at tiny sizes.
 
+Attention is split into ``project`` (q, k, v), ``attend`` and ``output`` (W_p),
+and a block's residual sum into ``Block.residual``, so that incremental decoding
+(``fast.transformer.decode``: a prefill through this forward pass, then one
+position per step with a key/value cache) runs the same layers.
+
 ``reference/model.py`` is the NumPy float64 twin of this forward pass.
 """
 
