@@ -123,7 +123,7 @@ gpu-train-time:
 
 gpu-layout-time:
 	mkdir -p $(OUT)
-	$(GPU_RUN) '$(PY) -m fast.experiments.layout_time 2>&1 | tee $(OUT)/layout-time.log'
+	$(GPU_RUN) '$(PY) -m fast layout-time 2>&1 | tee $(OUT)/layout-time.log'
 
 gpu-check: gpu-tests gpu-bench gpu-long gpu-train-time gpu-layout-time
 

@@ -33,6 +33,12 @@ COMMANDS = {
     "figures": ("fast.experiments.make_figures", "run every figure script in turn (make figures)"),
     "results": ("fast.experiments.results", "print the README's result tables from figures/data"),
     "notebooks": ("fast.experiments.run_notebooks", "re-execute notebooks in place"),
+    "samples": ("fast.experiments.samples", "images, completions and text drawn from the kept "
+                                            "models; figures/samples_*.png"),
+    "generate": ("fast.experiments.generation", "tokens per second of incremental decoding: "
+                                                "sparse and dense caches against re-running"),
+    "layout-time": ("fast.experiments.layout_time", "seconds to build the kernels' layouts at "
+                                                    "n = 2^20 (the host's part of a first call)"),
     "train-time": ("fast.experiments.gpu_iteration_time", "seconds per training iteration of "
                                                            "dense, fixed and strided models at "
                                                            "Table 2's shapes (GPU)"),

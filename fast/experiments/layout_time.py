@@ -9,7 +9,7 @@ merged and multi-head heads), each build from scratch, and the tables written on
 the CPU (``LayoutPart.tables``: what the GPU does in the first call, here on the
 CPU's memory):
 
-    python -m fast.experiments.layout_time [--n 1048576] [--repeat 3]
+    python -m fast layout-time [--n 1048576] [--repeat 3]
 
 It prints the minimum and every time (a shared machine is noisy) and the peak
 resident memory of this process.
