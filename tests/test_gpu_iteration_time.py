@@ -55,3 +55,36 @@ def test_gpu_training_step_waits_for_the_device_at_most_once(pattern):
     row = data["rows"][0]
     print(row["syncs_per_step"], row["s_per_iter"])
     assert row["syncs_per_step"] <= 1
+
+
+@pytest.mark.gpu
+@gpu
+def test_training_loop_waits_for_the_device_at_most_once_per_step(tmp_path):
+    """fast.transformer.train itself, fp16 with loss scaling, no logging or evaluation
+    inside the steps: the waits of 8 steps minus those of 4 are at most one per step
+    (the scaler's), so the loop's timing (StepClock) adds none."""
+    import warnings
+
+    from fast.data import load
+    from fast.transformer import train as training
+    from fast.transformer.config import preset
+
+    data = load("digits")
+
+    def waits(steps: int) -> int:
+        m, t = preset("digits", d_model=64, n_heads=2, n_layers=2, batch_size=8,
+                      max_iters=steps, warmup_iters=1, eval_batches=1, eval_interval=0,
+                      log_interval=10_000, precision="fp16", device="cuda",
+                      save_checkpoint=False, out_dir=str(tmp_path / str(steps)))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                training.train(m, t, progress=False, dataset=data)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    extra = waits(8) - waits(4)
+    print("waits per step", extra / 4)
+    assert extra <= 4

@@ -13,13 +13,17 @@ fp32 when sampling) and section 6 (data parallel training over several GPUs).
 * ``init_distributed(device)`` -- joins the process group that torchrun describes
   (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT): nccl on CUDA, gloo on the CPU;
 * ``gather(obj, world)`` -- every rank's ``obj`` on every rank (the RNG states a
-  checkpoint keeps).
+  checkpoint keeps);
+* ``StepClock(device)`` -- the seconds of every training step without making the
+  host wait for the GPU: on CUDA a pair of events per step, read only when the host
+  waits anyway (``loss.item()`` at a logging step, the end of training).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -96,3 +100,46 @@ def gather(obj, world: int) -> list:
     out = [None] * world
     dist.all_gather_object(out, obj)
     return out
+
+
+class StepClock:
+    """Seconds per training step, timed without a host-device sync of its own.
+
+    ``start()`` and ``stop()`` bracket a step. On the CPU they read the wall clock.
+    On CUDA they record a pair of CUDA events on the current stream; the host does
+    not wait for them, so the GPU may run several steps behind the Python loop (a
+    ``torch.cuda.synchronize`` per step, which timing by wall clock would need, is a
+    wait the loss scaler's one per step does not make necessary). ``seconds()``
+    waits for the last recorded event and returns every step's seconds, in order;
+    call it where the host waits anyway. A CUDA step's seconds are the GPU's time
+    from its start event to its stop event (host time between steps not included).
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._done: list[float] = []
+        self._pending: list[tuple] = []      # CUDA: (start event, stop event) not yet read
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._pending.append((event, None))
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._pending[-1] = (self._pending[-1][0], event)
+        else:
+            self._done.append(time.perf_counter() - self._t0)
+
+    def seconds(self) -> list[float]:
+        if self._pending:
+            self._pending[-1][1].synchronize()
+            self._done += [a.elapsed_time(b) / 1e3 for a, b in self._pending]
+            self._pending = []
+        return list(self._done)

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -56,7 +55,7 @@ from fast.transformer import checkpoint as ckpt
 from fast.transformer import cli
 from fast.transformer import seed as seeding
 from fast.transformer.config import ModelConfig, TrainConfig
-from fast.transformer.devices import autocast, gather, init_distributed
+from fast.transformer.devices import StepClock, autocast, gather, init_distributed
 from fast.transformer.loss import LN2, evaluate, loss_fn, unit
 from fast.transformer.model import SparseTransformer
 from fast.transformer.optim import make_optimizer, make_scheduler
@@ -81,7 +80,8 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, progress: bool = Tr
       final          {"<split>": bits} of the last evaluation
       time_per_iter  mean seconds per optimiser step (steps after the first of this
                      process, evaluation and checkpointing excluded)
-      iter_times     seconds of every step of this process
+      iter_times     seconds of every step of this process (on CUDA the GPU's time
+                     between CUDA events around the step: ``devices.StepClock``)
       checkpoint     path of the checkpoint written (None if none, or rank > 0)
       step           optimiser steps done in total
       n_params, device, precision, world_size, unit ("bits per dim" / "bits per byte")
@@ -178,23 +178,21 @@ def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world) -> dict:
 
     end = train_cfg.max_iters if train_cfg.stop_iter is None else min(train_cfg.stop_iter,
                                                                        train_cfg.max_iters)
-    iter_times: list[float] = []
+    clock = StepClock(device)             # no host-device sync of its own per step
     checkpoint_path = None
     bar = None
     if progress and rank == 0:
         bar = tqdm(total=end, initial=step, desc=f"train {dataset.name}", dynamic_ncols=True)
     model.train()
     while step < end:
-        t0 = time.perf_counter()
+        clock.start()
         gen = seeding.data_generator(train_cfg.seed, step, rank)
         x, y = dataset.batch("train", local_batch, model_cfg.n_ctx, gen)   # (B, n) each
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         loss = _step(net, model, x, y, optimizer, scheduler, scaler, precision, device,
                      train_cfg.grad_clip)
         step += 1
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        iter_times.append(time.perf_counter() - t0)
+        clock.stop()
 
         logged = step % train_cfg.log_interval == 0 or step == end
         if logged:
@@ -223,6 +221,7 @@ def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world) -> dict:
         checkpoint_path = save()
     if world > 1:
         dist.barrier()
+    iter_times = clock.seconds()
     timed = iter_times[1:] if len(iter_times) > 1 else iter_times
     return {
         "model": model, "history": history, "evals": evals,
