@@ -29,6 +29,7 @@ from fast.transformer.checkpoint import (
     training_state,
 )
 from fast.transformer.config import preset
+from fast.transformer.devices import StepClock
 from fast.transformer.model import SparseTransformer
 from fast.transformer.optim import lr_factor
 from fast.transformer.sample import image_grid
@@ -227,7 +228,9 @@ def test_cli_help_and_bad_option(capsys):
     assert ok.value.code == 0 and "presets:" in capsys.readouterr().out
     with pytest.raises(SystemExit) as bad:
         training.main(["--layers", "2"])
-    assert "unknown option --layers" in str(bad.value.code)
+    assert bad.value.code == 2                              # a usage error: one line, exit 2
+    line = capsys.readouterr().err
+    assert "unknown option --layers" in line and "--n_layers" in line and line.count("\n") == 1
 
 
 def test_image_grid_layout():
@@ -294,3 +297,18 @@ def test_training_state_holds_the_documented_keys(tmp_path, digits):
                            scaler=None, step=1, world=1, model_cfg=m, train_cfg=t,
                            history={}, evals=[])
     assert list(again) == list(state)
+
+
+def test_step_clock_times_every_step(tmp_path, digits):
+    """The loop's clock (devices.StepClock) keeps one positive time per step, in order."""
+    clock = StepClock(torch.device("cpu"))
+    for _ in range(3):
+        clock.start()
+        torch.ones(64, 64) @ torch.ones(64, 64)
+        clock.stop()
+    times = clock.seconds()
+    assert len(times) == 3 and all(t > 0 for t in times) and clock.seconds() == times
+    m, t = tiny_digits(tmp_path, max_iters=4, save_checkpoint=False)
+    out = training.train(m, t, progress=False, dataset=digits)
+    assert len(out["iter_times"]) == 4 and all(s > 0 for s in out["iter_times"])
+    assert out["time_per_iter"] == pytest.approx(sum(out["iter_times"][1:]) / 3)
