@@ -193,6 +193,31 @@ def test_graph_saved_lists_what_count_saved_counts():
         assert ops[0] == "NativeLayerNormBackward0" and "SigmoidBackward0" in ops
 
 
+def test_strided_keeps_one_block_input_more_than_dense_the_heads_copy():
+    # What memory_length.png and notebook 06 say, measured live: per block, strided attention
+    # keeps exactly one n x d fp32 tensor more than dense (W_p keeps the copy made when the
+    # structured path's (B, H, n, d) output is put side by side). At an n that is not a
+    # multiple of the stride, the structured path also keeps q, k, v, out (B, H, n', d) and
+    # lse (B, H, n') padded to n' = the next multiple of l.
+    d, heads, stride = 16, 2, 8
+    for n in (40, 37):
+        kept = {}
+        for pattern in ("strided", "full"):
+            torch.manual_seed(0)
+            model = SparseTransformer(ModelConfig(n_ctx=40, d_model=d, n_heads=heads,
+                                                  n_layers=1, pattern=pattern,
+                                                  stride=stride)).train()
+            h = torch.randn(1, n, d, requires_grad=True)
+            with count_saved(model.parameters()) as log:
+                out = model.blocks[0](h)                                 # (1, n, d)
+            kept[pattern] = log.activation_bytes
+            assert out.shape == (1, n, d)
+        pad = -n % stride
+        padding = (4 * pad * d + heads * pad) * 4                        # q, k, v, out; lse
+        print(f"n = {n}: bytes kept by one block {kept}, padding {padding}")
+        assert kept["strided"] - kept["full"] == n * d * 4 + padding
+
+
 def test_a_timed_step_records_its_runs_and_cpu_seconds():
     spec = dict(d=16, heads=2, stride=8, c=4, batch=1, pattern="fixed", impl="sparse",
                 what="step", n=32, layers=1, recompute=True, repeats=2)
