@@ -73,15 +73,17 @@ def draw_transposition(n: int = 24, stride: int = 6, query: int = 20, *,
     return fig
 
 
-def plot_cost(ns, pairs: dict, seconds: dict | None = None):
+def plot_cost(ns, pairs: dict, seconds: dict | None = None,
+              seconds_label: str = "seconds per forward (min of repeats)"):
     """Log-log against n: left, the query-key pairs of one head for each stride rule
     in ``pairs`` (label -> array over ``ns``); right, measured seconds per call
-    (``seconds``, same labels), with fitted slopes in the legend. Both panels draw
-    n^1.5 through the first point of the first series. Returns the figure."""
+    (``seconds``, same labels; ``seconds_label`` says which seconds), with fitted slopes
+    in the legend. Both panels draw n^1.5 through the first point of the first series.
+    Returns the figure."""
     ns = np.asarray(ns, dtype=float)
     panels = [("query-key pairs of one head", pairs)]
     if seconds:
-        panels.append(("seconds per forward (min of repeats)", seconds))
+        panels.append((seconds_label, seconds))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4.2), squeeze=False)
     for ax, (ylabel, series) in zip(axes[0], panels):
         first = None
