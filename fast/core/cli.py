@@ -13,8 +13,8 @@ works everywhere. Written once here:
   own check can say what is wrong with it;
 * value parsers for ``type=``: ``integer``, ``finite``, ``boolean``, ``choice``,
   ``text``, ``int_tuple``, ``optional`` (``none`` -> None), and for paths
-  ``existing_file`` and ``output_file`` (its folder exists or can be made, and is
-  writable), each with bounds where it takes them;
+  ``existing_file``, ``existing_path``, ``writable_folder`` and ``output_file`` (its
+  folder exists or can be made, and is writable), each with bounds where it takes them;
 * ``UsageError`` -- a ValueError raised by a check that runs before any work (the
   run's data, its output folder, an existing checkpoint); a command prints it as the
   one line and exits 2 (``fail``).
@@ -223,8 +223,20 @@ def optional(parse):
 def existing_file(value: str) -> str:
     """A path to a file that exists and can be read."""
     path = Path(value)
-    if not path.is_file() or not os.access(path, os.R_OK):
-        raise _bad(value, "a path to an existing, readable file")
+    why = ("not found" if not value or not path.exists() else "a folder" if path.is_dir()
+           else "not a regular file" if not path.is_file()
+           else "not readable" if not os.access(path, os.R_OK) else "")
+    if why:
+        raise argparse.ArgumentTypeError(f"got {value!r} ({why}); allowed: a path to an "
+                                         f"existing, readable file")
+    return value
+
+
+def existing_path(value: str) -> str:
+    """A path to a file or folder that exists (a data set given as either)."""
+    if not value or not Path(value).exists():
+        raise argparse.ArgumentTypeError(f"got {value!r} (not found); allowed: a path to an "
+                                         f"existing file or folder")
     return value
 
 
