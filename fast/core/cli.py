@@ -38,6 +38,7 @@ from pathlib import Path
 from reference.params import MAX_INT
 
 EXIT_USAGE = 2
+MAX_SEQUENCE = 2**24    # the longest n a measuring command takes (its longest sweep: 2**20)
 
 
 class UsageError(ValueError):
@@ -261,6 +262,17 @@ def writable_folder(value: str) -> str:
     except OSError as err:
         raise _bad(value, f"a writable folder ({err.strerror or err})") from None
     return value
+
+
+def writable_or_exit(prog: str, *folders) -> None:
+    """Before any work: every folder a command will write into exists (or is made) and
+    takes a file; else the one line and exit status 2."""
+    for folder in folders:
+        try:
+            check_writable(Path(folder))
+        except OSError as err:
+            fail(prog, f"output folder {folder} cannot be written ({err.strerror or err}); "
+                       f"allowed: a writable folder (see --help for the option that moves it)")
 
 
 def check_writable(folder: Path) -> None:

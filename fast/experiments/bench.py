@@ -160,9 +160,6 @@ def print_table(results: list[dict], dtype: str) -> None:
             print(f"{pattern:8} {name + ' peak MiB':22} " + " ".join(cells))
 
 
-MAX_N = 2**24           # the longest sequence any sweep may ask for (the long one ends at 2**20)
-
-
 def shape(text: str) -> tuple[int, int]:
     """'4x16' -> (B, H) = (4, 16), each in [1, 4096]."""
     try:
@@ -177,7 +174,7 @@ def shape(text: str) -> tuple[int, int]:
 
 def parser() -> cli.Parser:
     """The parser of ``python -m fast bench``; measures nothing."""
-    n, seconds = cli.integer(1, MAX_N), cli.finite(0.0, 86400.0, lo_open=True)
+    n, seconds = cli.integer(1, cli.MAX_SEQUENCE), cli.finite(0.0, 86400.0, lo_open=True)
     p = cli.Parser("python -m fast bench", description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu", type=cli.choice(("cpu", "cuda")))
     p.add_argument("--n-min", type=n, default=1024)
@@ -187,9 +184,9 @@ def parser() -> cli.Parser:
     p.add_argument("--flex-n", type=n, nargs="*", default=[4096, 16384],
                    help="n at which FlexAttention runs on the CPU")
     p.add_argument("--no-flex", action="store_true")
-    p.add_argument("--dense-n-max", type=cli.integer(0, MAX_N), default=32768,
+    p.add_argument("--dense-n-max", type=cli.integer(0, cli.MAX_SEQUENCE), default=32768,
                    help="largest n for dense SDPA (O(n^2) time)")
-    p.add_argument("--naive-n-max", type=cli.integer(0, MAX_N), default=8192,
+    p.add_argument("--naive-n-max", type=cli.integer(0, cli.MAX_SEQUENCE), default=8192,
                    help="largest n for the naive masked SDPA (O(n^2) time and memory)")
     p.add_argument("--mask-gb", type=cli.finite(0.0, 2.0**20), default=3.0,
                    help="largest naive mask (bool + SDPA's float copy), GiB")
@@ -229,7 +226,7 @@ def parser() -> cli.Parser:
                         "default sweep and this one separately)")
     g.add_argument("--long-n-min", type=n, default=2**17)
     g.add_argument("--long-n-max", type=n, default=2**20)
-    g.add_argument("--long-dense-n-max", type=cli.integer(0, MAX_N), default=2**19)
+    g.add_argument("--long-dense-n-max", type=cli.integer(0, cli.MAX_SEQUENCE), default=2**19)
     return p
 
 
