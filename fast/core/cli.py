@@ -12,9 +12,11 @@ works everywhere. Written once here:
   with "-" (``--lr -1e-3``, ``--beta1 -inf``) is read as a value, so that the value's
   own check can say what is wrong with it;
 * value parsers for ``type=``: ``integer``, ``finite``, ``boolean``, ``choice``,
-  ``text``, ``int_tuple``, ``optional`` (``none`` -> None), and for paths
-  ``existing_file``, ``existing_path``, ``writable_folder`` and ``output_file`` (its
-  folder exists or can be made, and is writable), each with bounds where it takes them;
+  ``names`` (a comma list of choices), ``text``, ``int_tuple``, ``optional`` (``none``
+  -> None), and for paths ``existing_file``, ``existing_path``, ``writable_folder`` and
+  ``output_file`` (its folder exists or can be made, and is writable), each with bounds
+  where it takes them; ``writable_or_exit`` checks a command's output folders before
+  its work;
 * ``UsageError`` -- a ValueError raised by a check that runs before any work (the
   run's data, its output folder, an existing checkpoint); a command prints it as the
   one line and exits 2 (``fail``).
@@ -177,6 +179,21 @@ def choice(options):
         return text
 
     parse.__name__ = "choice"
+    return parse
+
+
+def names(options):
+    """A comma list of names, each one of ``options`` (``depth,peak``) -> a list, in
+    the order given, without repeats; at least one."""
+    options = tuple(options)
+
+    def parse(value: str) -> list[str]:
+        given = [s.strip() for s in value.split(",") if s.strip()]
+        if not given or any(g not in options for g in given):
+            raise _bad(value, f"names from {', '.join(options)}, separated by commas")
+        return list(dict.fromkeys(given))
+
+    parse.__name__ = "names"
     return parse
 
 
