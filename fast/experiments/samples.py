@@ -115,7 +115,7 @@ def parser() -> cli.Parser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_or_exit(argv)
     for modality in ("image", "text"):
-        if len(missing(modality)) == len(PATTERN_ORDER):
+        if len(missing(modality, KEPT)) == len(PATTERN_ORDER):
             cli.fail(COMMAND, f"no kept {modality} model in {KEPT}; allowed: run python -m "
                               f"fast table2 first (it keeps {modality}_<pattern>.pt there)")
     cli.writable_or_exit(COMMAND, FIGURES)

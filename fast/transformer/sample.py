@@ -36,6 +36,7 @@ import argparse
 import codecs
 import math
 import time
+import warnings
 from pathlib import Path
 
 import matplotlib.image
@@ -312,7 +313,9 @@ def prepare(args):
     """Everything ``main`` checks before it samples: (model, configs, request, prompt's
     truth, output path); UsageError (one line, given; allowed) on a bad combination."""
     try:
-        model, model_cfg, train_cfg = load_model(args.checkpoint, resolve_device(args.device))
+        with warnings.catch_warnings():        # torch's note on a foreign pickle: ours says more
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            model, model_cfg, train_cfg = load_model(args.checkpoint, resolve_device(args.device))
     except (ValueError, OSError, RuntimeError) as err:
         raise cli.UsageError(f"--checkpoint {args.checkpoint} ({err}); allowed: a checkpoint "
                              f"written by python -m fast train or a weights-only model") from err
