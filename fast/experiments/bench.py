@@ -284,6 +284,7 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         cli.fail("python -m fast bench", "--device cuda on a machine without CUDA; allowed: "
                                          "--device cpu here")
+    cli.writable_or_exit("python -m fast bench", out, out / "data")
     if args.quick:
         args.n_max, args.no_flex = min(args.n_max, 4096), True
         args.target = 0.3 if args.target is None else args.target

@@ -10,6 +10,7 @@ current Python environment; a failing cell stops the run with the cell shown.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,8 +39,9 @@ def run_notebook(path: Path, timeout: int = 1800) -> float:
 def notebook(value: str) -> Path:
     """A path to an existing ``.ipynb`` file."""
     path = Path(cli.existing_file(value))
-    if path.suffix != ".ipynb":
-        raise argparse.ArgumentTypeError(f"got {value!r}; allowed: a notebook, a .ipynb file")
+    if path.suffix != ".ipynb" or not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"got {value!r}; allowed: a notebook, a .ipynb file "
+                                         f"this user can write (it is executed in place)")
     return path
 
 
