@@ -64,6 +64,7 @@ def outcome(p: cli.Parser, argv: list[str]) -> str:
         text = err.getvalue()
         assert end.code == 2, (argv, end.code, text)
         assert text.startswith(f"{p.prog}: ") and text.count("\n") == 1, (argv, text)
+        assert "; allowed: " in text, (argv, text)           # what was given; what is allowed
         assert text.strip() and out.getvalue() == "", (argv, text)
         return "refused"
     assert err.getvalue() == "" and out.getvalue() == "", argv

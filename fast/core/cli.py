@@ -33,6 +33,7 @@ import argparse
 import difflib
 import math
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -75,7 +76,16 @@ class Parser(argparse.ArgumentParser):
             message = (f"unknown option {' '.join(options)}" if options
                        else f"unexpected argument {' '.join(given)!r}")
             message += f" (did you mean {', '.join(near)}?)" if near else " (see --help)"
-        message = message.replace("expected one argument", "needs a value")
+            message += f"; allowed: the options {self.prog} --help lists"
+        message = re.sub(r"^argument (\S+): expected (one|at least one) argument$",
+                         lambda m: f"argument {m[1]}: needs a value; allowed: {m[1]} VALUE"
+                                   + (" [VALUE ...]" if m[2] != "one" else ""), message)
+        message = re.sub(r"^argument (\S+): ignored explicit argument (.*)$",
+                         r"argument \1: got \2; allowed: \1 alone (it takes no value)", message)
+        message = re.sub(r"^the following arguments are required: (.*)$",
+                         r"\1 not given; allowed: a command line that gives \1", message)
+        if "; allowed: " not in message:                # argparse's own words, said the same way
+            message += f"; allowed: what {self.prog} --help lists"
         raise UsageError(message)
 
     def parse_args(self, args=None, namespace=None):
