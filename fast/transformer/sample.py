@@ -207,7 +207,9 @@ def device_name(text: str) -> str:
 def prompt_bytes(text: str) -> bytes:
     """``--prompt``: UTF-8 text with backslash escapes (``\\n``) -> its bytes."""
     try:
-        data = codecs.escape_decode(text.encode("utf-8", "surrogateescape"))[0]
+        with warnings.catch_warnings():              # "\\j" stays a backslash and a j
+            warnings.simplefilter("ignore", DeprecationWarning)
+            data = codecs.escape_decode(text.encode("utf-8", "surrogateescape"))[0]
     except (ValueError, UnicodeError):
         data = b""
     if not data:
