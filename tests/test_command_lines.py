@@ -197,3 +197,15 @@ def test_measuring_commands_end_bad_input_in_one_line(argv, says, tmp_path, caps
     code, err = run(argv, capsys)
     assert code == 2 and says in one_line(err, argv[0]), err
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before   # nothing written
+
+
+@pytest.mark.parametrize("argv,lists", [
+    (["sample", "--help"], ["--cache {sparse,dense,none}", "--complete {train,val,test}"]),
+    (["memory", "--help"], ["--steps {depth,length,peak,blog,big,figures}[,...]"]),
+    (["bench", "--help"], ["--device {cpu,cuda}"]),
+])
+def test_help_lists_what_each_option_allows(argv, lists, capsys):
+    with pytest.raises(SystemExit) as end:
+        fast_main(argv)
+    out = " ".join(capsys.readouterr().out.split())        # argparse wraps long lines
+    assert end.value.code == 0 and all(" ".join(w.split()) in out for w in lists), out

@@ -88,6 +88,13 @@ class Parser(argparse.ArgumentParser):
             message += f"; allowed: what {self.prog} --help lists"
         raise UsageError(message)
 
+    def add_argument(self, *args, **kw):
+        """argparse's, and a ``choice``/``names`` value lists its options in --help."""
+        options = getattr(kw.get("type"), "options", None)
+        if options and "metavar" not in kw and args and args[0].startswith("-"):
+            kw["metavar"] = "{" + ",".join(options) + "}" + getattr(kw["type"], "more", "")
+        return super().add_argument(*args, **kw)
+
     def parse_args(self, args=None, namespace=None):
         return super().parse_args(self.join_values(args), namespace)
 
@@ -188,7 +195,7 @@ def choice(options):
             raise _bad(text, f"one of {', '.join(options)}")
         return text
 
-    parse.__name__ = "choice"
+    parse.__name__, parse.options = "choice", options
     return parse
 
 
@@ -203,7 +210,7 @@ def names(options):
             raise _bad(value, f"names from {', '.join(options)}, separated by commas")
         return list(dict.fromkeys(given))
 
-    parse.__name__ = "names"
+    parse.__name__, parse.options, parse.more = "names", options, "[,...]"
     return parse
 
 
