@@ -54,14 +54,19 @@ def options(p: argparse.ArgumentParser) -> list[str]:
 
 
 def outcome(p: cli.Parser, argv: list[str]) -> str:
-    """"parsed", or "refused" when the parser ended with exactly one line on stderr and
-    exit status 2; any other exception, or another ending, fails the test."""
+    """"parsed"; "refused" when the parser ended with exactly one line on stderr and
+    exit status 2; "help" for --help (exit 0, usage on stdout); any other exception, or
+    another ending, fails the test."""
     err, out = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             p.parse_or_exit(argv)
     except SystemExit as end:
         text = err.getvalue()
+        if end.code == 0:                                   # -h among random texts: help
+            assert out.getvalue().startswith("usage:") and text == "", (argv, text)
+            assert any(a.startswith("-h") or a == "--help" for a in argv), argv
+            return "help"
         assert end.code == 2, (argv, end.code, text)
         assert text.startswith(f"{p.prog}: ") and text.count("\n") == 1, (argv, text)
         assert "; allowed: " in text, (argv, text)           # what was given; what is allowed
@@ -112,7 +117,8 @@ def test_fuzzed_command_lines_parse_or_end_in_one_line(name, scratch):
     fuzz()
     tried = sum(counts.values())
     print(f"\n{name:12} {tried:6} command lines: {counts['parsed']:6} parsed, "
-          f"{counts['refused']:6} refused in one line (exit 2), 0 tracebacks")
+          f"{counts['refused']:6} refused in one line (exit 2), {counts['help']} help, "
+          f"0 tracebacks")
     assert tried >= settings.default.max_examples and counts["refused"] > 0
 
 
