@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import math
 import os
 import re
@@ -311,6 +312,8 @@ def writable_or_exit(prog: str, *folders) -> None:
 
 def check_writable(folder: Path) -> None:
     """Make ``folder`` if needed and create (then remove) a file in it; OSError if not."""
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "a file, not a folder", str(folder))
     folder.mkdir(parents=True, exist_ok=True)
     fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=folder)
     os.close(fd)
