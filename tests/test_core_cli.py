@@ -119,3 +119,37 @@ def test_any_argv_parses_or_ends_with_exit_2(argv):
         assert "\n" not in str(err) or "\n" in "".join(argv)
     except SystemExit as end:                                # --help among them
         assert end.code == 0
+
+
+def test_names_existing_path_and_writable_or_exit(tmp_path, capsys):
+    steps = cli.names(["depth", "peak", "big"])
+    assert steps("peak,depth,peak") == ["peak", "depth"] and steps(" big ,") == ["big"]
+    for bad in ("", ",", "depth,bogus", "DEPTH"):
+        rejects(steps, bad, "allowed: names from depth, peak, big, separated by commas")
+    assert cli.existing_path(str(tmp_path)) == str(tmp_path)
+    rejects(cli.existing_path, str(tmp_path / "gone"), "(not found); allowed: a path to an "
+                                                       "existing file or folder")
+    (tmp_path / "f").write_text("x")
+    rejects(cli.existing_file, str(tmp_path), "(a folder); allowed: a path to an existing")
+    cli.writable_or_exit("python -m fast demo", tmp_path / "made" / "here")
+    assert (tmp_path / "made" / "here").is_dir()
+    with pytest.raises(SystemExit) as end:
+        cli.writable_or_exit("python -m fast demo", tmp_path, tmp_path / "f" / "sub")
+    err = capsys.readouterr().err
+    assert end.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"python -m fast demo: output folder {tmp_path / 'f' / 'sub'} cannot "
+                          f"be written (") and "; allowed: a writable folder" in err
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["--count"], "argument --count: needs a value; allowed: --count VALUE"),
+    (["--flag=yes", "--rate=1", "--count=2", "--rate"], "argument --rate: needs a value"),
+    (["--zzz"], "unknown option --zzz (see --help); allowed: the options python -m fast demo "
+                "--help lists"),
+])
+def test_argparse_own_errors_also_say_what_is_allowed(argv, line, capsys):
+    with pytest.raises(SystemExit) as end:
+        parser().parse_or_exit(argv)
+    err = capsys.readouterr().err
+    assert end.value.code == 2 and err.startswith(f"python -m fast demo: {line}")
+    assert "; allowed: " in err and err.count("\n") == 1

@@ -41,8 +41,11 @@ def test_paper_shapes_are_valid_models():
 def test_command_without_a_gpu_says_so(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
-    assert it.main(["--device", "cpu"]) == 1
-    assert "GPU" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as end:                 # before any work: exit 2, one line
+        it.main(["--device", "cpu"])
+    err = capsys.readouterr().err
+    assert end.value.code == 2 and "GPU" in err and err.count("\n") == 1
+    assert err.startswith("python -m fast train-time: --device cpu is the CPU; allowed: a GPU")
 
 
 @pytest.mark.gpu

@@ -180,21 +180,29 @@ def test_cli_completes_images_and_continues_text(checkpoints, tmp_path, capsys, 
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--temperature", "0"], "temperature must be a finite number > 0, got 0.0"),
-    (["--top-p", "2"], r"top_p must be None or a number in \(0, 1\], got 2.0"),
-    (["--top-k", "0"], "top_k must be None or an integer in"),
-    (["--length", "10"], "image samples need the full length n_ctx=64"),
-    (["--prompt", "abc"], "an image model completes held-out images with --complete"),
-    (["--complete", "test"], "stores no training config; name it with --dataset"),
-    (["--num", "x"], "argument --num: invalid int value: 'x'"),
-    (["--cache", "paged"], "argument --cache: invalid choice: 'paged'"),
+    (["--temperature", "0"], r"argument --temperature: got '0'; allowed: a finite number >= 1e-06"),
+    (["--temperature", "1e-40"], r"--temperature: got '1e-40'; allowed: a finite number >= 1e-06"),
+    (["--temperature", "nan"], r"--temperature: got 'nan'; allowed: a finite number"),
+    (["--top-p", "2"], r"--top-p: got '2'; allowed: a finite number in \(0.0, 1.0\]"),
+    (["--top-p", "0"], r"--top-p: got '0'; allowed: a finite number in \(0.0, 1.0\]"),
+    (["--top-k", "0"], r"--top-k: got '0'; allowed: an integer in \[1, "),
+    (["--top-k", "300"], r"--top-k 300; allowed: 1 .. the model's vocab_size=17"),
+    (["--length", "10"], r"--length 10; allowed: exactly the model's n_ctx=64 \(image samples"),
+    (["--length", "65"], r"--length 65; allowed: exactly the model's n_ctx=64"),
+    (["--prompt", "abc"], "given to an image model; allowed: --complete SPLIT"),
+    (["--complete", "test"], "stores no training config; allowed: --dataset one of"),
+    (["--num", "x"], "argument --num: got 'x'; allowed: an integer in"),
+    (["--num", str(2**63)], "argument --num: got '9223372036854775808'; allowed: an integer"),
+    (["--cache", "paged"], "argument --cache: got 'paged'; allowed: one of sparse, dense, none"),
+    (["--device", "tpu"], "argument --device: got 'tpu'; allowed: the devices of this machine"),
 ])
 def test_cli_bad_values_exit_2_with_one_line(checkpoints, args, message, capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["python -m fast sample"])
     code, out, err = run_cli(["--checkpoint", checkpoints[0], "--no-progress", *args], capsys)
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("python -m fast sample: error:")
+    assert len(lines) == 1 and lines[0].startswith("python -m fast sample: ")
+    assert "; allowed: " in lines[0] and err.count("\n") == 1
     assert __import__("re").search(message, lines[0]), lines[0]
 
 

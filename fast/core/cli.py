@@ -12,9 +12,11 @@ works everywhere. Written once here:
   with "-" (``--lr -1e-3``, ``--beta1 -inf``) is read as a value, so that the value's
   own check can say what is wrong with it;
 * value parsers for ``type=``: ``integer``, ``finite``, ``boolean``, ``choice``,
-  ``text``, ``int_tuple``, ``optional`` (``none`` -> None), and for paths
-  ``existing_file`` and ``output_file`` (its folder exists or can be made, and is
-  writable), each with bounds where it takes them;
+  ``names`` (a comma list of choices), ``text``, ``int_tuple``, ``optional`` (``none``
+  -> None), and for paths ``existing_file``, ``existing_path``, ``writable_folder`` and
+  ``output_file`` (its folder exists or can be made, and is writable), each with bounds
+  where it takes them; ``writable_or_exit`` checks a command's output folders before
+  its work;
 * ``UsageError`` -- a ValueError raised by a check that runs before any work (the
   run's data, its output folder, an existing checkpoint); a command prints it as the
   one line and exits 2 (``fail``).
@@ -29,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import math
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -38,6 +42,7 @@ from pathlib import Path
 from reference.params import MAX_INT
 
 EXIT_USAGE = 2
+MAX_SEQUENCE = 2**24    # the longest n a measuring command takes (its longest sweep: 2**20)
 
 
 class UsageError(ValueError):
@@ -72,8 +77,24 @@ class Parser(argparse.ArgumentParser):
             message = (f"unknown option {' '.join(options)}" if options
                        else f"unexpected argument {' '.join(given)!r}")
             message += f" (did you mean {', '.join(near)}?)" if near else " (see --help)"
-        message = message.replace("expected one argument", "needs a value")
+            message += f"; allowed: the options {self.prog} --help lists"
+        message = re.sub(r"^argument (\S+): expected (one|at least one) argument$",
+                         lambda m: f"argument {m[1]}: needs a value; allowed: {m[1]} VALUE"
+                                   + (" [VALUE ...]" if m[2] != "one" else ""), message)
+        message = re.sub(r"^argument (\S+): ignored explicit argument (.*)$",
+                         r"argument \1: got \2; allowed: \1 alone (it takes no value)", message)
+        message = re.sub(r"^the following arguments are required: (.*)$",
+                         r"\1 not given; allowed: a command line that gives \1", message)
+        if "; allowed: " not in message:                # argparse's own words, said the same way
+            message += f"; allowed: what {self.prog} --help lists"
         raise UsageError(message)
+
+    def add_argument(self, *args, **kw):
+        """argparse's, and a ``choice``/``names`` value lists its options in --help."""
+        options = getattr(kw.get("type"), "options", None)
+        if options and "metavar" not in kw and args and args[0].startswith("-"):
+            kw["metavar"] = "{" + ",".join(options) + "}" + getattr(kw["type"], "more", "")
+        return super().add_argument(*args, **kw)
 
     def parse_args(self, args=None, namespace=None):
         return super().parse_args(self.join_values(args), namespace)
@@ -175,7 +196,22 @@ def choice(options):
             raise _bad(text, f"one of {', '.join(options)}")
         return text
 
-    parse.__name__ = "choice"
+    parse.__name__, parse.options = "choice", options
+    return parse
+
+
+def names(options):
+    """A comma list of names, each one of ``options`` (``depth,peak``) -> a list, in
+    the order given, without repeats; at least one."""
+    options = tuple(options)
+
+    def parse(value: str) -> list[str]:
+        given = [s.strip() for s in value.split(",") if s.strip()]
+        if not given or any(g not in options for g in given):
+            raise _bad(value, f"names from {', '.join(options)}, separated by commas")
+        return list(dict.fromkeys(given))
+
+    parse.__name__, parse.options, parse.more = "names", options, "[,...]"
     return parse
 
 
@@ -223,8 +259,20 @@ def optional(parse):
 def existing_file(value: str) -> str:
     """A path to a file that exists and can be read."""
     path = Path(value)
-    if not path.is_file() or not os.access(path, os.R_OK):
-        raise _bad(value, "a path to an existing, readable file")
+    why = ("not found" if not value or not path.exists() else "a folder" if path.is_dir()
+           else "not a regular file" if not path.is_file()
+           else "not readable" if not os.access(path, os.R_OK) else "")
+    if why:
+        raise argparse.ArgumentTypeError(f"got {value!r} ({why}); allowed: a path to an "
+                                         f"existing, readable file")
+    return value
+
+
+def existing_path(value: str) -> str:
+    """A path to a file or folder that exists (a data set given as either)."""
+    if not value or not Path(value).exists():
+        raise argparse.ArgumentTypeError(f"got {value!r} (not found); allowed: a path to an "
+                                         f"existing file or folder")
     return value
 
 
@@ -251,8 +299,21 @@ def writable_folder(value: str) -> str:
     return value
 
 
+def writable_or_exit(prog: str, *folders) -> None:
+    """Before any work: every folder a command will write into exists (or is made) and
+    takes a file; else the one line and exit status 2."""
+    for folder in folders:
+        try:
+            check_writable(Path(folder))
+        except OSError as err:
+            fail(prog, f"output folder {folder} cannot be written ({err.strerror or err}); "
+                       f"allowed: a writable folder (see --help for the option that moves it)")
+
+
 def check_writable(folder: Path) -> None:
     """Make ``folder`` if needed and create (then remove) a file in it; OSError if not."""
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "a file, not a folder", str(folder))
     folder.mkdir(parents=True, exist_ok=True)
     fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=folder)
     os.close(fd)

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from fast.core import cli
 from fast.core.files import write_json
 from fast.experiments import bench_gpu
 from fast.experiments.paths import FIGURES
@@ -159,28 +160,43 @@ def print_table(results: list[dict], dtype: str) -> None:
             print(f"{pattern:8} {name + ' peak MiB':22} " + " ".join(cells))
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--n-min", type=int, default=1024)
-    p.add_argument("--n-max", type=int, default=65536)
+def shape(text: str) -> tuple[int, int]:
+    """'4x16' -> (B, H) = (4, 16), each in [1, 4096]."""
+    try:
+        b, h = (int(x) for x in text.lower().split("x"))
+        if not (1 <= b <= 4096 and 1 <= h <= 4096):
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: BxH with B and H in "
+                                         f"[1, 4096], e.g. 4x16") from None
+    return b, h
+
+
+def parser() -> cli.Parser:
+    """The parser of ``python -m fast bench``; measures nothing."""
+    n, seconds = cli.integer(1, cli.MAX_SEQUENCE), cli.finite(0.0, 86400.0, lo_open=True)
+    p = cli.Parser("python -m fast bench", description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cpu", type=cli.choice(("cpu", "cuda")))
+    p.add_argument("--n-min", type=n, default=1024)
+    p.add_argument("--n-max", type=n, default=65536)
     p.add_argument("--quick", action="store_true",
                    help="n up to 4096, no FlexAttention, short repetitions")
-    p.add_argument("--flex-n", type=int, nargs="*", default=[4096, 16384],
+    p.add_argument("--flex-n", type=n, nargs="*", default=[4096, 16384],
                    help="n at which FlexAttention runs on the CPU")
     p.add_argument("--no-flex", action="store_true")
-    p.add_argument("--dense-n-max", type=int, default=32768,
+    p.add_argument("--dense-n-max", type=cli.integer(0, cli.MAX_SEQUENCE), default=32768,
                    help="largest n for dense SDPA (O(n^2) time)")
-    p.add_argument("--naive-n-max", type=int, default=8192,
+    p.add_argument("--naive-n-max", type=cli.integer(0, cli.MAX_SEQUENCE), default=8192,
                    help="largest n for the naive masked SDPA (O(n^2) time and memory)")
-    p.add_argument("--mask-gb", type=float, default=3.0,
+    p.add_argument("--mask-gb", type=cli.finite(0.0, 2.0**20), default=3.0,
                    help="largest naive mask (bool + SDPA's float copy), GiB")
-    p.add_argument("--target", type=float, default=None,
-                   help="seconds of repetitions per measurement (CPU 1.0; same process 0.1)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per point")
+    p.add_argument("--target", type=cli.finite(0.0, 86400.0), default=None,
+                   help="seconds of repetitions per measurement (CPU 1.0; same process 0.1; "
+                        "0: --min-reps only)")
+    p.add_argument("--timeout", type=seconds, default=600.0, help="seconds per point")
     p.add_argument("--inline", action="store_true",
                    help="measure in this process (tests; memory less isolated)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=cli.writable_folder, default=None,
                    help="directory for data/bench_<device>.json and bench_<device>.png "
                         "(default: figures/)")
     p.add_argument("--replot", action="store_true",
@@ -188,18 +204,19 @@ def parse_args(argv=None):
     g = p.add_argument_group("the same-process method (the default on CUDA)")
     g.add_argument("--same-process", action="store_true",
                    help="every contender in this process, first call apart, medians")
-    g.add_argument("--dtypes", nargs="+", choices=tuple(bench.DTYPES), default=None,
+    g.add_argument("--dtypes", nargs="+", type=cli.choice(bench.DTYPES), default=None,
                    help="default: float16 bfloat16 on CUDA, float32 on the CPU")
-    g.add_argument("--shapes", nargs="+", type=_shape, default=None,
+    g.add_argument("--shapes", nargs="+", type=shape, default=None,
                    help="(B, H) as BxH; default 1x4 4x16 (CPU: 1x4)")
-    g.add_argument("--contenders", nargs="+", choices=bench_gpu.CONTENDERS, default=None)
-    g.add_argument("--warmup", type=int, default=2)
-    g.add_argument("--min-reps", type=int, default=5)
-    g.add_argument("--max-minutes", type=float, default=None,
+    g.add_argument("--contenders", nargs="+", type=cli.choice(bench_gpu.CONTENDERS),
+                   default=None)
+    g.add_argument("--warmup", type=cli.integer(0, 10**4), default=2)
+    g.add_argument("--min-reps", type=cli.integer(1, 10**6), default=5)
+    g.add_argument("--max-minutes", type=cli.finite(0.0, 10**4, lo_open=True), default=None,
                    help="start no new point after this (default 9 on CUDA)")
-    g.add_argument("--assume-tflops", type=float, default=None,
+    g.add_argument("--assume-tflops", type=cli.finite(0.0, 10**6, lo_open=True), default=None,
                    help="dense throughput assumed by the cost estimate (CUDA 300)")
-    g.add_argument("--copy-mib", type=int, default=None,
+    g.add_argument("--copy-mib", type=cli.integer(1, 2**20), default=None,
                    help="MiB copied to measure the bandwidth (CUDA 1024, CPU 64)")
     g.add_argument("--no-target-points", dest="target_points", action="store_false",
                    default=None, help="skip the (1, 16, 65536) target point")
@@ -207,21 +224,23 @@ def parse_args(argv=None):
     g.add_argument("--only-long", action="store_true",
                    help="only the long sweep (with a 10-minute limit per command, run the "
                         "default sweep and this one separately)")
-    g.add_argument("--long-n-min", type=int, default=2**17)
-    g.add_argument("--long-n-max", type=int, default=2**20)
-    g.add_argument("--long-dense-n-max", type=int, default=2**19)
-    return p.parse_args(argv)
+    g.add_argument("--long-n-min", type=n, default=2**17)
+    g.add_argument("--long-n-max", type=n, default=2**20)
+    g.add_argument("--long-dense-n-max", type=cli.integer(0, cli.MAX_SEQUENCE), default=2**19)
+    return p
 
 
-def _shape(text: str) -> tuple[int, int]:
-    """'4x16' -> (4, 16)."""
-    try:
-        b, h = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a shape is BxH, e.g. 4x16, got {text!r}") from None
-    if b < 1 or h < 1:
-        raise argparse.ArgumentTypeError(f"B and H must be >= 1, got {text!r}")
-    return b, h
+def parse_args(argv=None):
+    """The options, checked (one line and exit 2 on a bad one)."""
+    args = parser().parse_or_exit(argv)
+    args.out = None if args.out is None else Path(args.out)
+    for lo, hi in (("n_min", "n_max"), ("long_n_min", "long_n_max")):
+        if getattr(args, lo) > getattr(args, hi):
+            flag = f"--{lo.replace('_', '-')}"
+            cli.fail("python -m fast bench", f"{flag} {getattr(args, lo)} with "
+                     f"--{hi.replace('_', '-')} {getattr(args, hi)}; allowed: {flag} <= "
+                     f"--{hi.replace('_', '-')}")
+    return args
 
 
 def _powers(lo: int, hi: int) -> list[int]:
@@ -256,16 +275,22 @@ def main(argv=None) -> int:
     out = args.out or FIGURES
     path, png = out / "data" / f"{name}.json", out / f"{name}.png"
     if args.replot:
+        if not path.is_file():
+            cli.fail("python -m fast bench", f"--replot with no {path}; allowed: --replot "
+                     f"after a run of this device and method has written it")
         draw = plot_gpu if same else plot
         print(f"wrote {draw(json.loads(path.read_text()), png)}")
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device here")
+        cli.fail("python -m fast bench", "--device cuda on a machine without CUDA; allowed: "
+                                         "--device cpu here")
+    cli.writable_or_exit("python -m fast bench", out, out / "data")
     if args.quick:
         args.n_max, args.no_flex = min(args.n_max, 4096), True
         args.target = 0.3 if args.target is None else args.target
-    if args.n_min < 1 or args.n_max < args.n_min:
-        raise SystemExit(f"need 1 <= --n-min <= --n-max, got {args.n_min}, {args.n_max}")
+        if args.n_min > args.n_max:
+            cli.fail("python -m fast bench", f"--n-min {args.n_min} with --quick; allowed: "
+                                             f"--n-min <= 4096 (the quick sweep's largest n)")
     if same:
         args = same_process_defaults(args)
         data = bench_gpu.run(args, save=lambda d: write_json(path, d, indent=1))

@@ -30,22 +30,24 @@ second near t = 12,288 at least 2x the dense cache's.
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
 import numpy as np
 import torch
 
+from fast.core import cli
 from fast.core.files import write_json
 from fast.experiments.paths import DATA, FIGURES, QUICK
 from fast.measure import generation as gen
 from fast.measure.bench import machine_info
 from fast.plots.generation import plot_generation
 from fast.transformer.checkpoint import as_dict
-from fast.transformer.config import ModelConfig, preset
+from fast.transformer.config import MAX_THREADS, ModelConfig, preset
 from fast.transformer.model import SparseTransformer
 from fast.transformer.sample import sample
+
+COMMAND = "python -m fast generate"
 
 
 def model_configs(quick: bool) -> dict:
@@ -165,17 +167,22 @@ def print_summary(data: dict) -> None:
               f"{'met' if t['met'] else 'NOT MET'}")
 
 
+def parser() -> cli.Parser:
+    """The parser of ``python -m fast generate``; measures nothing."""
+    p = cli.Parser(COMMAND, description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny models, for development")
+    p.add_argument("--threads", type=cli.integer(1, MAX_THREADS), default=1,
+                   help="torch threads of the cached samplers (default 1, the sampler's own "
+                        "default on the CPU); the re-run sampler is timed with 1 and with one "
+                        "per core, and credited with the faster")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fast generate",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny models, for development")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads of the cached samplers (default 1, the sampler's "
-                             "own default on the CPU); the re-run sampler is timed with 1 and "
-                             "with one per core, and credited with the faster")
-    args = parser.parse_args(argv)
-    data = run(args.quick, args.threads)
+    args = parser().parse_or_exit(argv)
     out, figures = (QUICK, QUICK / "figures") if args.quick else (DATA, FIGURES)
+    cli.writable_or_exit(COMMAND, out, figures)
+    data = run(args.quick, args.threads)
     path = write_json(out / "generation.json", data, indent=1)
     png = plot_generation(data, figures / "generation.png")
     print_summary(data)

@@ -25,7 +25,6 @@ Writes figures/data/gpu_iteration_time.json (``--out``: DIR/data/...).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from fast.core import cli
 from fast.core.files import write_json
 from fast.experiments.paths import DATA
 from fast.measure.bench import machine_info
@@ -41,9 +41,11 @@ from fast.transformer.config import ModelConfig, TrainConfig
 from fast.transformer.devices import resolve_device, resolve_precision
 from fast.transformer.model import SparseTransformer
 from fast.transformer.optim import make_optimizer, make_scheduler
+from fast.transformer.sample import device_name
 from fast.transformer.train import _step as train_step  # the training loop's own step
 
 # name -> sequence length, width, heads, layers, stride l, summary width c, image shape or None
+COMMAND = "python -m fast train-time"
 SHAPES = {
     "enwik8": dict(n=12288, d=512, heads=8, layers=6, stride=128, c=32, image=None),
     "cifar10": dict(n=3072, d=256, heads=2, layers=16, stride=96, c=32, image=(32, 32, 3)),
@@ -152,25 +154,33 @@ def run(shapes: dict, patterns, batch: int, device: torch.device, *, warm: int, 
             "rows": rows}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES))
-    p.add_argument("--patterns", nargs="+", choices=PATTERNS, default=list(PATTERNS))
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--warm", type=int, default=10)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--out", type=Path, default=None,
+def parser() -> cli.Parser:
+    """The parser of ``python -m fast train-time``; builds nothing."""
+    p = cli.Parser(COMMAND, description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="+", type=cli.choice(SHAPES), default=list(SHAPES))
+    p.add_argument("--patterns", nargs="+", type=cli.choice(PATTERNS), default=list(PATTERNS))
+    p.add_argument("--batch", type=cli.integer(1, 4096), default=8, help="sequences per step")
+    p.add_argument("--warm", type=cli.integer(0, 10**4), default=10, help="untimed steps first")
+    p.add_argument("--steps", type=cli.integer(1, 10**4), default=10, help="timed steps")
+    p.add_argument("--device", type=device_name, default="auto",
+                   help="auto (CUDA if present), cuda, cuda:1 (a GPU is needed)")
+    p.add_argument("--out", type=cli.writable_folder, default=None,
                    help="write DIR/data/gpu_iteration_time.json (default figures/data/)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_or_exit(argv)
     device = resolve_device(args.device)
     if device.type != "cuda":
-        print("python -m fast train-time measures GPU iterations; on the CPU use a small "
-              "shape through fast.experiments.gpu_iteration_time.run (the tests do)")
-        return 1
+        cli.fail(COMMAND, f"--device {args.device} is the CPU; allowed: a GPU (train-time "
+                          f"measures GPU iterations; on the CPU the tests call "
+                          f"fast.experiments.gpu_iteration_time.run with a small shape)")
+    folder = Path(args.out) / "data" if args.out else DATA
+    cli.writable_or_exit(COMMAND, folder)
     data = run({s: SHAPES[s] for s in args.shapes}, args.patterns, args.batch, device,
                warm=args.warm, steps=args.steps)
-    path = (args.out / "data" if args.out else DATA) / "gpu_iteration_time.json"
+    path = folder / "gpu_iteration_time.json"
     write_json(path, data, indent=1)
     print(f"wrote {path}")
     return 0

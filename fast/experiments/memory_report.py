@@ -33,7 +33,6 @@ never inflates or hides the next one's peak. Batch size 1, float32, CPU.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -43,12 +42,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from fast.core import cli
 from fast.core.files import write_json
 from fast.experiments.paths import DATA, FIGURES, QUICK
 from fast.measure import child
 from fast.measure.model_memory import MALLOC_ENV, per_layer
 from fast.plots import memory as plot_memory
 
+COMMAND = "python -m fast memory"
 CACHE = DATA / "memory.json"
 STEPS = ("depth", "length", "peak", "blog", "big", "figures")
 
@@ -184,25 +185,33 @@ def step_figures(data: dict) -> dict:
 
 # ----------------------------------------------------------------------------
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, for development")
-    parser.add_argument("--force", action="store_true", help="redo steps whose results exist")
-    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma list of {STEPS}")
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"JSON written and resumed from (default {CACHE}; "
-                             f"--quick: {QUICK})")
-    args = parser.parse_args(argv)
-    steps = [s for s in args.steps.split(",") if s]
-    bad = sorted(set(steps) - set(STEPS))
-    if bad:
-        raise ValueError(f"--steps takes names from {STEPS}, got {bad}")
+def parser() -> cli.Parser:
+    """The parser of ``python -m fast memory``; measures nothing."""
+    p = cli.Parser(COMMAND, description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small sizes, for development")
+    p.add_argument("--force", action="store_true", help="redo steps whose results exist")
+    p.add_argument("--steps", type=cli.names(STEPS), default=list(STEPS),
+                   help=f"comma list of {', '.join(STEPS)} (default: all)")
+    p.add_argument("--out", type=cli.output_file, default=None,
+                   help=f"JSON written and resumed from (default {CACHE}; --quick: {QUICK})")
+    return p
 
-    args.out = args.out or (QUICK / "memory.json" if args.quick else CACHE)
-    data = json.loads(args.out.read_text()) if args.out.exists() and not args.force else {}
-    if data.get("quick", args.quick) != args.quick:
-        raise ValueError(f"{args.out} holds {'quick' if data['quick'] else 'full'} results; "
-                         f"pass --force to replace them, or another --out")
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_or_exit(argv)
+    steps = args.steps
+    args.out = Path(args.out) if args.out else (QUICK / "memory.json" if args.quick else CACHE)
+    figures = QUICK / "figures" if args.quick else FIGURES
+    cli.writable_or_exit(COMMAND, args.out.parent, *([figures] if "figures" in steps else []))
+    try:
+        data = json.loads(args.out.read_text()) if args.out.exists() and not args.force else {}
+    except (OSError, ValueError) as err:
+        cli.fail(COMMAND, f"--out {args.out} cannot be resumed from ({err}); allowed: a JSON "
+                          f"this command wrote, or --force to replace it")
+    if not isinstance(data, dict) or data.get("quick", args.quick) != args.quick:
+        cli.fail(COMMAND, f"--out {args.out} holds other results (quick: "
+                          f"{data.get('quick') if isinstance(data, dict) else None}, asked "
+                          f"{args.quick}); allowed: --force to replace them, or another --out")
     data["quick"] = args.quick
     data["machine"] = f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}"
     funcs = {"depth": step_depth, "length": step_length, "peak": step_peak,

@@ -10,12 +10,15 @@ current Python environment; a failing cell stops the run with the cell shown.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+
+from fast.core import cli
 
 
 def run_notebook(path: Path, timeout: int = 1800) -> float:
@@ -33,15 +36,27 @@ def run_notebook(path: Path, timeout: int = 1800) -> float:
     return time.perf_counter() - start
 
 
+def notebook(value: str) -> Path:
+    """A path to an existing ``.ipynb`` file."""
+    path = Path(cli.existing_file(value))
+    if path.suffix != ".ipynb" or not os.access(path, os.W_OK):
+        raise argparse.ArgumentTypeError(f"got {value!r}; allowed: a notebook, a .ipynb file "
+                                         f"this user can write (it is executed in place)")
+    return path
+
+
+def parser() -> cli.Parser:
+    """The parser of ``python -m fast notebooks``; runs nothing."""
+    p = cli.Parser("python -m fast notebooks", description=__doc__.splitlines()[0])
+    p.add_argument("notebooks", nargs="+", type=notebook, help="notebooks to execute in place")
+    p.add_argument("--timeout", type=cli.integer(1, 86400), default=1800,
+                   help="seconds allowed per cell (default 1800)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("notebooks", nargs="+", type=Path, help="notebooks to execute in place")
-    parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed per cell")
-    args = parser.parse_args(argv)
+    args = parser().parse_or_exit(argv)
     for path in sorted(args.notebooks):
-        if not path.is_file():
-            print(f"no such notebook: {path}", file=sys.stderr)
-            return 2
         print(f"executing {path} ...", flush=True)
         seconds = run_notebook(path, args.timeout)
         print(f"  done in {seconds:.1f} s", flush=True)

@@ -23,11 +23,10 @@ pixels. Notebook 08 calls the same functions and writes into
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import torch
 
+from fast.core import cli
 from fast.data import load
 from fast.experiments.paths import DATA, FIGURES
 from fast.plots import samples as plot_samples
@@ -35,6 +34,7 @@ from fast.plots.style import PATTERN_ORDER
 from fast.transformer.checkpoint import load_model
 from fast.transformer.sample import sample
 
+COMMAND = "python -m fast samples"
 KEPT = DATA / "models"             # written by python -m fast table2
 IMAGE_DATA = "grey16"              # the image models' data (16x16 greyscale crops)
 PROMPT = b"import os\n\ndef main("  # the text models' prompt (the stdlib is Python source)
@@ -104,11 +104,21 @@ def make_figures(figdir, folder=KEPT, seed: int = 0) -> list:
                                           f"{figdir}/samples_completions.png")]
 
 
+def parser() -> cli.Parser:
+    """The parser of ``python -m fast samples``; loads nothing."""
+    p = cli.Parser(COMMAND, description=__doc__.splitlines()[0])
+    p.add_argument("--seed", type=cli.integer(0), default=0,
+                   help="the generator seed every model draws with (default 0)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fast samples",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = parser().parse_or_exit(argv)
+    for modality in ("image", "text"):
+        if len(missing(modality, KEPT)) == len(PATTERN_ORDER):
+            cli.fail(COMMAND, f"no kept {modality} model in {KEPT}; allowed: run python -m "
+                              f"fast table2 first (it keeps {modality}_<pattern>.pt there)")
+    cli.writable_or_exit(COMMAND, FIGURES)
     for modality in ("image", "text"):
         gone = missing(modality)
         if gone:

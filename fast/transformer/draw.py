@@ -20,6 +20,11 @@ import torch
 
 from fast.transformer.config import PRECISIONS
 
+# The smallest temperature: logits are divided by it in float32, and below about 1e-30 a
+# logit of 10 overflows to inf and the softmax to NaN (a silently wrong draw). At 1e-6
+# the draw is already the most likely token (greedy) for any logit gap above 1e-4.
+MIN_TEMPERATURE = 1e-6
+
 CACHE_FLAGS = {True: "sparse", "sparse": "sparse", "dense": "dense", False: None, "none": None}
 
 
@@ -47,6 +52,9 @@ def check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision
                          f"context), got {length!r}")
     if not _is_real(temperature) or not math.isfinite(temperature) or temperature <= 0:
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be >= {MIN_TEMPERATURE} (smaller ones overflow "
+                         f"float32 logits; 1e-6 is already greedy), got {temperature!r}")
     if top_k is not None and (not _is_int(top_k) or not 1 <= top_k <= cfg.vocab_size):
         raise ValueError(f"top_k must be None or an integer in [1, vocab_size={cfg.vocab_size}], "
                          f"got {top_k!r}")

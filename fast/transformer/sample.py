@@ -35,8 +35,8 @@ from __future__ import annotations
 import argparse
 import codecs
 import math
-import sys
 import time
+import warnings
 from pathlib import Path
 
 import matplotlib.image
@@ -44,16 +44,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from fast.data import DATASETS, load
+from fast.core import cli
+from fast.data import DATASETS, SPLITS, load
 from fast.transformer.checkpoint import load_model
-from fast.transformer.config import PRECISIONS
+from fast.transformer.config import DEVICE, MAX_THREADS, PRECISIONS
 from fast.transformer.decode import Decoder
 from fast.transformer.devices import autocast, resolve_device, resolve_precision
-from fast.transformer.draw import check_request, draw
+from fast.transformer.draw import MIN_TEMPERATURE, check_request, draw
 
-__all__ = ["sample", "check_request", "draw", "image_grid", "save_samples", "main"]
+__all__ = ["sample", "check_request", "draw", "image_grid", "save_samples", "parser", "main"]
 
 COMMAND = "python -m fast sample"
+MAX_NUM = 2**16                     # samples per command: a bound, so that 2**63 is refused
 
 
 @torch.no_grad()
@@ -188,122 +190,181 @@ def save_samples(samples: torch.Tensor, model_cfg, out, levels: int | None = Non
     return str(out)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, with one line on stderr and exit status 2 for a bad option."""
+def device_name(text: str) -> str:
+    """``--device``: auto, cpu, cuda or cuda:N, and present on this machine."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    here = ["auto", "cpu"] + (["cuda"] + [f"cuda:{i}" for i in range(count)] if count else [])
+    try:
+        if DEVICE.fullmatch(text):
+            resolve_device(text)
+            return text
+    except (ValueError, RuntimeError):
+        pass
+    raise argparse.ArgumentTypeError(f"got {text!r}; allowed: the devices of this machine, "
+                                     f"{', '.join(here)}")
 
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+
+def prompt_bytes(text: str) -> bytes:
+    """``--prompt``: UTF-8 text with backslash escapes (``\\n``) -> its bytes."""
+    try:
+        with warnings.catch_warnings():              # "\\j" stays a backslash and a j
+            warnings.simplefilter("ignore", DeprecationWarning)
+            data = codecs.escape_decode(text.encode("utf-8", "surrogateescape"))[0]
+    except (ValueError, UnicodeError):
+        data = b""
+    if not data:
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: a non-empty text (backslash "
+                                         f"escapes such as \\n, \\x41 understood)")
+    return data
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=COMMAND, description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True, help="a ckpt.pt of python -m fast train, or "
-                   "a weights-only model (figures/data/models/*.pt)")
-    p.add_argument("--num", type=int, default=16, help="samples to draw (default 16)")
-    p.add_argument("--batch-size", type=int, default=None,
+def parser() -> cli.Parser:
+    """The parser of ``python -m fast sample``; builds nothing, loads nothing."""
+    p = cli.Parser(COMMAND, description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True, type=cli.existing_file,
+                   help="a ckpt.pt of python -m fast train, or a weights-only model "
+                        "(figures/data/models/*.pt)")
+    p.add_argument("--num", type=cli.integer(1, MAX_NUM), default=16,
+                   help=f"samples to draw, 1 .. {MAX_NUM} (default 16)")
+    p.add_argument("--batch-size", type=cli.integer(1, MAX_NUM), default=None,
                    help="samples decoded together (default: all of them)")
-    p.add_argument("--length", type=int, default=None, help="tokens per sample, prompt "
-                   "included (default n_ctx; image models need n_ctx)")
-    p.add_argument("--temperature", type=float, default=1.0, help="> 0 (default 1)")
-    p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=None,
+    p.add_argument("--length", type=cli.integer(1), default=None, help="tokens per sample, "
+                   "prompt included, <= the model's n_ctx (default n_ctx; image models need it)")
+    p.add_argument("--temperature", type=cli.finite(MIN_TEMPERATURE), default=1.0,
+                   help=f">= {MIN_TEMPERATURE} (default 1)")
+    p.add_argument("--top-k", type=cli.integer(1), default=None,
+                   help="keep the k most likely tokens, 1 .. vocab_size")
+    p.add_argument("--top-p", type=cli.finite(0.0, 1.0, lo_open=True), default=None,
                    help="keep the most likely tokens up to this mass, in (0, 1]")
-    p.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
-    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:1")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: 1 "
-                   "when a cache decodes on the CPU, else torch's)")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+    p.add_argument("--seed", type=cli.integer(0), default=0, help="seed of the draws (default 0)")
+    p.add_argument("--device", type=device_name, default="auto",
+                   help="auto (CUDA if present), cpu, cuda, cuda:1")
+    p.add_argument("--threads", type=cli.integer(1, MAX_THREADS), default=None,
+                   help="torch threads (default: 1 when a cache decodes on the CPU, else torch's)")
+    p.add_argument("--precision", default="fp32", type=cli.choice(PRECISIONS),
                    help="autocast of the network (q.k stays float32); default fp32")
-    p.add_argument("--cache", default="sparse", choices=("sparse", "dense", "none"),
+    p.add_argument("--cache", default="sparse", type=cli.choice(("sparse", "dense", "none")),
                    help="key/value cache: sparse (default), dense, none (re-run per token)")
-    p.add_argument("--prompt", default=None, help="text models: the start of every sample "
-                   "(UTF-8, backslash escapes such as \\n understood)")
-    p.add_argument("--prompt-file", default=None, help="text models: a file whose bytes start "
-                   "every sample")
-    p.add_argument("--complete", default=None, choices=("train", "val", "test"),
+    p.add_argument("--prompt", default=None, type=prompt_bytes, help="text models: the start "
+                   "of every sample (UTF-8, backslash escapes such as \\n understood)")
+    p.add_argument("--prompt-file", default=None, type=cli.existing_file,
+                   help="text models: a file whose bytes start every sample")
+    p.add_argument("--complete", default=None, type=cli.choice(SPLITS),
                    help="image models: complete held-out images of this split from their top")
-    p.add_argument("--prompt-length", type=int, default=None,
-                   help="with --complete: tokens given (default: the top half)")
-    p.add_argument("--dataset", default=None, choices=DATASETS,
+    p.add_argument("--prompt-length", type=cli.integer(0), default=None,
+                   help="with --complete: tokens given, <= n_ctx (default: the top half)")
+    p.add_argument("--dataset", default=None, type=cli.choice(DATASETS),
                    help="with --complete: the data (default: the checkpoint's)")
-    p.add_argument("--data-path", default=None, help="local path for enwik8/cifar10/npy_images")
-    p.add_argument("--out", default=None,
+    p.add_argument("--data-path", default=None, type=cli.existing_path,
+                   help="local path for enwik8/cifar10/npy_images")
+    p.add_argument("--out", default=None, type=cli.output_file,
                    help="output path (default figures/samples_<dataset>.png or .txt)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
 def _prompt(args, model_cfg, train_cfg):
-    """(prompt or None, held-out images or None) from the command line's options."""
+    """(prompt or None, held-out images or None) from the command line's options;
+    UsageError (given; allowed) when they do not fit the model."""
     image = model_cfg.embedding == "image"
     if image and (args.prompt is not None or args.prompt_file is not None):
-        raise ValueError("--prompt and --prompt-file continue text; an image model completes "
-                         "held-out images with --complete SPLIT")
+        raise cli.UsageError("--prompt/--prompt-file given to an image model; allowed: "
+                             "--complete SPLIT (an image model completes held-out images)")
     if not image and (args.complete or args.prompt_length is not None):
-        raise ValueError("--complete and --prompt-length complete images; a text model takes "
-                         "--prompt TEXT or --prompt-file PATH")
+        raise cli.UsageError("--complete/--prompt-length given to a text model; allowed: "
+                             "--prompt TEXT or --prompt-file PATH")
     if args.prompt is not None and args.prompt_file is not None:
-        raise ValueError("give --prompt or --prompt-file, not both")
-    if args.prompt is not None:
-        return torch.tensor(list(codecs.escape_decode(args.prompt.encode())[0])), None
+        raise cli.UsageError("both --prompt and --prompt-file given; allowed: one of them")
     if args.prompt_file is not None:
-        path = Path(args.prompt_file)
-        if not path.is_file():
-            raise ValueError(f"--prompt-file {path} is not a file")
-        return torch.tensor(list(path.read_bytes())), None
+        args.prompt = Path(args.prompt_file).read_bytes()
+        if not args.prompt:
+            raise cli.UsageError(f"--prompt-file {args.prompt_file} is empty; allowed: a file "
+                                 f"holding at least one byte")
+    if args.prompt is not None:
+        return torch.tensor(list(args.prompt)), None
     if not args.complete:
         return None, None
     name = args.dataset or (train_cfg.dataset if train_cfg is not None else None)
     if name is None:
-        raise ValueError(f"--complete needs the data: {args.checkpoint} stores no training "
-                         f"config; name it with --dataset (one of {DATASETS})")
-    data = load(name, path=args.data_path or (train_cfg.data_path if train_cfg else None),
-                image_shape=model_cfg.image_shape)
+        raise cli.UsageError(f"--complete without --dataset, and {args.checkpoint} stores no "
+                             f"training config; allowed: --dataset one of {', '.join(DATASETS)}")
+    try:
+        data = load(name, path=args.data_path or (train_cfg.data_path if train_cfg else None),
+                    image_shape=model_cfg.image_shape)
+    except (ValueError, OSError) as err:
+        raise cli.UsageError(f"--dataset {name} could not be read ({err}); allowed: a data set "
+                             f"{DATASETS} with its local file where it needs one") from err
     if data.kind != "image" or data.seq_len != model_cfg.n_ctx:
-        raise ValueError(f"--complete needs images of {model_cfg.n_ctx} tokens "
-                         f"(image_shape={model_cfg.image_shape}); dataset {name!r} holds "
-                         f"{data.kind} data of image_shape={data.image_shape}")
+        raise cli.UsageError(f"--complete from dataset {name!r} ({data.kind} data of "
+                             f"image_shape={data.image_shape}); allowed: images of "
+                             f"{model_cfg.n_ctx} tokens (image_shape={model_cfg.image_shape})")
     held = data.splits.get(args.complete)
     if held is None or len(held) < args.num:
-        raise ValueError(f"--complete {args.complete}: {name} has "
-                         f"{0 if held is None else len(held)} images there, --num asks {args.num}")
+        raise cli.UsageError(f"--num {args.num} with --complete {args.complete}; allowed: at "
+                             f"most the {0 if held is None else len(held)} images {name} "
+                             f"holds there")
+    given = model_cfg.n_ctx // 2 if args.prompt_length is None else args.prompt_length
+    if given > model_cfg.n_ctx:
+        raise cli.UsageError(f"--prompt-length {given}; allowed: 0 .. n_ctx={model_cfg.n_ctx}")
     rows = np.linspace(0, len(held) - 1, args.num).round().astype(np.int64)  # spread evenly
     truth = torch.from_numpy(held[rows].astype(np.int64))                    # (num, n_ctx)
-    given = model_cfg.n_ctx // 2 if args.prompt_length is None else args.prompt_length
-    if not 0 <= given <= model_cfg.n_ctx:
-        raise ValueError(f"--prompt-length must lie in [0, n_ctx={model_cfg.n_ctx}], "
-                         f"got {given}")
     return truth[:, :given], truth
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+def prepare(args):
+    """Everything ``main`` checks before it samples: (model, configs, request, prompt's
+    truth, output path); UsageError (one line, given; allowed) on a bad combination."""
     try:
-        device = resolve_device(args.device)
-        model, model_cfg, train_cfg = load_model(args.checkpoint, device)
-        if model_cfg.embedding == "image" and args.length not in (None, model_cfg.n_ctx):
-            raise ValueError(f"image samples need the full length n_ctx={model_cfg.n_ctx} to "
-                             f"form images, got --length {args.length}")
-        prompt, truth = _prompt(args, model_cfg, train_cfg)
-        request = dict(length=args.length, prompt=prompt, temperature=args.temperature,
-                       top_k=args.top_k, top_p=args.top_p, precision=args.precision,
-                       cache=args.cache, batch_size=args.batch_size, threads=args.threads)
+        with warnings.catch_warnings():        # torch's note on a foreign pickle: ours says more
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            model, model_cfg, train_cfg = load_model(args.checkpoint, resolve_device(args.device))
+    except (ValueError, OSError, RuntimeError) as err:
+        raise cli.UsageError(f"--checkpoint {args.checkpoint} ({err}); allowed: a checkpoint "
+                             f"written by python -m fast train or a weights-only model") from err
+    n_ctx, image = model_cfg.n_ctx, model_cfg.embedding == "image"
+    length = n_ctx if args.length is None else args.length
+    if length > n_ctx or (image and length != n_ctx):
+        raise cli.UsageError(f"--length {length}; allowed: {'exactly' if image else '1 ..'} the "
+                             f"model's n_ctx={n_ctx}" + (" (image samples form whole images)"
+                                                         if image else ""))
+    if args.top_k is not None and args.top_k > model_cfg.vocab_size:
+        raise cli.UsageError(f"--top-k {args.top_k}; allowed: 1 .. the model's "
+                             f"vocab_size={model_cfg.vocab_size}")
+    prompt, truth = _prompt(args, model_cfg, train_cfg)
+    if prompt is not None and prompt.shape[-1] > length:
+        raise cli.UsageError(f"a prompt of {prompt.shape[-1]} tokens with --length {length}; "
+                             f"allowed: a prompt no longer than the length")
+    request = dict(length=args.length, prompt=prompt, temperature=args.temperature,
+                   top_k=args.top_k, top_p=args.top_p, precision=args.precision,
+                   cache=args.cache, batch_size=args.batch_size, threads=args.threads)
+    try:
         check_request(model_cfg, args.num, start_token=None, **request)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"{COMMAND}: error: {err}", file=sys.stderr)
-        return 2
+    except ValueError as err:
+        raise cli.UsageError(str(err)) from err
+    name = train_cfg.dataset if train_cfg is not None else "model"
+    out = args.out or f"figures/samples_{name}{'.png' if image else '.txt'}"
+    try:
+        cli.output_file(out)
+    except argparse.ArgumentTypeError as err:
+        raise cli.UsageError(f"--out (default) {err}") from err
+    return model, model_cfg, request, truth, out
+
+
+def main(argv=None) -> int:
+    args = parser().parse_or_exit(argv)
+    try:
+        model, model_cfg, request, truth, out = prepare(args)
+    except cli.UsageError as err:
+        cli.fail(COMMAND, err)
     stats: dict = {}
     seqs = sample(model, args.num, generator=torch.Generator().manual_seed(args.seed),
                   progress=not args.no_progress, stats=stats, **request)
-    name = train_cfg.dataset if train_cfg is not None else "model"
-    suffix = ".png" if model_cfg.embedding == "image" else ".txt"
-    out = args.out or f"figures/samples_{name}{suffix}"
     if truth is not None:
         seqs, cols = torch.cat([truth.to(seqs.device), seqs]), args.num   # truth row on top
     else:
         cols = None
     path = save_samples(seqs, model_cfg, out, cols=cols)
-    if suffix == ".txt":
+    if model_cfg.embedding != "image":
         print(Path(path).read_text(encoding="utf-8"))
     rate = stats["tokens"] / max(stats["seconds"], 1e-9)
     print(f"sampled {stats['tokens']} tokens in {stats['seconds']:.1f} s ({rate:.0f} tokens/s, "

@@ -233,6 +233,9 @@ def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world) -> dict:
     }
 
 
+parser = cli.parser       # every command module offers parser() (fast/__main__.py)
+
+
 def main(argv: list[str] | None = None) -> dict:
     """``python -m fast train [--preset NAME] [--field value ...]``: train, print one line.
     Bad input: one line on stderr, exit status 2; a checkpoint that cannot be written:
