@@ -165,12 +165,13 @@ def _train(model_cfg, train_cfg, progress, dataset, device, precision, rank, wor
             world=world, model_cfg=model_cfg, train_cfg=train_cfg, history=history,
             evals=evals))
 
-    def run_eval() -> dict:
+    def run_eval(record: bool = True) -> dict:
         row = {"step": step}
         for split in train_cfg.eval_splits:
             row[split] = evaluate(model, dataset, split, batch_size=local_batch,
                                   max_batches=train_cfg.eval_batches, precision=precision)
-        evals.append(row)
+        if record:
+            evals.append(row)
         return row
 
     end = train_cfg.max_iters if train_cfg.stop_iter is None else min(train_cfg.stop_iter,
@@ -193,7 +194,9 @@ def _train(model_cfg, train_cfg, progress, dataset, device, precision, rank, wor
             torch.cuda.synchronize(device)
         iter_times.append(time.perf_counter() - t0)
 
-        logged = step % train_cfg.log_interval == 0 or step == end
+        # the last step of the whole run is logged, not the step a stopped run ends on
+        # (a stop and resume must give the same learning curve as one run)
+        logged = step % train_cfg.log_interval == 0 or step == train_cfg.max_iters
         if logged:
             value = loss.item()
             history["step"].append(step)
@@ -215,7 +218,11 @@ def _train(model_cfg, train_cfg, progress, dataset, device, precision, rank, wor
             checkpoint_path = save()
     if bar is not None:
         bar.close()
-    final = run_eval()
+    # The final evaluation joins the learning curve at the run's last step, or at a
+    # stop that falls on the eval interval; a run stopped elsewhere (stop_iter) reports
+    # it without recording it, so that stop + resume gives one run's curve.
+    on_interval = bool(train_cfg.eval_interval) and step % train_cfg.eval_interval == 0
+    final = run_eval(record=step == train_cfg.max_iters or on_interval)
     if train_cfg.save_checkpoint:
         checkpoint_path = save()
     if world > 1:
