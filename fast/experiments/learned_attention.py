@@ -62,16 +62,18 @@ PARTS = {"strided": ("band (last l positions)", "column (every l-th)"),
          "fixed": ("own block", "summaries (last c of each block)")}
 
 
-def configs(quick: bool = False, iters: int | None = None) -> tuple[ModelConfig, TrainConfig]:
-    """The dense model of Fig. 2 and its training run (``iters`` overrides the steps)."""
+def configs(quick: bool = False, iters: int | None = None, layers: int | None = None,
+            threads: int = THREADS) -> tuple[ModelConfig, TrainConfig]:
+    """The dense model of Fig. 2 and its training run (``iters``, ``layers`` override)."""
     model_cfg = ModelConfig(vocab_size=256, n_ctx=256, d_model=128, n_heads=4,
-                            n_layers=3 if quick else 6, pattern="full", combine="merged",
+                            n_layers=layers or (3 if quick else 6), pattern="full",
+                            combine="merged",
                             stride=STRIDE, embedding="image", image_shape=SHAPE)
     iters = iters or (30 if quick else 1000)
     train_cfg = TrainConfig(dataset="grey16", batch_size=16, max_iters=iters,
                             warmup_iters=max(2, iters // 10), lr=3e-3, precision="fp32",
                             eval_interval=0, eval_batches=8, log_interval=max(1, iters // 50),
-                            seed=0, save_checkpoint=False, cpu_threads=THREADS,
+                            seed=0, save_checkpoint=False, cpu_threads=threads,
                             out_dir="runs/learned_attention")
     return model_cfg, train_cfg
 
@@ -84,9 +86,10 @@ def paths(quick: bool) -> tuple[Path, Path, Path, Path]:
     return DATA / "learned_attention.pt", DATA / "learned_attention.json", DATA / "models", FIGURES
 
 
-def train_model(quick: bool = False, iters: int | None = None) -> tuple[torch.nn.Module, dict]:
+def train_model(quick: bool = False, iters: int | None = None, layers: int | None = None,
+                threads: int = THREADS) -> tuple[torch.nn.Module, dict]:
     """Train the dense model; returns (model, record without the model)."""
-    model_cfg, train_cfg = configs(quick, iters)
+    model_cfg, train_cfg = configs(quick, iters, layers, threads)
     dataset = load(train_cfg.dataset)
     t0, c0 = time.perf_counter(), time.process_time()
     rec = train(model_cfg, train_cfg, progress=True, dataset=dataset)
@@ -96,7 +99,7 @@ def train_model(quick: bool = False, iters: int | None = None) -> tuple[torch.nn
                    "test_bits": evaluate(model, dataset, "test", max_batches=None),
                    "time_per_iter": rec["time_per_iter"], "steps": rec["step"],
                    "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-                   "threads": THREADS, "n_params": rec["n_params"],
+                   "threads": threads, "n_params": rec["n_params"],
                    "model_cfg": as_dict(model_cfg), "train_cfg": as_dict(train_cfg),
                    "data": dataset.fingerprint()}
 
@@ -215,16 +218,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a tiny model, for development")
     parser.add_argument("--force", action="store_true", help="retrain even if cached")
-    parser.add_argument("--iters", type=int, default=None, help="training steps (default 1000)")
+    parser.add_argument("--iters", type=int, default=None,
+                        help="training steps (default 1000; retrains over the cache)")
+    parser.add_argument("--threads", type=int, default=THREADS,
+                        help=f"intra-op threads of the training (default {THREADS}; on a busy "
+                             f"machine 1 is far faster, but the weights differ in the last bits)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="layers of the dense model (default 6; retrains over the cache)")
     args = parser.parse_args(argv)
     weights, summary_path, models, figdir = paths(args.quick)
     weights.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    if weights.exists() and "train" in old and not args.force:
+    if weights.exists() and "train" in old and not (args.force or args.iters or args.layers):
         print(f"learned_attention: using cached {weights}", flush=True)
         record = old["train"]
     else:
-        model, record = train_model(args.quick, args.iters)
+        model, record = train_model(args.quick, args.iters, args.layers, args.threads)
         save_weights(weights, model)
     images = test_images()
     result = {"train": record, "query_pixels": [list(p) for p in QUERY_PIXELS],

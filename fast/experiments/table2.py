@@ -9,7 +9,7 @@ held-out bits and time per iteration. Here, on a 2-core CPU:
 * images -- 16x16 greyscale crops of the bundled photographs ("grey16"),
             n = 256, l = 16 = one image row, c = 4;
 
-every cell a 4-layer, d = 128, 4-head model (merged heads), trained by
+every cell a 4-layer, d = 64, 4-head model (merged heads), trained by
 ``fast.transformer.train.train`` with the same steps, batch, learning rate and
 schedule, once per seed (``--seeds``, default 3: seeds 0, 1, 2 draw different
 initial weights and batches). Each run uses one intra-op thread, in its own
@@ -29,10 +29,11 @@ n = 12288 (text), is measured too (``paper_lengths``): untrained weights (time
 does not depend on them), batch 1, one thread, alone.
 
     python -m fast table2 [--quick] [--force] [--seeds 3] [--jobs 2] [--only text/full,...]
+    python -m fast table2 --drift     # seed 0 of every cell again, 2 threads (reproducibility)
 
 Results go to figures/data/table2.json (written after each run; a run already
 there is skipped unless --force, so the script resumes). The seed-0 weights of
-every cell are kept (fp16, model only, about 1.7 MB each) in figures/data/models/
+every cell are kept (fp16, model only, about 0.5 MB each) in figures/data/models/
 as {modality}_{pattern}.pt: notebook 05 reads the image ones (Figure 2 for
 trained sparse models) and notebook 08 samples from them.
 """
@@ -66,7 +67,8 @@ from fast.transformer.train import train
 
 MODALITIES = ("text", "image")
 TEXT_EVAL_WINDOWS = 512          # text windows per held-out split, evenly spread
-STEPS = 300                      # training steps of every run (--iters overrides)
+STEPS = 250                      # training steps of every run (--iters overrides)
+WIDTH = 64                       # d: 3 seeds x 6 cells must fit about 15 minutes of 2 cores
 CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 # The paper's Table 2 (bits, seconds per iteration on their GPUs).
@@ -85,7 +87,7 @@ def run_configs(modality: str, pattern: str, quick: bool, iters: int | None = No
         raise ValueError(f"modality must be one of {MODALITIES} and pattern one of "
                          f"{PATTERN_ORDER}, got {modality!r}, {pattern!r}")
     iters = iters or (24 if quick else STEPS)
-    common = dict(d_model=128, n_heads=4, n_layers=2 if quick else 4, pattern=pattern,
+    common = dict(d_model=WIDTH, n_heads=4, n_layers=2 if quick else 4, pattern=pattern,
                   combine="merged")
     # images learn faster at a higher peak rate (3e-3 beat 1e-3 on grey16)
     schedule = dict(max_iters=iters, warmup_iters=max(2, iters // 10), precision="fp32",
@@ -167,11 +169,12 @@ def run_one(spec: dict) -> dict:
     """Train one cell with one seed (in a child process); returns its record.
 
     spec: {"key": "text/full", "seed": 0, "quick": bool, "iters": int | None,
-    "keep": path or None (where to save the weights)}.
+    "keep": path or None (where to save the weights), "threads": int (default 1)}.
     """
     modality, pattern = spec["key"].split("/")
     model_cfg, train_cfg = run_configs(modality, pattern, spec["quick"], spec.get("iters"),
                                        spec["seed"])
+    train_cfg.cpu_threads = spec.get("threads", 1)
     t0, c0 = time.perf_counter(), time.process_time()
     rec = train(model_cfg, train_cfg, progress=False, dataset=dataset(modality))
     model = rec["model"].eval()
@@ -240,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="JSON (default: figures/data/table2.json)")
     parser.add_argument("--iters", type=int, default=None,
                         help=f"training steps per run (default {STEPS})")
+    parser.add_argument("--drift", action="store_true",
+                        help="only retrain seed 0 of every cell (or of --only) with 2 threads: "
+                             "how far the bits move when only the summation order changes")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:
         raise ValueError(f"--seeds and --jobs must be >= 1, got {args.seeds}, {args.jobs}")
@@ -264,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     todo = []
     for key in [k for k in (only or keys) if k != "timing"]:
+        if args.drift:              # only the 2-thread twins of seed 0
+            todo.append({"key": key, "seed": 0, "quick": args.quick, "iters": args.iters,
+                         "keep": None, "threads": 2})
+            continue
         for seed in range(args.seeds):
             if str(seed) in data["runs"].get(key, {}) and not args.force and not only:
                 continue
@@ -280,13 +290,18 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"table2: {spec['key']} seed {spec['seed']} "
                                    f"{result['error']}\n{result['output']}")
             r = result["result"]
-            data["runs"].setdefault(spec["key"], {})[str(spec["seed"])] = r
+            if spec.get("threads", 1) != 1:     # --drift: the same run, another summation order
+                data.setdefault("drift", {})[spec["key"]] = {
+                    k: r[k] for k in ("val_bits", "test_bits", "threads", "seed")}
+            else:
+                data["runs"].setdefault(spec["key"], {})[str(spec["seed"])] = r
             data["summary"] = summarise(data["runs"])
             write_json(args.out, data)
             print(f"table2: [{done}/{len(todo)}, {time.perf_counter() - t0:.0f} s] "
                   f"{spec['key']} seed {spec['seed']}: test {r['test_bits']:.3f} {r['unit']}, "
                   f"{r['time_per_iter']:.3f} s/iter, {r['wall_s']:.0f} s", flush=True)
-    if ("timing" in (only or keys)) and ("timing" not in data or args.force or only):
+    if "timing" in (only or keys) and not args.drift and ("timing" not in data or args.force
+                                                          or only):
         data["timing"] = time_paper_lengths(args.quick)
         write_json(args.out, data)
     for path in plot_table2.make_all(data, figdir):
