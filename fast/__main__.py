@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from fast.core.cli import fail
+
 # command -> (module whose main(argv) runs it, what it does)
 COMMANDS = {
     "train": ("fast.transformer.train", "train a Sparse Transformer (presets, every config field)"),
@@ -31,6 +33,15 @@ COMMANDS = {
     "figures": ("fast.experiments.make_figures", "run every figure script in turn (make figures)"),
     "results": ("fast.experiments.results", "print the README's result tables from figures/data"),
     "notebooks": ("fast.experiments.run_notebooks", "re-execute notebooks in place"),
+    "samples": ("fast.experiments.samples", "images, completions and text drawn from the kept "
+                                            "models; figures/samples_*.png"),
+    "generate": ("fast.experiments.generation", "tokens per second of incremental decoding: "
+                                                "sparse and dense caches against re-running"),
+    "layout-time": ("fast.experiments.layout_time", "seconds to build the kernels' layouts at "
+                                                    "n = 2^20 (the host's part of a first call)"),
+    "train-time": ("fast.experiments.gpu_iteration_time", "seconds per training iteration of "
+                                                           "dense, fixed and strided models at "
+                                                           "Table 2's shapes (GPU)"),
 }
 
 
@@ -48,9 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"python -m fast: unknown command {name!r}; allowed: {', '.join(COMMANDS)}\n\n"
-              f"{usage()}", file=sys.stderr)
-        return 2
+        fail("python -m fast", f"unknown command {name!r}; allowed: {', '.join(COMMANDS)} "
+                               f"(python -m fast --help lists what each does)")
     module = importlib.import_module(COMMANDS[name][0])
     sys.argv = [f"python -m fast {name}", *rest]
     result = module.main(rest)

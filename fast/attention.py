@@ -16,20 +16,33 @@ Backends (one flag, the slow and the fast path side by side):
                -> flash attention over the transposed grid, bands and gathered
                summaries, merged through their log-sum-exp (``fast.backends.structured``);
 * "triton"     the block-sparse Triton kernel (``fast.kernels.triton_attention``);
-* "auto"       full -> causal SDPA everywhere. On CUDA, with Triton importable and
-               a float16/bfloat16/float32 input, every other pattern -> "triton"
-               (the structured path's CUDA fallback is exact but not fast). Else
-               strided, fixed -> "structured"; longformer, bigbird -> "naive".
+* "auto"       full -> causal SDPA everywhere. On CUDA, with Triton importable (and
+               not in its interpreter mode) and a float16/bfloat16/float32 input,
+               every other pattern -> "triton" (the structured path's CUDA fallback
+               is exact but not fast). Else strided, fixed -> "structured";
+               longformer, bigbird -> "naive".
 
 Every bad input raises ValueError saying what was given and what is allowed.
+Any finite ``scale`` is allowed, zero and negative ones included (scale 0 is uniform
+attention over the positions a row reads): every backend gives the reference's
+answer. For scale <= 0 the scale is folded into q (q * scale with scale 1), since the
+fused CPU attention kernel under the structured path and under dense causal SDPA
+returns NaN for a non-positive scale (torch 2.13.0).
 q, k, v and the scale are checked by ``fast.core.checks`` (the same checks as the
-Triton kernel's own entry point); non-finite q, k or v (NaN, inf) are rejected
-there, in one read-only pass, since a NaN would otherwise surface far from its cause.
+Triton kernel's own entry point). Non-finite q, k or v (NaN, inf) are rejected
+there too (``check_finite``), in one read-only pass, since a NaN would otherwise
+surface far from its cause -- by default on the CPU only: on CUDA the answer must
+be read back on the host, which makes every call wait for the GPU three times
+(q, k, v; with recomputation, twice per layer and training step). Pass
+``check_finite=True`` to ask for it there.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -42,14 +55,29 @@ from reference.params import check_params
 BACKENDS = ("auto", "structured", "naive", "triton")
 
 
+@functools.lru_cache(maxsize=1)
 def _triton_available() -> bool:
     return (importlib.util.find_spec("triton") is not None
             and importlib.util.find_spec("fast.kernels.triton_attention") is not None)
 
 
+def _triton_interpreted() -> bool:
+    """Whether the Triton kernels run (or will run) in Triton's CPU interpreter: decided
+    when Triton is first imported, by the environment variable TRITON_INTERPRET."""
+    launch = sys.modules.get("fast.kernels.launch")
+    if launch is not None:
+        return launch.interpreted()
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on", "y")
+
+
 def resolve_backend(backend, pattern: str, device: torch.device,
                     dtype: torch.dtype = torch.float32) -> str:
-    """The backend that ``backend`` means for ``pattern`` on ``device`` in ``dtype``."""
+    """The backend that ``backend`` means for ``pattern`` on ``device`` in ``dtype``.
+
+    "auto" never picks the Triton kernels for CUDA tensors when they run in the
+    interpreter (TRITON_INTERPRET=1, which reads CPU tensors only): it picks
+    "structured" then, so a test run under the interpreter on a GPU machine
+    still trains and samples on the GPU."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "structured" and pattern in ("longformer", "bigbird"):
@@ -59,7 +87,8 @@ def resolve_backend(backend, pattern: str, device: torch.device,
         return backend
     if pattern == "full":
         return "structured"
-    if device.type == "cuda" and dtype != torch.float64 and _triton_available():
+    if (device.type == "cuda" and dtype != torch.float64 and _triton_available()
+            and not _triton_interpreted()):
         return "triton"
     return "structured" if pattern in ("strided", "fixed") else "naive"
 
@@ -67,7 +96,8 @@ def resolve_backend(backend, pattern: str, device: torch.device,
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, *,
                      stride: int | None = None, c: int | None = None,
                      combine: str = "merged", layer: int = 0, scale: float | None = None,
-                     backend: str = "auto", **pattern_params) -> torch.Tensor:
+                     backend: str = "auto", check_finite: bool | None = None,
+                     **pattern_params) -> torch.Tensor:
     """Causal sparse attention of the Sparse Transformer.
 
     q, k, v: (B, H, n, d), one dtype (float64/float32/bfloat16/float16) and device,
@@ -76,14 +106,25 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     (window, dilation=1, global_tokens=()), "bigbird" (window, n_random,
     n_global, seed=0). combine: "merged" | "multihead" | "interleaved" (sec. 5.1);
     layer: the residual block index (only "interleaved" looks at it).
-    scale defaults to 1 / sqrt(d). Rows that read nothing output 0.
+    scale defaults to 1 / sqrt(d); any finite value is allowed. Rows that read nothing
+    output 0. The "structured" and "triton" backends are differentiable once (their
+    backward is written by hand): asking for a second derivative (create_graph=True)
+    raises a RuntimeError; "naive" is twice differentiable.
+    check_finite: reject NaN / inf in q, k, v (None: on the CPU only, where it costs no
+    wait for a device).
     """
-    check_tensors(q, k, v)
+    if check_finite is None:
+        check_finite = q.device.type == "cpu" if isinstance(q, torch.Tensor) else True
+    check_tensors(q, k, v, finite=check_finite)
     B, H, n, d = q.shape
     params = check_params(pattern, n, H, combine, layer,
                           {"stride": stride, "c": c, **pattern_params})
     scale = check_scale(scale, d)
     which = resolve_backend(backend, pattern, q.device, q.dtype)
+    if scale <= 0:
+        # the fused CPU kernel returns NaN for scale <= 0 (its running maximum assumes
+        # scale > 0); folding the scale into q gives every backend the same scores
+        q, scale = q * scale, 1.0                                        # (B, H, n, d)
 
     if which == "naive":
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,

@@ -97,6 +97,8 @@ def head_roles(pattern: str, n_heads: int, combine: str = "merged", layer: int =
     check_combine(combine)
     layer = check_layer(layer)
     parts = PARTS[pattern]
+    if stride is not None:
+        check_stride(stride)          # bounded like every integer (reference.params)
     if pattern == "fixed":
         if stride is None or c is None:
             raise ValueError(f"pattern 'fixed' needs the parameters stride and c for its head "

@@ -3,16 +3,25 @@
 
 Child et al., 2019, Table 2: the benchmark compares sparse and dense attention.
 Timings are not checked (noisy, shared machine); the structure, the slope fit,
-the ratio summary, the fresh-process measurement and the figure are.
+the ratio summary, the fresh-process measurement and the figure are; and the
+GPU's method (every contender in one process, first call apart, medians, the
+derived speed-up / ideal / floor, the cost estimate, the time budget) run on the
+CPU with a wall clock, and the CUDA figure drawn from a synthetic result.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
+
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
 
 from fast.experiments import bench as bench_cli
-from fast.measure import bench
+from fast.experiments import bench_gpu as gpu_bench
+from fast.measure import bench, bench_gpu
+from fast.plots import bench as plots
 
 
 def test_fitted_slope_recovers_power_law():
@@ -58,3 +67,186 @@ def test_one_point_in_a_fresh_process():
     r = bench_cli.measure_point(spec, inline=False, timeout=300)
     assert "skipped" not in r, r
     assert r["fwd_s"] > 0 and r["fb_s"] > 0 and r["peak_fwd_bytes"] is not None
+
+
+# ----------------------------------------------------------------------------
+# The figures: contenders named by what they are, times in milliseconds
+# ----------------------------------------------------------------------------
+
+def _drawn(monkeypatch, draw, data, tmp_path):
+    """Draw ``data`` with ``draw`` and return the figure it saved."""
+    saved = {}
+
+    def save(fig, path, **kw):
+        saved["fig"] = fig
+        return path
+    monkeypatch.setattr(plots.style, "save", save)
+    draw(data, tmp_path / "figure.png")
+    return saved["fig"]
+
+
+def _legend_texts(fig) -> set:
+    return {t.get_text().split(" (slope")[0] for ax in fig.axes if ax.get_legend()
+            for t in ax.get_legend().get_texts()}
+
+
+def test_cpu_figure_names_contenders_and_reads_in_ms(monkeypatch, tmp_path):
+    rows = [{"contender": c, "pattern": p, "n": n, "dtype": "float32", "fwd_s": t * n,
+             "fb_s": 3 * t * n}
+            for n in (4096, 8192) for c, p, t in (("dense", None, 1e-6), ("naive", "strided", 2e-6),
+                                                  ("flex", "strided", 1e-6),
+                                                  ("structured", "strided", 1e-7))]
+    data = {"results": rows, "machine": {"cpu": "test CPU", "cpu_count": 2, "torch": "x"},
+            "config": {"B": 1, "H": 4, "d": 64}}
+    fig = _drawn(monkeypatch, plots.plot, data, tmp_path)
+    names = _legend_texts(fig)
+    assert {"dense causal SDPA", "SDPA + boolean mask", "FlexAttention (BlockMask)",
+            "ours, PyTorch (structured)"} <= names, names
+    assert not names & {"dense", "naive", "flex", "structured"}
+    assert all("milliseconds" in ax.get_ylabel() for ax in fig.axes)
+    ys = [y for ax in fig.axes for line in ax.get_lines() for y in line.get_ydata()]
+    assert math.isclose(max(ys), 3 * 2e-6 * 8192 * 1e3)    # seconds drawn as milliseconds
+
+
+# ----------------------------------------------------------------------------
+# The GPU method (same process, first call apart, medians), run on the CPU
+# ----------------------------------------------------------------------------
+
+SAME = ["--same-process", "--n-min", "64", "--n-max", "128", "--target", "0", "--min-reps", "2",
+        "--warmup", "1", "--copy-mib", "1"]
+
+
+def test_same_process_sweep_on_the_cpu_writes_json_and_figure(tmp_path):
+    """The CUDA code path's orchestration with a wall-clock timer: every point, its
+    first call apart, medians, the derived speed-up / ideal / floor, the long sweep
+    (B=1, H=8, l=256: the layout build and the first call apart; the Triton kernel
+    where it runs, the interpreter on the CPU), the JSON and the figure."""
+    contenders = ["dense", "structured"]
+    if gpu_bench.triton_runs("cpu", torch.float32):
+        contenders.append("triton block-sparse")
+    assert bench_cli.main(SAME + ["--out", str(tmp_path), "--contenders", *contenders,
+                                  "--long", "--long-n-min", "128", "--long-n-max", "128"]) == 0
+    data = json.loads((tmp_path / "data" / "bench_cpu_same_process.json").read_text())
+    assert data["machine"]["timer"] == "perf_counter"
+    assert data["config"]["ns"] == [64, 128] and data["config"]["shapes"] == [[1, 4]]
+    assert data["estimate"]["measurements"] == 2 * 2 * (1 + 2 * (len(contenders) - 1)) + 4
+    assert data["calibration"]["copy"]["bytes_per_s"] > 0
+    assert data["calibration"]["sdpa_backend"]["float32"] != ""
+    got = {(r["contender"], r["pattern"], r["n"]) for r in data["results"]}
+    assert got == {("dense", None, n) for n in (64, 128)} | {
+        (c, p, n) for c in contenders[1:] for p in bench.PATTERN_PARAMS for n in (64, 128)}
+    for r in data["results"]:
+        assert "skipped" not in r, r
+        assert r["first_fwd_s"] > 0 and r["first_fb_s"] > 0
+        assert len(r["fwd_s_all"]) >= 2 and len(r["fb_s_all"]) >= 2
+        assert r["fwd_s"] == statistics.median(r["fwd_s_all"])
+        assert r["fb_s"] == statistics.median(r["fb_s_all"])
+        for what in ("fwd", "fb"):
+            d = r[what]
+            assert d["ideal"] == r["ideal"] > 0
+            assert d["floor_s"] == max(d["floor_bytes_s"], d["floor_tiles_s"])
+            assert math.isclose(d["x_floor"], r[what + "_s"] / d["floor_s"])
+            if r["contender"] == "dense":
+                assert math.isclose(d["speedup"], 1.0)
+    check_long(data)
+    assert (tmp_path / "bench_cpu_same_process.png").stat().st_size > 10_000
+
+
+def check_long(data: dict) -> None:
+    assert data["config"]["long_ns"] == [128]
+    rows = {(r["contender"], r["pattern"]): r for r in data["long"]}
+    assert set(rows) == {("dense", None), ("triton block-sparse", "strided"),
+                         ("triton block-sparse", "fixed")}
+    assert rows["dense", None]["fwd_s"] > 0
+    for pattern in ("strided", "fixed"):
+        r = rows["triton block-sparse", pattern]
+        if not gpu_bench.triton_runs("cpu", torch.float32):
+            assert "do not run" in r["skipped"]
+            continue
+        assert (r["B"], r["H"]) == (1, 8) and r["qkvo_bytes"] == 4 * 8 * 128 * 64 * 4
+        assert r["layout_s"] > 0 and r["first_fwd_s"] > 0 and r["fb_s"] > 0
+        assert r["fwd"]["ideal"] == r["ideal"]
+
+
+def test_only_long_skips_the_default_sweep():
+    args = bench_cli.same_process_defaults(bench_cli.parse_args(["--only-long"]))
+    assert args.long and args.ns == [] and gpu_bench.points(args) == []
+
+
+def test_time_budget_records_the_points_it_skips(tmp_path):
+    assert bench_cli.main(SAME + ["--out", str(tmp_path), "--contenders", "dense", "structured",
+                                  "--max-minutes", "1e-9"]) == 0
+    data = json.loads((tmp_path / "data" / "bench_cpu_same_process.json").read_text())
+    assert data["results"] and all("--max-minutes" in r["skipped"] for r in data["results"])
+
+
+def test_sweep_cost_is_estimated_from_its_size():
+    args = bench_cli.same_process_defaults(bench_cli.parse_args(["--device", "cuda"]))
+    small = gpu_bench.estimate(args)
+    assert small["measurements"] == 2 * (len(gpu_bench.points(args))) * (1 + 2 * 4)
+    args.long, args.ns = True, args.ns + [131072]
+    bigger = gpu_bench.estimate(args)
+    assert bigger["estimate_s"] > small["estimate_s"]
+    assert bigger["measurements"] > small["measurements"]
+    assert args.max_minutes == 9 and args.dtypes == ["float16", "bfloat16"]
+    assert args.shapes == [(1, 4), (4, 16)] and args.ns[0] == 1024
+
+
+def test_floor_and_ideal_arithmetic():
+    assert bench_gpu.io_bytes(1, 2, 8, 4, torch.float16, False) == 4 * 2 * 8 * 4 * 2
+    assert bench_gpu.io_bytes(1, 2, 8, 4, torch.float16, True) == 12 * 2 * 8 * 4 * 2
+    d = bench_gpu.derive(0.5, 10.0, 4.0, 1000, 1000.0)     # floors: 1 s (bytes), 2.5 s (tiles)
+    assert (d["speedup"], d["pct_ideal"], d["floor_s"], d["floor_by"]) == (20.0, 500.0, 2.5,
+                                                                           "tiles")
+    assert d["x_floor"] == 0.2
+    d = bench_gpu.derive(4.0, None, 4.0, 3000, 1000.0)
+    assert d["speedup"] is None and d["floor_s"] == 3.0 and d["floor_by"] == "bytes"
+
+
+def _synthetic_gpu_result() -> dict:
+    rows, long = [], []
+    for n in (1024, 4096, 16384):
+        for c, p in (("dense", None), ("flex", "strided"), ("structured", "strided"),
+                     ("triton block-sparse", "strided"), ("triton block-sparse", "fixed")):
+            t = 1e-9 * n * n / (1 if c == "dense" else 4)
+            d = bench_gpu.derive(t, 1e-9 * n * n, 8.0, 10 ** 6, 10 ** 12)
+            rows.append({"contender": c, "pattern": p, "dtype": "float16", "B": 4, "H": 16,
+                         "n": n, "fwd_s": t, "fb_s": 3 * t, "first_fwd_s": 1.0, "ideal": 8.0,
+                         "fwd": d, "fb": d})
+    for n in (131072, 262144):
+        for c, p in (("dense", None), ("triton block-sparse", "strided"),
+                     ("triton block-sparse", "fixed")):
+            long.append({"contender": c, "pattern": p, "dtype": "float16", "B": 1, "H": 8, "n": n,
+                         "fwd_s": 1e-3, "fb_s": 3e-3, "first_fwd_s": 0.5, "layout_s": 0.1,
+                         "peak_fb_over_qkvo": 1.5})
+    return {"machine": {"gpu": "Test GPU 80GB", "torch": "2.x", "triton": "3.x",
+                        "timer": "cuda events"},
+            "config": {"dtypes": ["float16"], "shapes": [[1, 4], [4, 16]], "d": 64, "block": 64,
+                       "patterns": bench.PATTERN_PARAMS},
+            "calibration": {"sdpa_backend": {"float16": "flash"}}, "results": rows, "long": long}
+
+
+def test_gpu_figure_from_a_synthetic_result(monkeypatch, tmp_path):
+    """The CUDA figure's structure: GPU name in the title, times, speed-up with the ideal,
+    and the long sweep's row."""
+    data = _synthetic_gpu_result()
+    fig = _drawn(monkeypatch, plots.plot_gpu, data, tmp_path)
+    assert "Test GPU 80GB" in fig.texts[0].get_text() and "B=4, H=16" in fig.texts[0].get_text()
+    assert len(fig.axes) == 3 * 3
+    names = _legend_texts(fig)
+    assert {"ours, Triton block-sparse, fwd", "ideal (tile count)",
+            "FlexAttention (BlockMask), fwd+bwd", "strided, first call"} <= names, names
+
+def test_gpu_figure_replots_from_its_json(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "bench_cuda.json").write_text(json.dumps(_synthetic_gpu_result()))
+    assert bench_cli.main(["--replot", "--device", "cuda", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "bench_cuda.png").stat().st_size > 10_000
+
+
+def test_flex_block_density_counts_partial_and_full_blocks():
+    """Causal at n = 256, block 128: 3 of the 4 blocks (the diagonal ones partial, one full)."""
+    mask = create_block_mask(lambda b, h, q, k: k <= q, None, 2, 256, 256, device="cpu")
+    assert bench_gpu.block_density(mask) == 0.75
+    mask = create_block_mask(lambda b, h, q, k: k == q, None, 1, 300, 300, device="cpu")
+    assert bench_gpu.block_density(mask) == 3 / 9

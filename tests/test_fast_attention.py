@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from fast import attention as fast_attention
 from fast import sparse_attention
 from fast.attention import _triton_available, resolve_backend
 from fast.backends import flash_cpu
@@ -361,15 +362,18 @@ def test_structured_with_math_fallback(monkeypatch, pattern, params, combine):
         assert (a - b).abs().max().item() < 1e-10, name
 
 
-def test_auto_backend_choice():
-    """auto: SDPA for full; Triton for the sparse patterns on CUDA (not float64); else CPU paths."""
+def test_auto_backend_choice(monkeypatch):
+    """auto: SDPA for full; Triton for the sparse patterns on CUDA (not float64, and
+    not when Triton runs in its CPU interpreter); else CPU paths."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_backend("auto", "full", cuda, torch.float16) == "structured"
     assert resolve_backend("auto", "strided", cpu) == "structured"
     assert resolve_backend("auto", "bigbird", cpu) == "naive"
     assert resolve_backend("auto", "fixed", cuda, torch.float64) == "structured"
-    expected = "triton" if _triton_available() else "structured"
-    assert resolve_backend("auto", "strided", cuda, torch.bfloat16) == expected
+    for interpreted in (False, True):
+        monkeypatch.setattr(fast_attention, "_triton_interpreted", lambda x=interpreted: x)
+        expected = "triton" if _triton_available() and not interpreted else "structured"
+        assert resolve_backend("auto", "strided", cuda, torch.bfloat16) == expected
     assert resolve_backend("naive", "strided", cuda) == "naive"
 
 

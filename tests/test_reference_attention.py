@@ -15,12 +15,12 @@ import math
 
 import numpy as np
 import pytest
-from conftest import make_qkv
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference import patterns as P
 from reference.attention import attend, attend_backward
+from tests.conftest import make_qkv
 
 
 def attend_rows(q, k, v, mask, scale=None):

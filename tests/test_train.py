@@ -227,7 +227,9 @@ def test_cli_help_and_bad_option(capsys):
     assert ok.value.code == 0 and "presets:" in capsys.readouterr().out
     with pytest.raises(SystemExit) as bad:
         training.main(["--layers", "2"])
-    assert "unknown option --layers" in str(bad.value.code)
+    assert bad.value.code == 2                              # a usage error: one line, exit 2
+    line = capsys.readouterr().err
+    assert "unknown option --layers" in line and "--n_layers" in line and line.count("\n") == 1
 
 
 def test_image_grid_layout():

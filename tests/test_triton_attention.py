@@ -4,59 +4,29 @@ Child et al., 2019, sections 4.3 and 5.1 (patterns, head combinations) and 5.5
 (block-sparse kernels). Every case compares the forward output and the q, k, v
 gradients with ``reference.attention`` under ``reference.patterns.head_masks``.
 
-On a CPU machine the kernels run in Triton's NumPy interpreter: this module sets
-TRITON_INTERPRET=1 itself when it is unset (``make test`` sets it for the whole
-run), before Triton is imported. The interpreter is slow, so the problems are
-small (n <= 100, block 16, float32) and the whole file takes about a minute or two.
-On a GPU run ``TRITON_INTERPRET=0 pytest tests/test_triton_attention.py``: the same
-cases run on CUDA, and the ``gpu`` tests add float16/bfloat16 (flash-attention
-tolerance rule) and larger n.
+On a CPU machine the kernels run in Triton's NumPy interpreter
+(``triton_helpers`` sets TRITON_INTERPRET=1 when it is unset, before Triton is
+imported; ``make test`` sets it for the whole run). The interpreter is slow, so
+the problems are small (n <= 100, block 16, float32) and the whole file takes
+about a minute or two. With TRITON_INTERPRET=0 on a GPU the same cases run on
+CUDA; every pattern x combine mode x dtype at larger n is in ``test_triton_gpu.py``.
 """
 
 from __future__ import annotations
 
-import os
+import numpy as np
+import pytest
+import torch
+from triton_helpers import T, make_inputs, needs_runner, ref_masks
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
+from fast import sparse_attention
+from fast.core.merge import merge
+from fast.layout import block_layout
+from fast.measure.bench_triton import contenders, ideal_speedup
+from reference import attention as A
+from reference import patterns as P
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-pytest.importorskip("triton")
-
-from fast import sparse_attention  # noqa: E402
-from fast.core.merge import merge  # noqa: E402
-from fast.kernels import triton_attention as T  # noqa: E402
-from fast.layout import block_layout  # noqa: E402
-from fast.measure.bench_triton import contenders, ideal_speedup  # noqa: E402
-from reference import attention as A  # noqa: E402
-from reference import patterns as P  # noqa: E402
-
-if T.interpreted():
-    DEVICE = "cpu"
-elif torch.cuda.is_available():
-    DEVICE = "cuda"
-else:
-    DEVICE = None
-needs_runner = pytest.mark.skipif(
-    DEVICE is None, reason="Triton compiled for GPU but no CUDA device; set TRITON_INTERPRET=1")
 BLOCK = 16
-
-
-def ref_masks(pattern, n, n_heads, combine="merged", layer=0, **params) -> np.ndarray:
-    """bool (H, n, n): which keys every head reads (the contract)."""
-    if pattern == "longformer":
-        return np.broadcast_to(P.longformer(n, **params), (n_heads, n, n))
-    if pattern == "bigbird":
-        return np.broadcast_to(P.bigbird(n, **params), (n_heads, n, n))
-    return P.head_masks(pattern, n, n_heads, combine, layer, **params)
-
-
-def make_inputs(B, H, n, d, seed=0, dtype=torch.float32, device=DEVICE):
-    g = torch.Generator().manual_seed(seed)
-    q, k, v, do = (torch.randn(B, H, n, d, generator=g, dtype=torch.float64) for _ in range(4))
-    return [t.to(device=device, dtype=dtype) for t in (q, k, v, do)]
 
 
 def check_against_reference(run, masks, B, H, n, d, seed=0, atol=2e-5):
@@ -286,87 +256,6 @@ def test_interpreter_runs_float32_only():
     q = torch.zeros(1, 1, 8, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="float32 only"):
         T.triton_sparse_attention(q, q, q, "full")
-
-
-# ----------------------------------------------------------------------------
-# GPU only: low precision (flash-attention rule) and larger n
-# ----------------------------------------------------------------------------
-
-def _torch_reference(q, k, v, mask, scale):
-    """Masked softmax attention in q's dtype (the low-precision reference)."""
-    s = (q @ k.transpose(-1, -2)) * scale                                # (B, H, n, n)
-    s = s.masked_fill(~mask, float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)                         # empty rows -> 0
-    return p @ v
-
-
-gpu = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET", "0") not in ("0", "") or not torch.cuda.is_available(),
-    reason="needs CUDA and TRITON_INTERPRET unset (or 0)")
-
-
-def _flash_rule(dtype, pattern, params, B, H, n, d, device, block_size=None):
-    """Forward and q, k, v gradients of the kernel in ``dtype`` against float64:
-    err(kernel) <= 2 * err(the masked-softmax reference run in ``dtype``) + floor."""
-    masks = torch.from_numpy(np.ascontiguousarray(ref_masks(pattern, n, H, "multihead", 0,
-                                                            **params))).to(device)
-    q, k, v, do = make_inputs(B, H, n, d, device=device, dtype=torch.float64)
-    scale = d ** -0.5
-
-    def grads(fn, dt):
-        ins = [t.detach().to(dt).clone().requires_grad_(True) for t in (q, k, v)]  # leaves
-        out = fn(*ins)
-        out.backward(do.to(dt))
-        return [out.double()] + [t.grad.double() for t in ins]
-
-    exact = grads(lambda a, b, c: _torch_reference(a, b, c, masks, scale), torch.float64)
-    low = grads(lambda a, b, c: _torch_reference(a, b, c, masks, scale), dtype)
-    fast = grads(lambda a, b, c: T.triton_sparse_attention(a, b, c, pattern, combine="multihead",
-                                                           block_size=block_size, **params),
-                 dtype)
-    for name, e, lo, f in zip(("out", "dq", "dk", "dv"), exact, low, fast):
-        err_ref = (lo - e).abs().max().item()
-        err_fast = (f - e).abs().max().item()
-        print(f"{dtype} {name}: err_fast {err_fast:.2e}  err_ref_lowprec {err_ref:.2e}")
-        floor = 1e-4 if dtype == torch.float32 else 1e-5  # float32 runs as tf32x3 on a GPU
-        assert err_fast <= 2 * err_ref + floor, name
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("pattern,params", [("strided", dict(stride=32)),
-                                            ("fixed", dict(stride=64, c=16)),
-                                            ("bigbird", dict(window=48, n_random=3, n_global=4))])
-def test_gpu_low_precision_flash_rule(dtype, pattern, params):
-    _flash_rule(dtype, pattern, params, 2, 4, 1025, 64, "cuda")
-
-
-@needs_runner
-@pytest.mark.parametrize("pattern,params", [("strided", dict(stride=8)),
-                                            ("fixed", dict(stride=16, c=4)),
-                                            ("bigbird", dict(window=6, n_random=2, n_global=2))])
-def test_flash_rule_check_runs_where_the_kernels_run(pattern, params):
-    """The GPU test's body, small and in float32, wherever the kernels run (the
-    interpreter on a CPU machine): its gradients come from proper leaf copies."""
-    _flash_rule(torch.float32, pattern, params, 1, 2, 70, 16, DEVICE, block_size=BLOCK)
-
-
-@pytest.mark.gpu
-@gpu
-def test_gpu_forward_and_backward_never_wait_for_the_device():
-    """Once the layout is cached, a call reads nothing back from the GPU: the tile
-    counts and the highest position are host ints of each DevicePart."""
-    q, k, v, do = make_inputs(1, 4, 1000, 64, device="cuda", dtype=torch.float16)
-    args = dict(stride=32, combine="merged")
-    for mode in ("default", "error"):  # the first call builds the layout and compiles
-        qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode(mode)
-        try:
-            T.triton_sparse_attention(qg, kg, vg, "strided", **args).backward(do)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
 
 
 def test_parts_that_do_not_fit_the_inputs_are_rejected():

@@ -40,14 +40,14 @@ from reference.patterns import bigbird_random_keys
 
 
 def mask_mod(pattern: str, n: int, n_heads: int, combine: str = "merged", layer: int = 0,
-             **params):
+             *, device="cpu", **params):
     """A FlexAttention mask_mod (b, h, q_idx, kv_idx) -> bool for ``pattern``.
 
     Arguments as ``fast.layout.block_layout`` (and ``reference.patterns.head_masks``
-    for full / strided / fixed). Its lookup tensors live on the CPU; ``block_mask``
-    builds one on the mask's device.
+    for full / strided / fixed). Its lookup tensors live on ``device`` (that of the
+    q, k, v it will mask; ``create_block_mask`` needs them there too).
     """
-    return _mask_mod(pattern, n, n_heads, combine, layer, "cpu", params)
+    return _mask_mod(pattern, n, n_heads, combine, layer, device, params)
 
 
 def _mask_mod(pattern, n, n_heads, combine, layer, device, params):

@@ -27,6 +27,7 @@ import functools
 import torch
 
 from reference.heads import PARTS, HeadRole, head_roles
+from reference.params import check_params
 from reference.patterns import bigbird_random_keys
 
 
@@ -108,7 +109,9 @@ def head_masks(pattern: str, n: int, n_heads: int, combine: str = "merged", laye
     ``reference.patterns.head_masks``: head h reads the union of the parts its
     ``reference.heads.HeadRole`` names. When every head reads the same mask the
     result is that mask expanded over heads (a view, not n_heads copies).
-    Parameters are assumed checked (``reference.params.check_params``)."""
+    Parameters are checked here too (``reference.params.check_params``, a few integer
+    comparisons): this is a public entry point, and a mask is O(n^2) anyway."""
+    params = check_params(pattern, n, n_heads, combine, layer, params)
     roles = head_roles(pattern, n_heads, combine, layer,
                        stride=params.get("stride"), c=params.get("c"))
     parts_of: dict = {}   # summary sub-block -> {part name: mask}; one entry unless fixed

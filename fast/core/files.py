@@ -5,6 +5,17 @@ any moment, and so must every cache the figure scripts write (sec. 7's results
 are recomputed from them). Everything the project writes to disk goes through
 ``atomic_write``: checkpoints (``fast.transformer.checkpoint``), the JSON caches
 of ``fast.experiments`` and the benchmark results.
+
+What happens on a fault:
+
+* the writer raises (a full disk, a read-only folder, a bug): the temporary file is
+  removed, ``path`` is left as it was, and the error propagates. When the file system
+  refused a write, that ``OSError`` is what propagates, even if the writer turned it
+  into its own exception (``torch.save`` reports a full disk as a RuntimeError
+  about stream positions);
+* the process is killed (``kill -9``) mid-write: ``path`` is left as it was; the
+  ``<name>.tmp`` file may remain (nothing can remove it then), nothing reads it, and
+  the next write to ``path`` replaces it.
 """
 
 from __future__ import annotations
@@ -14,21 +25,46 @@ import os
 from pathlib import Path
 
 
+class _Recording:
+    """A binary file whose ``write`` remembers the OSError it raised, if any."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def atomic_write(path, write) -> str:
     """Call ``write(file)`` on a temporary file beside ``path``, then rename it over
     ``path`` (``os.replace`` is atomic on one file system). If writing fails, the
-    temporary file is removed and ``path`` is left as it was. Returns the path."""
+    temporary file is removed and ``path`` is left as it was. Returns the path.
+    ``file`` offers ``write`` and ``flush`` (enough for ``torch.save`` and JSON)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    recording = None
     try:
         with open(tmp, "wb") as f:
-            write(f)
+            recording = _Recording(f)
+            write(recording)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as err:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass                     # e.g. the folder itself is gone: nothing to clean up
+        if recording is not None and recording.error is not None and recording.error is not err:
+            raise recording.error from err
         raise
     return str(path)
 

@@ -6,6 +6,8 @@ Each script trains or measures (through ``fast.transformer`` and
 of a ``python -m fast`` command: ``bench``, ``memory`` (``memory_report``),
 ``table2``, ``fig2`` (``learned_attention``), ``figures`` (``make_figures``
 runs the four before), ``results`` (prints the README's tables from the JSON)
-and ``notebooks`` (``run_notebooks``). ``bench_triton`` times the Triton kernel
-on a GPU (``python -m fast.experiments.bench_triton``).
+and ``notebooks`` (``run_notebooks``). On a GPU, ``bench`` runs the sweep of
+``bench_gpu`` (every contender in one process, CUDA events), ``train-time``
+(``gpu_iteration_time``) times Table 2's training iterations, and
+``layout_time`` times the layout build at long n (docs/gpu.md).
 """

@@ -14,15 +14,20 @@ gives the method):
                 for ~25 s
   structured    ours, at every n
 
-for the strided (l=128) and fixed (l=128, c=32) patterns, merged heads. With
-``--device cuda`` it adds the Triton contenders and runs float32, float16 and
-bfloat16. Every (contender, pattern, n) is measured in a fresh process
-(``fast.measure.child``), so each peak memory is that run's alone.
+for the strided (l=128) and fixed (l=128, c=32) patterns, merged heads. Every
+(contender, pattern, n) is measured in a fresh process (``fast.measure.child``),
+so each peak memory is that run's alone.
+
+With ``--device cuda`` the method changes (``fast.experiments.bench_gpu``): every
+contender family (dense SDPA, FlexAttention, the structured path, the Triton
+kernels) runs in this one process, the first call apart, steady state as medians
+of CUDA-event times, float16 and bfloat16, (B, H) = (1, 4) and (4, 16); ``--long``
+adds n up to 2**20. ``--same-process`` runs that method on the CPU (wall clock).
 
     python -m fast bench                  # the full CPU sweep (about 8 min on 2 cores)
     python -m fast bench --quick          # n <= 4096, no FlexAttention
-    python -m fast bench --device cuda
-    python -m fast bench --replot         # redraw the figure from the saved JSON
+    python -m fast bench --device cuda [--long] [--out DIR]
+    python -m fast bench --replot [--device cuda]   # redraw the figure from the saved JSON
 
 Writes figures/data/bench_cpu.json (machine, versions, load average, every
 timing) and figures/bench_cpu.png (``fast.plots.bench``); bench_cuda.* on CUDA.
@@ -41,10 +46,11 @@ from pathlib import Path
 import torch
 
 from fast.core.files import write_json
+from fast.experiments import bench_gpu
 from fast.experiments.paths import FIGURES
 from fast.measure import bench
 from fast.measure.child import run_child
-from fast.plots.bench import plot
+from fast.plots.bench import plot, plot_gpu
 
 
 def skip_reason(name: str, pattern: str | None, n: int, args, flex_ns: set) -> str | None:
@@ -73,11 +79,12 @@ def measure_point(spec: dict, inline: bool, timeout: float) -> dict:
 
 
 def run(args) -> dict:
-    """The sweep: every dtype, n and contender; returns the dict written to the JSON."""
+    """The CPU sweep (a fresh process per point): every n and contender; returns the
+    dict written to the JSON."""
     device = args.device
-    dtypes = ["float32"] if device == "cpu" else ["float32", "float16", "bfloat16"]
-    ns = [2 ** e for e in range(int(math.log2(args.n_min)), int(math.log2(args.n_max)) + 1)]
-    flex_ns = set(args.flex_n) if device == "cpu" else set(ns)
+    dtypes = ["float32"]
+    ns = _powers(args.n_min, args.n_max)
+    flex_ns = set(args.flex_n)
     t_start = time.time()
     info = bench.machine_info(device)
     info["loadavg_start"] = os.getloadavg()
@@ -168,8 +175,8 @@ def parse_args(argv=None):
                    help="largest n for the naive masked SDPA (O(n^2) time and memory)")
     p.add_argument("--mask-gb", type=float, default=3.0,
                    help="largest naive mask (bool + SDPA's float copy), GiB")
-    p.add_argument("--target", type=float, default=1.0,
-                   help="seconds of repetitions per measurement")
+    p.add_argument("--target", type=float, default=None,
+                   help="seconds of repetitions per measurement (CPU 1.0; same process 0.1)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per point")
     p.add_argument("--inline", action="store_true",
                    help="measure in this process (tests; memory less isolated)")
@@ -178,24 +185,96 @@ def parse_args(argv=None):
                         "(default: figures/)")
     p.add_argument("--replot", action="store_true",
                    help="measure nothing: redraw bench_<device>.png from the saved JSON")
+    g = p.add_argument_group("the same-process method (the default on CUDA)")
+    g.add_argument("--same-process", action="store_true",
+                   help="every contender in this process, first call apart, medians")
+    g.add_argument("--dtypes", nargs="+", choices=tuple(bench.DTYPES), default=None,
+                   help="default: float16 bfloat16 on CUDA, float32 on the CPU")
+    g.add_argument("--shapes", nargs="+", type=_shape, default=None,
+                   help="(B, H) as BxH; default 1x4 4x16 (CPU: 1x4)")
+    g.add_argument("--contenders", nargs="+", choices=bench_gpu.CONTENDERS, default=None)
+    g.add_argument("--warmup", type=int, default=2)
+    g.add_argument("--min-reps", type=int, default=5)
+    g.add_argument("--max-minutes", type=float, default=None,
+                   help="start no new point after this (default 9 on CUDA)")
+    g.add_argument("--assume-tflops", type=float, default=None,
+                   help="dense throughput assumed by the cost estimate (CUDA 300)")
+    g.add_argument("--copy-mib", type=int, default=None,
+                   help="MiB copied to measure the bandwidth (CUDA 1024, CPU 64)")
+    g.add_argument("--no-target-points", dest="target_points", action="store_false",
+                   default=None, help="skip the (1, 16, 65536) target point")
+    g.add_argument("--long", action="store_true", help="add the long sweep (B=1, H=8, l=256)")
+    g.add_argument("--only-long", action="store_true",
+                   help="only the long sweep (with a 10-minute limit per command, run the "
+                        "default sweep and this one separately)")
+    g.add_argument("--long-n-min", type=int, default=2**17)
+    g.add_argument("--long-n-max", type=int, default=2**20)
+    g.add_argument("--long-dense-n-max", type=int, default=2**19)
     return p.parse_args(argv)
+
+
+def _shape(text: str) -> tuple[int, int]:
+    """'4x16' -> (4, 16)."""
+    try:
+        b, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a shape is BxH, e.g. 4x16, got {text!r}") from None
+    if b < 1 or h < 1:
+        raise argparse.ArgumentTypeError(f"B and H must be >= 1, got {text!r}")
+    return b, h
+
+
+def _powers(lo: int, hi: int) -> list[int]:
+    return [2 ** e for e in range(int(math.log2(lo)), int(math.log2(hi)) + 1)]
+
+
+def same_process_defaults(args):
+    """Fill the same-process options left unset, for the device."""
+    cuda = args.device == "cuda"
+    args.dtypes = args.dtypes or (["float16", "bfloat16"] if cuda else ["float32"])
+    args.shapes = args.shapes or ([(1, 4), (4, 16)] if cuda else [(1, 4)])
+    args.contenders = args.contenders or [
+        c for c in bench_gpu.CONTENDERS if not (c == "flex" and (args.no_flex or not cuda))]
+    args.target = 0.1 if args.target is None else args.target
+    args.max_minutes = args.max_minutes if args.max_minutes is not None else (9 if cuda else None)
+    args.assume_tflops = args.assume_tflops or (300.0 if cuda else 0.05)
+    args.copy_mib = args.copy_mib or (1024 if cuda else 64)
+    args.target_points = cuda if args.target_points is None else args.target_points
+    args.patterns = bench.PATTERN_PARAMS
+    args.ns = _powers(args.n_min, args.n_max)
+    args.long_ns = _powers(args.long_n_min, args.long_n_max)
+    args.long = args.long or args.only_long
+    if args.only_long:
+        args.ns, args.target_points = [], False
+    return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    same = args.same_process or args.device == "cuda"
+    name = f"bench_{args.device}" + ("_same_process" if same and args.device == "cpu" else "")
     out = args.out or FIGURES
-    path = out / "data" / f"bench_{args.device}.json"
-    png = out / f"bench_{args.device}.png"
+    path, png = out / "data" / f"{name}.json", out / f"{name}.png"
     if args.replot:
-        print(f"wrote {plot(json.loads(path.read_text()), png)}")
+        draw = plot_gpu if same else plot
+        print(f"wrote {draw(json.loads(path.read_text()), png)}")
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here")
     if args.quick:
-        args.n_max, args.no_flex, args.target = min(args.n_max, 4096), True, 0.3
+        args.n_max, args.no_flex = min(args.n_max, 4096), True
+        args.target = 0.3 if args.target is None else args.target
     if args.n_min < 1 or args.n_max < args.n_min:
         raise SystemExit(f"need 1 <= --n-min <= --n-max, got {args.n_min}, {args.n_max}")
-
+    if same:
+        args = same_process_defaults(args)
+        data = bench_gpu.run(args, save=lambda d: write_json(path, d, indent=1))
+        write_json(path, data, indent=1)
+        bench_gpu.print_targets(data)
+        plot_gpu(data, png)
+        print(f"\nwrote {path} and {png} ({data['machine']['wall_s']:.0f} s)")
+        return 0
+    args.target = 1.0 if args.target is None else args.target
     data = run(args)
     for dtype in data["targets"]:
         print_table(data["results"], dtype)

@@ -33,6 +33,7 @@ except ImportError as err:  # pragma: no cover - exercised only without triton
         "without it use fast.sparse_attention(..., backend='structured')"
     ) from err
 
+from fast.core.autograd import once_differentiable
 from fast.kernels import triton_kernels as K
 from fast.kernels.tables import DevicePart
 
@@ -170,6 +171,7 @@ class BlockSparseAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable("the Triton backend of sparse_attention")
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = backward(q, k, v, out, lse, grad_out, ctx.parts, ctx.scale, ctx.block)

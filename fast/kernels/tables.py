@@ -9,10 +9,11 @@ their token mask, -1 = full block), the transposed table for the dK/dV kernel
 (``q_count``, ``q_index``, ``q_mask``) and the deduplicated ``token_masks`` of
 partial blocks.
 
-``device_part`` copies one part to the device as contiguous int32 tensors and
-computes, once and on the host, what the launchers need as plain numbers (the
-tile count and the highest position read), so that no forward or backward call
-waits for the GPU to read them back. ``parts_from_masks`` builds natural-order
+``device_part`` puts one part on the device as contiguous int32 tensors (a
+``fast.layout.LayoutPart`` writes its range tables there directly) and computes,
+once and on the host, what the launchers need as plain numbers (the tile count
+and the highest position read), so that no forward or backward call waits for
+the GPU to read them back. ``parts_from_masks`` builds natural-order
 parts from dense masks (tests, teaching, small custom masks). Nothing here needs
 Triton.
 """
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fast.layout import LayoutPart
 from fast.layout.tiles import tables
 
 
@@ -40,7 +42,7 @@ class DevicePart:
     q_index: torch.Tensor      # (HL, NKB, MAXQ)
     q_mask: torch.Tensor       # (HL, NKB, MAXQ)
     token_masks: torch.Tensor  # (max(NM, 1), BLOCK, BLOCK) int8
-    blocks: int                # number of (query block, key block) pairs over all heads
+    blocks: int                # number of (query block, key block) pairs over its HL heads
     top: int                   # the highest position any slot holds (-1: none)
 
     @property
@@ -65,25 +67,47 @@ def _table(index, mask, device) -> tuple[torch.Tensor, torch.Tensor]:
     return index, mask
 
 
-def device_part(part, block: int, device) -> DevicePart:
-    """Copy a ``LayoutPart`` (or anything with its fields) to ``device`` as int32."""
-    q_pos, k_pos = _host(part.q_pos), _host(part.k_pos)                  # (HL, Mq), (HL, Mk)
+def _check_slots(part, q_pos, k_pos) -> None:
+    """Kernels of one part add into rows by position: each position may own one slot
+    per head. (Layouts of ``fast.layout`` hold this by construction and are not
+    re-checked: at n = 2**20 the sort costs about a second.)"""
     for field, pos in (("q_pos", q_pos), ("k_pos", k_pos)):
-        # kernels of one part add into rows by position: each position may own one slot
         srt = pos.sort(dim=1).values
         if ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any():
             raise ValueError(f"layout part {getattr(part, 'name', '?')!r}: {field} holds a "
                              "position twice in one head; every position may own one slot")
+
+
+def device_part(part, block: int, device) -> DevicePart:
+    """Copy a ``LayoutPart`` (or anything with its fields) to ``device`` as int32.
+
+    A ``LayoutPart`` writes its look-up tables on ``device`` itself
+    (``LayoutPart.tables``: range tables never pass through the host), and one whose
+    heads all behave alike (``shared``) becomes a one-head part (HL = 1: the kernels
+    serve every head from it). Anything else is copied field by field and checked
+    for positions held twice."""
+    built = isinstance(part, LayoutPart)
+    one = built and part.shared
+    fields = {name: getattr(part, name)[:1] if one else getattr(part, name)
+              for name in ("q_pos", "k_pos", "kv_count", "q_count")}
+    q_pos, k_pos = _host(fields["q_pos"]), _host(fields["k_pos"])       # (HL, Mq), (HL, Mk)
+    if not built:
+        _check_slots(part, q_pos, k_pos)
     name = getattr(part, "name", "?")
     part_block = getattr(part, "block_size", block)
-    kv_count = _host(part.kv_count)                                      # (HL, NQB)
-    n_qb, n_kb = kv_count.shape[-1], _host(part.q_count).shape[-1]
+    kv_count = _host(fields["kv_count"])                                 # (HL, NQB)
+    n_qb, n_kb = kv_count.shape[-1], _host(fields["q_count"]).shape[-1]
     if part_block != block or q_pos.shape[-1] != n_qb * block or k_pos.shape[-1] != n_kb * block:
         raise ValueError(f"layout part {name!r} was built for another block size "
                          f"({part_block}; {n_qb} query blocks over "
                          f"{q_pos.shape[-1]} slots) than block_size={block}")
-    kv_index, kv_mask = _table(part.kv_index, part.kv_mask, device)
-    q_index, q_mask = _table(part.q_index, part.q_mask, device)
+    if built:
+        kv_index, kv_mask, q_index, q_mask = part.tables(device, first_head=one)
+    else:
+        kv_index, kv_mask = part.kv_index, part.kv_mask
+        q_index, q_mask = part.q_index, part.q_mask
+    kv_index, kv_mask = _table(kv_index, kv_mask, device)
+    q_index, q_mask = _table(q_index, q_mask, device)
     tm = torch.as_tensor(part.token_masks).reshape(-1, block, block)    # (NM, BLOCK, BLOCK)
     tm = tm.to(device=device, dtype=torch.int8).contiguous()
     if tm.shape[0] == 0:
@@ -91,9 +115,9 @@ def device_part(part, block: int, device) -> DevicePart:
     top = max((int(pos.max()) for pos in (q_pos, k_pos) if pos.numel()), default=-1)
     return DevicePart(
         name=str(getattr(part, "name", "part")),
-        q_pos=_int32(part.q_pos, device), k_pos=_int32(part.k_pos, device),
-        kv_count=_int32(part.kv_count, device), kv_index=kv_index, kv_mask=kv_mask,
-        q_count=_int32(part.q_count, device), q_index=q_index, q_mask=q_mask,
+        q_pos=_int32(q_pos, device), k_pos=_int32(k_pos, device),
+        kv_count=_int32(kv_count, device), kv_index=kv_index, kv_mask=kv_mask,
+        q_count=_int32(fields["q_count"], device), q_index=q_index, q_mask=q_mask,
         token_masks=tm, blocks=int(kv_count.sum()), top=top,
     )
 

@@ -20,6 +20,8 @@ in-kernel merge from ``fast.core.merge``).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 import torch
 
@@ -31,8 +33,8 @@ from fast.layout import block_layout
 
 __all__ = [
     "GPU_DTYPES", "MAX_HEAD_DIM", "DevicePart", "attention_lse", "attention_with_parts",
-    "cached_layout", "default_block", "device_part", "forward", "interpreted", "merge",
-    "parts_from_masks", "triton_sparse_attention",
+    "cached_layout", "clear_layout_cache", "default_block", "device_part", "forward",
+    "interpreted", "merge", "parts_from_masks", "triton_sparse_attention",
 ]
 
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -121,7 +123,8 @@ def attention_lse(q, k, v, parts, *, scale=None, block_size: int):
 # Layouts: built by fast.layout, cached per (pattern, n, H, combine, layer, params, block, device)
 # ----------------------------------------------------------------------------
 
-_LAYOUTS: dict = {}
+_LAYOUTS: OrderedDict = OrderedDict()   # key -> (device parts, layout), least recently used first
+MAX_CACHED_LAYOUTS = 16
 
 
 def _hashable(x):
@@ -136,17 +139,31 @@ def cached_layout(pattern: str, n: int, n_heads: int, combine: str, layer: int,
                   params: dict, block: int, device,
                   order: str = "structured") -> tuple[list[DevicePart], object]:
     """The layout's parts on ``device`` (built once, then cached), and the layout.
-    ``order="natural"`` (one part, natural token order) is for comparisons only."""
-    key = (pattern, n, n_heads, combine, layer,
+    ``order="natural"`` (one part, natural token order) is for comparisons only.
+
+    The cache keeps the ``MAX_CACHED_LAYOUTS`` most recently used layouts (their
+    tables stay on the device: the fixed pattern's at n = 2**20, H = 8 take 4 GiB);
+    ``clear_layout_cache`` empties it. Interleaved layers r and r + 2 share one
+    entry (they read the same part), other combine modes one for every layer."""
+    layer_key = layer % 2 if combine == "interleaved" else 0
+    key = (pattern, n, n_heads, combine, layer_key,
            tuple(sorted((k, _hashable(v)) for k, v in params.items())), block, str(device),
            order)
     hit = _LAYOUTS.get(key)
     if hit is None:
-        lay = block_layout(pattern, n, n_heads=n_heads, combine=combine, layer=layer,
+        lay = block_layout(pattern, n, n_heads=n_heads, combine=combine, layer=layer_key,
                            block_size=block, order=order, **params)
         hit = ([device_part(p, block, device) for p in lay.parts], lay)
         _LAYOUTS[key] = hit
+        while len(_LAYOUTS) > MAX_CACHED_LAYOUTS:
+            _LAYOUTS.popitem(last=False)
+    _LAYOUTS.move_to_end(key)
     return hit
+
+
+def clear_layout_cache() -> None:
+    """Forget every cached layout (and free its device tables)."""
+    _LAYOUTS.clear()
 
 
 def default_block(device) -> int:

@@ -65,6 +65,17 @@ LN2 = 0.6931471805599453     # ln(2): lse leaves the kernels in natural-log unit
 
 
 @triton.jit
+def _program_heads(H, HL):
+    """This program's batch b and head h (grid axis 1 is b * H + h) as int64 (64-bit
+    offsets: B*H*n*d may pass 2^31), the layout head hl (a layout with HL == 1
+    serves every head) and the axis index bh."""
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = bh % H
+    return b, h.to(tl.int64), h % HL, bh
+
+
+@triton.jit
 def _slot_rows(ptr, base, pos, offs_d, stride_n, row_ok, d_ok):
     """Load the rows ``pos`` (one per slot) of a (n, D) matrix; padding -> 0."""
     ptrs = ptr + base + pos[:, None] * stride_n + offs_d[None, :]
@@ -104,11 +115,7 @@ def _fwd_kernel(
     ACCUMULATE: tl.constexpr,   # merge into the (out, lse) already there (every part but the first)
 ):
     qb = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)           # 64-bit offsets: B*H*n*d may pass 2^31
-    h = bh % H
-    h64 = h.to(tl.int64)
-    hl = h % HL                                  # a layout with HL == 1 serves every head
+    b, h64, hl, bh = _program_heads(H, HL)
     offs_m = tl.arange(0, BLOCK)
     offs_n = tl.arange(0, BLOCK)
     offs_d = tl.arange(0, BLOCK_D)
@@ -182,6 +189,19 @@ def _row_stats(Lse, Delta, base, q_pos, q_ok):
 
 
 @triton.jit
+def _recompute(q, k, v, do, lse2, delta, TokMask, mid, k_ok, offs_m, offs_n, qk_scale,
+               BLOCK: tl.constexpr, PRECISION: tl.constexpr):
+    """One tile of the backward, shared by ``_dq_kernel`` and ``_dkdv_kernel``: the
+    recomputed P = 2^(S - lse) on the allowed pairs (0 elsewhere) and
+    dS = P * (dO V^T - delta). (BLOCK_q, BLOCK_k) each."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
+    p = tl.where(allowed, tl.exp2(s - lse2[:, None]), 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    return p, p * (dp - delta[:, None])
+
+
+@triton.jit
 def _dq_kernel(
     # pointers: q, k, v, dO (B, H, n, D); lse, delta (B, H, n) fp32; dQ (B, H, n, D) fp32 (added to)
     Q, K, V, DO, Lse, Delta, DQ,
@@ -199,11 +219,7 @@ def _dq_kernel(
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
 ):
     qb = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)           # 64-bit offsets: B*H*n*d may pass 2^31
-    h = bh % H
-    h64 = h.to(tl.int64)
-    hl = h % HL
+    b, h64, hl, bh = _program_heads(H, HL)
     offs_m = tl.arange(0, BLOCK)
     offs_n = tl.arange(0, BLOCK)
     offs_d = tl.arange(0, BLOCK_D)
@@ -228,12 +244,8 @@ def _dq_kernel(
         k_ok = k_pos >= 0
         k = _slot_rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
         v = _slot_rows(V, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
-
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
-        p = tl.where(allowed, tl.exp2(s - lse2[:, None]), 0.0)              # (BLOCK, BLOCK)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
+        _, ds = _recompute(q, k, v, do, lse2, delta, TokMask, mid, k_ok, offs_m, offs_n,
+                           qk_scale, BLOCK, PRECISION)                     # (BLOCK, BLOCK)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
 
     g_ptrs = DQ + b * stride_gb + h64 * stride_gh + q_pos[:, None] * stride_gn + offs_d[None, :]
@@ -263,11 +275,7 @@ def _dkdv_kernel(
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
 ):
     kb = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)           # 64-bit offsets: B*H*n*d may pass 2^31
-    h = bh % H
-    h64 = h.to(tl.int64)
-    hl = h % HL
+    b, h64, hl, bh = _program_heads(H, HL)
     offs_m = tl.arange(0, BLOCK)
     offs_n = tl.arange(0, BLOCK)
     offs_d = tl.arange(0, BLOCK_D)
@@ -293,13 +301,9 @@ def _dkdv_kernel(
         q = _slot_rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
         do = _slot_rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
         lse2, delta = _row_stats(Lse, Delta, bh.to(tl.int64) * N, q_pos, q_ok)
-
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale   # (BLOCK_q, BLOCK_k)
-        allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
-        p = tl.where(allowed, tl.exp2(s - lse2[:, None]), 0.0)
+        p, ds = _recompute(q, k, v, do, lse2, delta, TokMask, mid, k_ok, offs_m, offs_n,
+                           qk_scale, BLOCK, PRECISION)                    # (BLOCK_q, BLOCK_k)
         dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
         dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
 
     g_ok = k_ok[:, None] & d_ok[None, :]

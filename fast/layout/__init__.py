@@ -5,7 +5,9 @@ touches and with which exact token mask, in a token order of its own per part
 (strided columns transposed, fixed summaries gathered), without ever forming an
 n x n mask. ``blocks`` holds the public ``block_layout``; ``heads`` turns the head
 roles of ``reference.heads`` into a per-head table; ``parts`` enumerates candidate
-tiles from closed forms; ``tiles`` turns candidates into tables.
+tiles from closed forms; ``tiles`` turns candidates into tables; ``prefix`` builds
+the parts whose queries read a prefix of their keys (the fixed summary) without
+listing tiles; ``lut`` holds the look-up tables, listed or as ranges.
 """
 
 from fast.layout.blocks import BlockLayout, LayoutPart, block_layout

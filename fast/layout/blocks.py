@@ -37,6 +37,7 @@ import torch
 
 from fast.layout import parts as lp
 from fast.layout.heads import head_table
+from fast.layout.lut import per_head
 from fast.layout.tiles import build_part
 from reference.heads import head_roles
 from reference.params import check_int, check_params
@@ -49,19 +50,42 @@ ORDERS = ("structured", "natural")
 class LayoutPart:
     """One part of a layout: a token order and its non-empty tiles.
 
-    Tables are per head; "slot" means a position in this part's token order.
+    Tables are per head; "slot" means a position in this part's token order. The
+    look-up tables live in ``kv_lut`` / ``q_lut`` (``fast.layout.lut``: listed, or
+    contiguous ranges written on the run device by ``tables(device)``); the
+    properties ``kv_index`` ... ``q_mask`` give them on the CPU (tests, FlexAttention).
     """
     name: str                  # "local", "column", "block", "summary", "full", ...
     block_size: int            # B: slots per block
     q_pos: torch.Tensor        # (H, Mq) int64: position held by each query slot, -1 = padding
     k_pos: torch.Tensor        # (H, Mk) int64: same for key slots; Mq, Mk multiples of B
     kv_count: torch.Tensor     # (H, NQB) int32: non-empty key blocks of each query block
-    kv_index: torch.Tensor     # (H, NQB, MAXK) int32: their key-block indices, ascending, 0-padded
-    kv_mask: torch.Tensor      # (H, NQB, MAXK) int32: index into token_masks, -1 = full block
+    kv_lut: object             # (H, NQB, MAXK) key-block indices, ascending, and their token
+                               # mask index (-1 = full block)
     q_count: torch.Tensor      # (H, NKB) int32: the transpose: query blocks of each key block
-    q_index: torch.Tensor      # (H, NKB, MAXQ) int32: ascending, 0-padded
-    q_mask: torch.Tensor       # (H, NKB, MAXQ) int32: as kv_mask
+    q_lut: object              # (H, NKB, MAXQ): query-block indices, ascending, and masks
     token_masks: torch.Tensor  # (NM, B, B) bool: deduplicated masks of the partial tiles
+    _cpu: dict = field(default_factory=dict)
+
+    @property
+    def shared(self) -> bool:
+        """Every head behaves alike: the per-head tensors are views of one row."""
+        return self.q_pos.shape[0] > 1 and self.q_pos.stride(0) == 0
+
+    def tables(self, device=None, first_head: bool = False) -> tuple[torch.Tensor, ...]:
+        """(kv_index, kv_mask, q_index, q_mask), contiguous int32 on ``device``;
+        ``first_head``: head 0's rows only (enough for a ``shared`` part)."""
+        return (*self.kv_lut.on(device, first_head), *self.q_lut.on(device, first_head))
+
+    def _table(self, i: int) -> torch.Tensor:
+        if not self._cpu:
+            self._cpu.update(enumerate(self.tables("cpu")))
+        return self._cpu[i]
+
+    kv_index = property(lambda self: self._table(0), doc="(H, NQB, MAXK) int32, on the CPU")
+    kv_mask = property(lambda self: self._table(1), doc="(H, NQB, MAXK) int32, -1 = full")
+    q_index = property(lambda self: self._table(2), doc="(H, NKB, MAXQ) int32, on the CPU")
+    q_mask = property(lambda self: self._table(3), doc="(H, NKB, MAXQ) int32, -1 = full")
 
     @property
     def n_blocks_computed(self) -> int:
@@ -185,71 +209,99 @@ def block_layout(pattern: str, n: int, n_heads: int = 1, combine: str = "merged"
     roles = head_roles(pattern, n_heads, combine, layer,
                        stride=params.get("stride"), c=params.get("c"))
     table = head_table(pattern, roles)  # (H, k) per-head behaviour
-    uniq, inverse = torch.unique(table, dim=0, return_inverse=True)
-    plans = build(n, block_size, order, uniq, params)
-    parts = [_expand(LayoutPart(**build_part(p.name, p.q_pos, p.k_pos, block_size, p.cand,
-                                             p.rule, p.tile_key, p.pairs)), inverse)
-             for p in plans]
+    parts = [_expand(LayoutPart(**(
+        p if isinstance(p, dict)   # already built (the fixed summary)
+        else build_part(p.name, p.q_pos, p.k_pos, block_size, p.cand, p.rule, p.tile_key,
+                        p.pairs))), inverse)
+        for p, inverse in build(n, block_size, order, table, params)]
     return BlockLayout(n, n_heads, block_size, pattern, params, parts)
 
 
 # ----------------------------------------------------------------------------
-# Distinct head behaviours (equal rows of the head table) -> every head.
+# Distinct head behaviours: each part is built once per distinct row of the
+# columns of the head table it depends on, then copied to every head.
 # ----------------------------------------------------------------------------
 
+def _distinct(table: torch.Tensor, cols: list[int] | None = None):
+    """Distinct rows of ``table[:, cols]`` (all columns if None) and each head's row."""
+    sub = table if cols is None else table[:, cols]
+    uniq, inverse = torch.unique(sub, dim=0, return_inverse=True)
+    if uniq.shape[0] == sub.shape[0]:   # all distinct: keep the head order
+        return sub, torch.arange(sub.shape[0])
+    return uniq, inverse
+
+
 def _expand(part: LayoutPart, inverse: torch.Tensor) -> LayoutPart:
-    """Per-head tensors of the distinct head behaviours -> every head."""
+    """Per-head tensors of the distinct head behaviours -> every head (views of one row
+    when every head behaves alike: ``LayoutPart.shared``)."""
     if torch.equal(inverse, torch.arange(inverse.shape[0])):
         return part
-    per_head = ("q_pos", "k_pos", "kv_count", "kv_index", "kv_mask", "q_count", "q_index", "q_mask")
-    for name in per_head:
-        setattr(part, name, getattr(part, name)[inverse].contiguous())
+    for name in ("q_pos", "k_pos", "kv_count", "q_count"):
+        setattr(part, name, per_head(getattr(part, name), inverse))
+    part.kv_lut, part.q_lut = part.kv_lut.expand(inverse), part.q_lut.expand(inverse)
+    part._cpu.clear()
     return part
 
 
 # ----------------------------------------------------------------------------
-# One builder per pattern: its parts (structured) or its natural-order part.
+# One builder per pattern: [(its parts (structured) or its natural-order part,
+# the head -> distinct-row map of that part)].
 # ----------------------------------------------------------------------------
 
 def _full(n, block, order, table, params):
-    nh = table.shape[0]
-    zero, big = torch.zeros(nh, dtype=torch.long), torch.full((nh,), lp.BIG)
-    plan = lp.band("full", n, block, 1, zero, big, torch.ones(nh, dtype=torch.bool))
+    one = torch.zeros(table.shape[0], dtype=torch.long)                 # every head alike
+    zero, big = torch.zeros(1, dtype=torch.long), torch.full((1,), lp.BIG)
+    plan = lp.band("full", n, block, 1, zero, big, torch.ones(1, dtype=torch.bool))
     if order == "structured":
-        return [plan]
-    return [lp.natural(n, block, nh, [plan.rule], None, True, _translation_key(nh))]
+        return [(plan, one)]
+    return [(lp.natural(n, block, 1, [plan.rule], None, True, _translation_key(1)), one)]
 
 
 def _strided(n, block, order, table, params):
-    l, nh = params["stride"], table.shape[0]
-    reads_local, reads_column, col_lo = table[:, 0].bool(), table[:, 1].bool(), table[:, 2]
-    local = lp.band("local", n, block, 1, torch.zeros(nh, dtype=torch.long),
-                    torch.full((nh,), l), reads_local)
-    column = lp.band("column", n, block, l, col_lo, torch.full((nh,), lp.BIG), reads_column)
+    l = params["stride"]
     if order == "structured":
-        return [local, column]
-    rules = [_only(local.rule, reads_local), _only(column.rule, reads_column)]
-    return [lp.natural(n, block, nh, rules, None, False, _translation_key(nh))]
+        (lt, li), (ct, ci) = _distinct(table, [0]), _distinct(table, [1, 2])
+        local = lp.band("local", n, block, 1, torch.zeros(len(lt), dtype=torch.long),
+                        torch.full((len(lt),), l), lt[:, 0].bool())
+        column = lp.band("column", n, block, l, ct[:, 1], torch.full((len(ct),), lp.BIG),
+                         ct[:, 0].bool())
+        return [(local, li), (column, ci)]
+    table, inverse = _distinct(table)
+    nh = table.shape[0]
+    reads_local, reads_column, col_lo = table[:, 0].bool(), table[:, 1].bool(), table[:, 2]
+    rules = [_only(lp.band_rule(1, torch.zeros(nh, dtype=torch.long), torch.full((nh,), l)),
+                   reads_local),
+             _only(lp.band_rule(l, col_lo, torch.full((nh,), lp.BIG)), reads_column)]
+    return [(lp.natural(n, block, nh, rules, None, False, _translation_key(nh)), inverse)]
 
 
 def _fixed(n, block, order, table, params):
-    l, nh = params["stride"], table.shape[0]
+    l = params["stride"]
+    if order == "structured":
+        (bt, bi), (st, si) = _distinct(table, [0]), _distinct(table, [1, 2, 3, 4])
+        return [(lp.fixed_block(n, block, l, bt[:, 0].bool()), bi),
+                (lp.fixed_summary(n, block, l, st[:, 1], st[:, 2], st[:, 3].bool(),
+                                  st[:, 0].bool()), si)]
+    table, inverse = _distinct(table)
+    nh = table.shape[0]
     reads_block, reads_summary = table[:, 0].bool(), table[:, 1].bool()
     lo, hi, strict = table[:, 2], table[:, 3], table[:, 4].bool()
-    if order == "structured":
-        return [lp.fixed_block(n, block, l, reads_block),
-                lp.fixed_summary(n, block, l, lo, hi, strict, reads_summary)]
     rules = [_only(lp.fixed_block_rule(l), reads_block),
              _only(lp.summary_rule(l, lo, hi, strict), reads_summary)]
 
     def key(h, qb, kb):  # depends on the block offset and the phase of q_lo in l
         return ((qb - kb) * l + (qb * block) % l) * nh + h
-    return [lp.natural(n, block, nh, rules, None, False, key)]
+    return [(lp.natural(n, block, nh, rules, None, False, key), inverse)]
 
 
 def _neighbour(n, block, order, table, params, glob, keys):
-    """Longformer / BigBird: window + global tokens (+ random keys)."""
-    nh = table.shape[0]
+    """Longformer / BigBird: window + global tokens (+ random keys); every head alike."""
+    one = torch.zeros(table.shape[0], dtype=torch.long)
+    return [(p, one) for p in _neighbour_plans(n, block, order, params, glob, keys)]
+
+
+def _neighbour_plans(n, block, order, params, glob, keys):
+    nh = 1
     window, dilation = params["window"], params.get("dilation", 1)
     in_window = lp.window_rule(window, dilation)
     is_global = torch.zeros(n, dtype=torch.bool)

@@ -12,7 +12,9 @@ every query and key slot (its token order), the candidate tiles enumerated by
 interval arithmetic on block ranges (never an n x n mask), which candidates are
 certainly full, the exact token rule on positions, and optionally a tile key
 (tiles with one key have one mask). ``fast.layout.tiles.build_part`` turns a plan
-into tables. Per-head behaviour comes from small per-head tensors indexed by h.
+into tables. The fixed summary, where query i reads the first K(i) gathered key
+slots, is built at once by ``fast.layout.prefix.prefix_part`` without listing
+its tiles. Per-head behaviour comes from small per-head tensors indexed by h.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import NamedTuple
 
 import torch
 
+from fast.layout.prefix import prefix_part
 from fast.layout.tiles import Rule, TileKey, expand_ranges
 
 BIG = 1 << 40  # "no upper bound" on a band's rows back
@@ -169,32 +172,30 @@ def summary_rule(stride: int, lo: torch.Tensor, hi: torch.Tensor, strict: torch.
 
 
 def fixed_summary(n: int, block: int, stride: int, lo: torch.Tensor, hi: torch.Tensor,
-                  strict: torch.Tensor, active: torch.Tensor) -> Plan:
+                  strict: torch.Tensor, active: torch.Tensor) -> dict:
     """A(2) of fixed: queries in natural order, keys GATHERED per head (the
-    positions of its summary sub-block [lo, hi) of every l-block, in order), so a
-    query block reads a prefix of the gathered key blocks."""
+    positions of its summary sub-block [lo, hi) of every l-block, in order), so
+    query i reads the key slots [0, K(i)), in closed form
+
+        K(i) = floor(i / l) c + (0 if strict else clip(i mod l - lo + 1, 0, c))
+
+    (c = hi - lo; strict heads leave their own l-block to the "block" part).
+    Returns the built part (``fast.layout.prefix.prefix_part``: no tile is listed
+    on the host), not a plan."""
     n_heads = active.shape[0]
-    q_pos = natural_slots(n, block, n_heads)
-    starts = torch.arange(_cdiv(n, stride)) * stride
-    lists = []
-    for a, b in zip(lo.tolist(), hi.tolist()):
-        p = (starts[:, None] + torch.arange(a, b)[None, :]).reshape(-1)
-        lists.append(p[p < n])
-    k_pos = gathered_slots(lists, block)
-    h, qb = _grid(active, q_pos.shape[1] // block)
-    q_lo, q_hi = qb * block, (qb * block + block - 1).clamp(max=n - 1)
-    # Keys allowed for some query of the block: kp < bound (kp sorted in each head).
-    bound = torch.where(strict[h], _fdiv(q_hi, stride) * stride, q_hi + 1)
-    n_keys = torch.zeros_like(h)
-    for hh in torch.unique(h).tolist():
-        sel = h == hh
-        n_keys[sel] = torch.searchsorted(lists[hh], bound[sel])
-    h, qb, kb = expand_ranges(h, qb, torch.zeros_like(h), _fdiv(n_keys + block - 1, block) - 1)
-    q_lo = qb * block
-    k_last = _block_last(k_pos, block)[h, kb]
-    full = torch.where(strict[h], k_last < _fdiv(q_lo, stride) * stride, k_last <= q_lo)
-    return Plan("summary", q_pos, k_pos, (h, qb, kb, full),
-                summary_rule(stride, lo, hi, strict), None)
+    width = hi - lo                                                       # (H,) = c
+    u = torch.arange(_cdiv(n, stride) * int(width.max()))                # gathered slots
+    pos = (u // width[:, None]) * stride + lo[:, None] + u % width[:, None]   # (H, U)
+    pos = torch.where(pos < n, pos, -1)
+    m = max(1, _cdiv(int((pos >= 0).sum(1).max()), block)) * block
+    k_pos = torch.full((n_heads, m), -1, dtype=torch.long)
+    k_pos[:, : min(m, pos.shape[1])] = pos[:, :m]
+
+    def reads(h, i):
+        own = (i % stride - lo[h] + 1).clamp(min=0).minimum(width[h])
+        k = (i // stride) * width[h] + torch.where(strict[h], 0, own)
+        return torch.where(active[h], k, 0)
+    return prefix_part("summary", n, k_pos, block, reads, period=stride)
 
 
 # ----------------------------------------------------------------------------

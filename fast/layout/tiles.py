@@ -23,6 +23,8 @@ from typing import Callable
 
 import torch
 
+from fast.layout.lut import DenseLUT
+
 # A token rule: (head (P,1,1), query position (P,B,1), key position (P,1,B)) -> bool (P,B,B).
 # Positions given to it are clamped to >= 0; padding slots are masked out afterwards.
 Rule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -189,6 +191,6 @@ def build_part(name: str, q_pos: torch.Tensor, k_pos: torch.Tensor, block: int,
     kv_count, kv_index, kv_mask = tables(h, qb, kb, midx, n_heads, n_qb)
     q_count, q_index, q_mask = tables(h, kb, qb, midx, n_heads, n_kb)
     return dict(name=name, block_size=block, q_pos=q_pos, k_pos=k_pos,
-                kv_count=kv_count, kv_index=kv_index, kv_mask=kv_mask,
-                q_count=q_count, q_index=q_index, q_mask=q_mask,
+                kv_count=kv_count, kv_lut=DenseLUT(kv_index, kv_mask),
+                q_count=q_count, q_lut=DenseLUT(q_index, q_mask),
                 token_masks=_unpack(masks_packed, block))

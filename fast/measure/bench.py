@@ -10,9 +10,10 @@ they compute). The contenders, for one pattern, B=1, H=4, d=64:
   structured    fast.sparse_attention(backend="structured")    (ours)
 
 for the strided (l=128) and fixed (l=128, c=32) patterns (``PATTERN_PARAMS``),
-merged heads; on CUDA also ``fast.measure.bench_triton.contenders``. They form a
-registry {name: fn(q, k, v) -> out}. ``python -m fast bench``
-(``fast.experiments.bench``) sweeps n, writes the JSON and draws the figure.
+merged heads. They form a registry {name: fn(q, k, v) -> out}. ``python -m fast
+bench`` (``fast.experiments.bench``) sweeps n, writes the JSON and draws the
+figure. This is the CPU's method; on a GPU the benchmark times every contender
+in one process with CUDA events instead (``fast.measure.bench_gpu``).
 
 Method (``measure``: one contender at one n; the sweep runs each in a fresh
 process, ``fast.measure.child``, so that each peak memory is that run's alone):
@@ -46,8 +47,7 @@ from fast.attention import sparse_attention
 from fast.backends import masks as masks_torch
 from fast.backends.flex import flex_sparse_attention
 from fast.backends.naive import masked_attention
-from fast.measure.bench_triton import contenders
-from fast.measure.memory import peak_memory
+from fast.measure.timing import first_call, synchronize
 
 B, H, D = 1, 4, 64
 # pattern name -> the parameters the benchmark runs it with (the patterns: reference.patterns)
@@ -84,10 +84,7 @@ def registry(pattern: str, params: dict, device: str, dtype: torch.dtype) -> dic
     def structured(q, k, v):
         return sparse_attention(q, k, v, pattern, backend="structured", **params)
 
-    out = {"dense": dense, "naive": naive, "flex": flex, "structured": structured}
-    if device == "cuda":
-        out.update(contenders(pattern, params, dtype))
-    return out
+    return {"dense": dense, "naive": naive, "flex": flex, "structured": structured}
 
 
 def has_backward(name: str, device: str) -> bool:
@@ -104,21 +101,16 @@ def mask_bytes(pattern: str, n: int) -> int:
 # One measurement (runs in a child process).
 # ----------------------------------------------------------------------------
 
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def _timed(fn, device, target: float, first: float) -> list[float]:
     """Repetitions of fn() until about ``target`` seconds; the first call's time
     ``first`` is the only repetition when it exceeds 2 s."""
     if first > 2.0:
         return [first]
     if first == 0.0:                      # the first call was not a clean measurement
-        _sync(device)
+        synchronize(device)
         t = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         first = time.perf_counter() - t
         if first > 2.0 or first * 2 > target:
             return [first]
@@ -126,23 +118,12 @@ def _timed(fn, device, target: float, first: float) -> list[float]:
     reps = max(3 if first < 0.3 else 1, min(20, math.ceil(target / max(first, 1e-4))))
     times = []
     for _ in range(reps):
-        _sync(device)
+        synchronize(device)
         t = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - t)
     return times
-
-
-def _first_call(call, device) -> tuple[float, int]:
-    """Seconds and peak bytes of the first call (allocations, caches, masks included)."""
-    with peak_memory(device) as peak:
-        _sync(device)
-        t = time.perf_counter()
-        call()
-        _sync(device)
-        seconds = time.perf_counter() - t
-    return seconds, peak["peak_bytes"]
 
 
 def measure(name: str, pattern: str, n: int, device: str, dtype_name: str,
@@ -163,7 +144,7 @@ def measure(name: str, pattern: str, n: int, device: str, dtype_name: str,
         t = time.perf_counter()
         fwd()
         res["compile_s"] = time.perf_counter() - t
-    first, res["peak_fwd_bytes"] = _first_call(fwd, device)
+    first, res["peak_fwd_bytes"] = first_call(fwd, device)
     if getattr(fn, "builds_mask", False):
         res["first_call_s"], first = first, 0.0      # the mask is built: not a timing
     res["fwd_s_all"] = _timed(fwd, device, target, first)
@@ -179,7 +160,7 @@ def measure(name: str, pattern: str, n: int, device: str, dtype_name: str,
 
         if getattr(fn, "builds_mask", False):
             fn.reset()                    # rebuilt inside the window: the mask counts here too
-        first, res["peak_fb_bytes"] = _first_call(fb, device)
+        first, res["peak_fb_bytes"] = first_call(fb, device)
         if getattr(fn, "builds_mask", False):
             first = 0.0
         res["fb_s_all"] = _timed(fb, device, target, first)

@@ -8,12 +8,11 @@ FlashAttention is that ratio of block work,
 
 nb = ceil(n / block), averaged over heads; a kernel that ran every tile at the
 dense kernel's speed would reach it. ``python -m fast bench --device cuda``
-(``fast.measure.bench``, with dense SDPA and FlexAttention peers) takes its
-Triton contenders from ``contenders``; ``python -m fast.experiments.bench_triton``
-times them against dense causal SDPA and reports measured / ideal speed-up and
-the TFLOP/s of the tiles each contender computes (``flops``, ``time_ms``).
-Triton is an optional dependency: it is imported only when a kernel is built or
-timed.
+(``fast.measure.bench_gpu``, with dense SDPA, FlexAttention and the structured
+PyTorch path as peers) takes its Triton contenders from ``contenders`` and
+reports the measured speed-up as a % of ``ideal_speedup`` and the TFLOP/s of the
+tiles computed (``flops``). Triton is an optional dependency: it is imported only
+when a kernel is built.
 """
 
 from __future__ import annotations
@@ -95,16 +94,3 @@ def flops(pattern: str, B: int, n: int, n_heads: int, d: int, params: dict,
     tiles = layout_blocks(pattern, n, n_heads, params, block_size, order) * n_heads * B
     per_tile = 2 * 2 * block_size * block_size * d
     return tiles * per_tile * (1 + 2.5 if backward else 1)
-
-
-def time_ms(fn, backward: bool) -> float:
-    """Median milliseconds (triton.testing.do_bench) of fn(), or of fn().backward()."""
-    import triton  # optional dependency
-
-    if not backward:
-        return triton.testing.do_bench(fn, return_mode="median")
-
-    def step():
-        out = fn()
-        out.backward(torch.ones_like(out))
-    return triton.testing.do_bench(step, return_mode="median")

@@ -11,7 +11,12 @@ precision) and section 6 (training). One job per module:
 * ``loss``        the loss in nats, evaluation in bits per byte / bits per dim;
 * ``checkpoint``  the one file format: save, load, resume;
 * ``train``       the loop, and ``python -m fast train``;
+* ``preflight``   everything a run needs, checked before its first step;
 * ``cli``         that command's options and help text;
 * ``sample``      generation, and ``python -m fast sample``;
+* ``draw``        a sampling request's checks; temperature, top-k, top-p, one token;
+* ``decode``      incremental decoding: prefill, then one position per step;
+* ``kv_reads``    which keys a step reads (row t of every head's mask);
+* ``kv_cache``    the dense and the sparse key/value caches;
 * ``seed``        every random draw.
 """

@@ -5,7 +5,9 @@ and continue to the same weights. A checkpoint is one ``torch.save`` dict, in
 this key order:
 
     model, optimizer, scheduler, scaler   -- state_dicts (scaler None when unused)
-    rng                                   -- global RNG states (fast.transformer.seed.rng_state)
+    rng                                   -- [the global RNG states of rank 0, 1, ...]
+                                             (fast.transformer.seed.rng_state): every
+                                             rank resumes its own dropout stream
     step                                  -- optimiser steps done
     data_position                         -- {step, seed, world_size}: batches are a
                                              function of (seed, step, rank) (fast.transformer.seed),
@@ -20,13 +22,21 @@ reads both kinds, ``restore`` only the full one.
 
 Every file is written to ``<path>.tmp`` and moved over ``path`` with
 ``os.replace`` (``fast.core.files.atomic_write``), so a crash mid-write never
-leaves a truncated checkpoint. Loading uses ``weights_only=False`` (RNG states
-hold NumPy arrays): load only files you trust.
+leaves a truncated checkpoint (a process killed mid-write can leave the ``.tmp``
+file itself behind; nothing reads it, and the next save replaces it).
+
+Safety: a checkpoint holds only tensors and plain Python values (dicts, lists,
+tuples, numbers, strings, None; the RNG states too), and is always read with
+``torch.load(weights_only=True)``, whose unpickler builds nothing else. A file that
+holds anything else -- a pickle crafted to run code when opened, or a training
+checkpoint written before this format (its RNG states were NumPy objects) -- is
+refused with a ValueError, and nothing in it runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from pathlib import Path
 
 import torch
@@ -57,21 +67,40 @@ def as_dict(cfg) -> dict:
 
 def training_state(*, model, optimizer, scheduler, scaler, step: int, world: int,
                    model_cfg: ModelConfig, train_cfg: TrainConfig, history: dict,
-                   evals: list) -> dict:
-    """The checkpoint of a run after ``step`` optimiser steps on ``world`` ranks."""
+                   evals: list, rng: list[dict] | None = None) -> dict:
+    """The checkpoint of a run after ``step`` optimiser steps on ``world`` ranks.
+    rng: every rank's ``seed.rng_state()``, rank 0 first (default: this process's,
+    for one rank)."""
+    rng = [seeding.rng_state()] if rng is None else list(rng)
+    if len(rng) != world:
+        raise ValueError(f"a checkpoint of {world} ranks needs {world} RNG states, "
+                         f"got {len(rng)}")
     return {
         "model": model.state_dict(), "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict() if scaler is not None else None,
-        "rng": seeding.rng_state(), "step": step,
+        "rng": rng, "step": step,
         "data_position": {"step": step, "seed": train_cfg.seed, "world_size": world},
         "model_cfg": as_dict(model_cfg), "train_cfg": as_dict(train_cfg),
         "history": {"train": history, "evals": evals}}
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a folder made read-only); the
+    file that was there before, if any, is intact and no ``.tmp`` file is left."""
+
+
 def save_checkpoint(path, state: dict) -> str:
-    """Write ``state`` to ``path`` atomically (tmp file + os.replace). Returns the path."""
-    return atomic_write(path, lambda f: torch.save(state, f))
+    """Write ``state`` to ``path`` atomically (tmp file + os.replace). Returns the path;
+    raises CheckpointWriteError, saying so, if the file system refuses."""
+    try:
+        return atomic_write(path, lambda f: torch.save(state, f))
+    except OSError as err:
+        before = "the previous checkpoint there is intact" if Path(path).exists() else \
+            "no checkpoint was there before"
+        raise CheckpointWriteError(
+            err.errno, f"could not write the checkpoint {path} ({err.strerror or err}); "
+                       f"{before}, and no partial file was left") from err
 
 
 def save_weights(path, model: SparseTransformer, dtype=torch.float16) -> str:
@@ -86,12 +115,22 @@ def save_weights(path, model: SparseTransformer, dtype=torch.float16) -> str:
 # ----------------------------------------------------------------------------
 
 def load_checkpoint(path, map_location="cpu") -> dict:
-    """Read a checkpoint written here; clear errors when it is not one."""
+    """Read a checkpoint written here, safely (``weights_only=True``, see the module
+    docstring); clear errors when it is not one."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=False)
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = next((line.strip().rstrip(".") for line in str(err).splitlines()
+                      if "GLOBAL" in line or "nsupported" in line), "")
+        raise ValueError(
+            f"{path} is refused: it holds Python objects other than tensors and plain "
+            f"values ({found or 'see torch.load(weights_only=True)'}), so it was not written "
+            f"by this code's checkpoint format (or predates it); nothing in it was run. "
+            f"Open it with torch.load(weights_only=False) only if you trust its "
+            f"source") from err
     except Exception as err:
         raise ValueError(f"{path} is not a readable checkpoint: {err}") from err
     missing = set(REQUIRED) - set(state if isinstance(state, dict) else ())
@@ -125,15 +164,10 @@ def load_model(path, device="cpu"):
 # Resuming.
 # ----------------------------------------------------------------------------
 
-def restore(state: dict, path, *, model_cfg: ModelConfig, train_cfg: TrainConfig, world: int,
-            model, optimizer, scheduler, scaler) -> tuple[int, dict]:
-    """Put a run back where checkpoint ``state`` (read from ``path``) stopped.
-
-    Checks that the run asks for the same model and the same trajectory
-    (``TRAJECTORY_FIELDS`` and the world size), then loads the model, optimiser,
-    scheduler and loss-scaler states and the global RNG states in place.
-    Returns (step, the saved history: {"train": ..., "evals": ...}, or {}).
-    """
+def check_resumable(state: dict, path, *, model_cfg: ModelConfig, train_cfg: TrainConfig,
+                    world: int) -> None:
+    """ValueError unless ``state`` (read from ``path``) is a training checkpoint of the
+    same model and the same trajectory (``TRAJECTORY_FIELDS`` and the world size)."""
     missing = [key for key in TRAINING if key not in state]
     if missing:
         raise ValueError(f"cannot resume {path}: it holds no training state (missing "
@@ -144,12 +178,27 @@ def restore(state: dict, path, *, model_cfg: ModelConfig, train_cfg: TrainConfig
                          f"the run asks for {model_cfg}")
     check_same_trajectory(path, saved_train, train_cfg,
                           state.get("data_position", {}).get("world_size", world), world)
+    if not isinstance(state["rng"], list) or len(state["rng"]) != world:
+        raise ValueError(f"cannot resume {path}: it holds no RNG state per rank for "
+                         f"{world} ranks")
+
+
+def restore(state: dict, path, *, model_cfg: ModelConfig, train_cfg: TrainConfig, world: int,
+            model, optimizer, scheduler, scaler, rank: int = 0) -> tuple[int, dict]:
+    """Put rank ``rank`` of a run back where checkpoint ``state`` (read from ``path``)
+    stopped.
+
+    Checks it (``check_resumable``), then loads the model, optimiser, scheduler and
+    loss-scaler states and this rank's own global RNG states in place.
+    Returns (step, the saved history: {"train": ..., "evals": ...}, or {}).
+    """
+    check_resumable(state, path, model_cfg=model_cfg, train_cfg=train_cfg, world=world)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     if scaler is not None and state.get("scaler") is not None:
         scaler.load_state_dict(state["scaler"])
-    seeding.set_rng_state(state["rng"])
+    seeding.set_rng_state(state["rng"][rank])
     return state["step"], state.get("history", {})
 
 

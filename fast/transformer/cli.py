@@ -7,88 +7,91 @@ starting from a named preset (the paper's models of sec. 7 / Table 1 among them)
     python -m fast train --preset quick
     python -m fast train --preset quick_text --n_layers 2 --max_iters 100
     python -m fast train --preset quick --resume          # continue runs/quick/ckpt.pt
+    python -m fast train --preset quick --overwrite       # start again over runs/quick/ckpt.pt
     torchrun --nproc_per_node=2 -m fast train --preset quick   # DDP (gloo CPU / nccl CUDA)
 
-Any ModelConfig or TrainConfig field can be given as ``--field value`` (Python
-literals: 2, 0.1, true, none, "(16, 16, 1)"); a bool field alone (``--resume``)
-means true. The loop itself is ``fast.transformer.train``.
+Every ModelConfig and TrainConfig field is an option ``--field value`` (or
+``--field-name value``). How a value is read follows the field's type
+(``fast.core.cli``): integers, finite numbers (no nan, no inf), true/false (a bool
+option alone, ``--resume``, means true), ``none`` for an optional field,
+``16,16,1`` for image_shape and ``val,test`` for eval_splits. The allowed ranges are
+the configuration's own checks (``fast.transformer.config``). Any bad value ends the
+command with one line saying what was given and what is allowed, exit status 2.
+The loop itself is ``fast.transformer.train``.
 """
 
 from __future__ import annotations
 
-import ast
+import argparse
 import dataclasses
 
+from fast.core import cli
 from fast.transformer.config import PRESETS, ModelConfig, TrainConfig, preset
 
 COMMAND = "python -m fast train"
 
+# How each field type is read (the dataclasses' annotations, as written).
+READERS = {
+    "int": cli.integer(None, None),             # the range: the config's checks
+    "int | None": cli.optional(cli.integer(None, None)),
+    "float": cli.finite(),
+    "str": cli.text,
+    "str | None": cli.optional(cli.text),
+    "bool": cli.boolean,
+    "tuple[int, int, int] | None": cli.optional(cli.int_tuple(3)),
+    "tuple[str, ...]": cli.text,                # "val,test": TrainConfig splits it
+}
+METAVARS = {"int": "INT", "int | None": "INT|none", "float": "NUMBER", "str": "TEXT",
+            "str | None": "TEXT|none", "bool": "BOOL", "tuple[int, int, int] | None": "H,W,C|none",
+            "tuple[str, ...]": "A,B"}
 
-def _literal(text: str):
-    """An option's value: true/false/none in any case, else a Python literal, else the text."""
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low == "none":
-        return None
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
+
+def fields() -> list[dataclasses.Field]:
+    """The options: every ModelConfig field, then every TrainConfig field."""
+    return list(dataclasses.fields(ModelConfig)) + list(dataclasses.fields(TrainConfig))
+
+
+def parser() -> cli.Parser:
+    """The argparse parser of ``python -m fast train``; --help lists every field with
+    its value in the "quick" preset."""
+    model_cfg, train_cfg = preset("quick")
+    p = cli.Parser(COMMAND, description="\n".join([
+        "Train a Sparse Transformer (Child et al., 2019). Every ModelConfig and",
+        "TrainConfig field is an option (fast/transformer/config.py documents each);",
+        "a preset gives the others.",
+        "",
+        f"presets: {', '.join(sorted(PRESETS))} (default: quick)",
+        "",
+        "  torchrun --nproc_per_node=N -m fast train ...   (data parallel)"]),
+        argument_default=argparse.SUPPRESS)
+    p.add_argument("--preset", default="quick", type=cli.choice(sorted(PRESETS)),
+                   help="the named configuration the options change (default: quick)")
+    for f in fields():
+        names = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
+        value = getattr(model_cfg if f.name in ModelConfig.__dataclass_fields__ else train_cfg,
+                        f.name)
+        extra = dict(nargs="?", const=True) if f.type == "bool" else {}
+        p.add_argument(*names, dest=f.name, type=READERS[f.type],
+                       metavar=METAVARS[f.type],
+                       help=f"quick preset: {value!r}", **extra)
+    return p
 
 
 def parse_args(argv: list[str]) -> tuple[str, dict]:
-    """``--preset NAME --field value ...`` -> (preset name, overrides)."""
-    fields = {f.name: f for f in dataclasses.fields(ModelConfig) + dataclasses.fields(TrainConfig)}
-    name, overrides, i = "quick", {}, 0
-    while i < len(argv):
-        token = argv[i]
-        if not token.startswith("--"):
-            raise ValueError(f"expected --field value, got {token!r}")
-        key = token[2:].replace("-", "_")
-        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-        if key == "preset":
-            if not has_value:
-                raise ValueError(f"--preset needs a name, one of {sorted(PRESETS)}")
-            name, i = argv[i + 1], i + 2
-            continue
-        if key not in fields:
-            raise ValueError(f"unknown option --{key}; fields: --preset, "
-                             f"{', '.join('--' + k for k in sorted(fields))}")
-        if has_value:
-            overrides[key], i = _literal(argv[i + 1]), i + 2
-        elif isinstance(fields[key].default, bool):
-            overrides[key], i = True, i + 1
-        else:
-            raise ValueError(f"--{key} needs a value")
-    return name, overrides
+    """``--preset NAME --field value ...`` -> (preset name, overrides); a bad option or
+    value raises ``fast.core.cli.UsageError`` (a ValueError) saying what and why."""
+    ns = vars(parser().parse_args(argv))
+    return ns.pop("preset", "quick"), ns
 
 
-def usage() -> str:
-    """The --help text: presets, then every field with its default in the quick preset."""
-    model_cfg, train_cfg = preset("quick")
-    lines = [f"usage: {COMMAND} [--preset NAME] [--field value ...]",
-             "       torchrun --nproc_per_node=N -m fast train ...   (data parallel)", "",
-             "Train a Sparse Transformer (Child et al., 2019). Every ModelConfig and",
-             "TrainConfig field (fast/transformer/config.py documents each) is an option.", "",
-             f"presets: {', '.join(sorted(PRESETS))} (default: quick)", "",
-             "fields (quick preset's value):"]
-    for cfg in (model_cfg, train_cfg):
-        for f in dataclasses.fields(cfg):
-            lines.append(f"  --{f.name:<20} {getattr(cfg, f.name)!r}")
-    return "\n".join(lines)
-
-
-def command_line(argv: list[str]) -> tuple[str, dict]:
-    """(preset name, overrides) of ``argv``; prints the help and exits on -h/--help,
-    exits with the error (status 1) on a bad option."""
-    if any(a in ("-h", "--help") for a in argv):
-        print(usage())
-        raise SystemExit(0)
+def configs(argv: list[str]) -> tuple[str, ModelConfig, TrainConfig]:
+    """(preset name, ModelConfig, TrainConfig) of a command line, every field checked;
+    on bad input, one line on stderr and exit status 2."""
     try:
-        return parse_args(argv)
-    except ValueError as err:
-        raise SystemExit(f"{COMMAND}: {err}\n(see --help)") from None
+        name, overrides = parse_args(argv)
+        return (name, *preset(name, **overrides))
+    except ValueError as err:                  # UsageError, or a config's own check
+        cli.fail(COMMAND, err)
 
 
 def summary(name: str, result: dict) -> str:

@@ -7,9 +7,16 @@ shapes of the CIFAR-10, Enwik8 and ImageNet 64x64 models).
 
 Two small dataclasses, a comment per field, as in nanoGPT:
 
-* ``ModelConfig`` -- the network (checked on construction: a bad value raises a
-  ValueError that says what was given and what is allowed);
+* ``ModelConfig`` -- the network;
 * ``TrainConfig`` -- the data, optimiser, precision and bookkeeping of a run.
+
+Both check every field on construction: a bad value raises a ValueError that says
+what was given and what is allowed. Integers are bounded by ``reference.params.MAX_INT``
+(2**31 - 1, the int32 positions of the kernels), numbers must be finite, names come
+from fixed lists. ``python -m fast train`` reads its options into these classes, so
+these checks are its checks too. What needs the machine -- is CUDA there, can the
+data be read, is ``out_dir`` writable, does it hold a checkpoint -- is checked by
+``fast.transformer.train`` before the first step.
 
 ``PRESETS`` maps a name to a ``(ModelConfig, TrainConfig)`` pair;
 ``preset(name, **overrides)`` returns fresh copies with fields replaced.
@@ -18,14 +25,21 @@ Two small dataclasses, a comment per field, as in nanoGPT:
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
+import re
 from dataclasses import dataclass
 
-from reference.params import COMBINES, check_params, check_stride
+from fast.attention import BACKENDS
+from fast.data import DATASETS, SPLITS
+from reference.params import COMBINES, MAX_INT, check_int, check_params, check_stride
 from reference.params import FACTORIZED as PATTERNS  # the model's patterns: full, strided, fixed
 
 EMBEDDINGS = ("image", "text")
 ATTENTION_IMPLS = ("sparse", "masked")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]{1,4})?")   # resolved in fast.transformer.devices
+MAX_THREADS = 1024
 
 
 @dataclass
@@ -63,6 +77,8 @@ class ModelConfig:
         _int(self, "n_heads", 1)
         _int(self, "n_layers", 1)
         _int(self, "ff_mult", 1)
+        for name in ("qk_half", "recompute"):
+            _bool(self, name)
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model must be divisible by n_heads, got d_model={self.d_model}, "
                              f"n_heads={self.n_heads}")
@@ -73,8 +89,8 @@ class ModelConfig:
         _choice(self, "combine", COMBINES)
         _choice(self, "embedding", EMBEDDINGS)
         _choice(self, "attention_impl", ATTENTION_IMPLS)
-        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be a number in [0, 1), got {self.dropout!r}")
+        _choice(self, "attention_backend", BACKENDS)
+        _number(self, "dropout", 0.0, 1.0, hi_open=True)
         if self.pattern in ("strided", "fixed") or self.embedding == "text":
             if self.stride is None:
                 raise ValueError(f"pattern={self.pattern!r} with embedding={self.embedding!r} "
@@ -91,10 +107,11 @@ class ModelConfig:
                      self.pattern_params())
         if self.embedding == "image":
             shape = self.image_shape
-            if (shape is None or len(shape) != 3
-                    or not all(isinstance(s, int) and s >= 1 for s in shape)):
-                raise ValueError(f"embedding='image' needs image_shape=(H, W, C) of positive "
-                                 f"integers, got {shape!r}")
+            if (not isinstance(shape, (tuple, list)) or len(shape) != 3
+                    or not all(isinstance(s, int) and not isinstance(s, bool)
+                               and 1 <= s <= MAX_INT for s in shape)):
+                raise ValueError(f"embedding='image' needs image_shape=(H, W, C) of integers "
+                                 f"in [1, {MAX_INT}], got {shape!r}")
             self.image_shape = tuple(shape)
             h, w, ch = shape
             if h * w * ch != self.n_ctx:
@@ -156,28 +173,86 @@ class TrainConfig:
     save_checkpoint: bool = True     # write ckpt.pt at the end (and every checkpoint_interval)
     resume: bool = False             # continue from out_dir/ckpt.pt (same weights as an
                                      # uninterrupted run)
+    overwrite: bool = False          # a fresh run replaces a checkpoint already in out_dir
+                                     # (without it, or resume, such a run is refused)
 
     def __post_init__(self):
+        _choice(self, "dataset", DATASETS)
+        for name in ("data_path", "data_max_bytes", "stop_iter", "cpu_threads"):
+            if getattr(self, name) is None:
+                continue
+            if name == "data_path":
+                _text(self, name)
+            else:
+                _int(self, name, 1, MAX_THREADS if name == "cpu_threads" else MAX_INT)
         for name, lo in (("batch_size", 1), ("max_iters", 1), ("warmup_iters", 0),
                          ("eval_interval", 0), ("eval_batches", 1), ("log_interval", 1),
                          ("checkpoint_interval", 0), ("seed", 0)):
             _int(self, name, lo)
-        if self.stop_iter is not None:
-            _int(self, "stop_iter", 1)
-        if self.cpu_threads is not None:
-            _int(self, "cpu_threads", 1)
+        _number(self, "lr", 0.0, None, lo_open=True)
+        _number(self, "min_lr_frac", 0.0, 1.0)
+        _number(self, "weight_decay", 0.0, None)
+        _number(self, "beta1", 0.0, 1.0, hi_open=True)
+        _number(self, "beta2", 0.0, 1.0, hi_open=True)
+        _number(self, "grad_clip", 0.0, None)
         _choice(self, "precision", PRECISIONS)
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        if not 0.0 <= self.min_lr_frac <= 1.0:
-            raise ValueError(f"min_lr_frac must lie in [0, 1], got {self.min_lr_frac!r}")
-        self.eval_splits = tuple(self.eval_splits)
+        if not isinstance(self.device, str) or not DEVICE.fullmatch(self.device):
+            raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', "
+                             f"got {self.device!r}")
+        self.eval_splits = _splits(self.eval_splits)
+        _text(self, "out_dir")
+        for name in ("save_checkpoint", "resume", "overwrite"):
+            _bool(self, name)
+        if self.resume and self.overwrite:
+            raise ValueError("resume=True continues the checkpoint in out_dir and "
+                             "overwrite=True replaces it: choose one")
 
 
-def _int(cfg, name: str, lo: int) -> None:
+def _splits(value) -> tuple[str, ...]:
+    """eval_splits as a tuple of split names: a text is one name or several separated
+    by commas ("val", "val,test"), never its characters."""
+    names = value.split(",") if isinstance(value, str) else value
+    try:
+        names = tuple(n.strip() if isinstance(n, str) else n for n in names)
+    except TypeError:
+        names = (value,)
+    if not names or any(n not in SPLITS for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"eval_splits must be one or more distinct names of {SPLITS} "
+                         f"(on the command line: val or val,test), got {value!r}")
+    return names
+
+
+def _int(cfg, name: str, lo: int, hi: int = MAX_INT) -> None:
+    check_int(name, getattr(cfg, name), lo, hi,
+              "2**31 - 1 (reference.params.MAX_INT), the bound of every integer here"
+              if hi == MAX_INT
+              else f"{hi}")
+
+
+def _number(cfg, name: str, lo: float | None, hi: float | None, *, lo_open: bool = False,
+            hi_open: bool = False) -> None:
+    """A finite real number within [lo, hi] (ends open as told); bool is not a number."""
     v = getattr(cfg, name)
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    ok = (isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+          and (lo is None or (v > lo if lo_open else v >= lo))
+          and (hi is None or (v < hi if hi_open else v <= hi)))
+    if not ok:
+        bounds = [f"{'>' if lo_open else '>='} {lo}" if lo is not None else "",
+                  f"{'<' if hi_open else '<='} {hi}" if hi is not None else ""]
+        raise ValueError(f"{name} must be a finite number {' and '.join(b for b in bounds if b)}"
+                         f", got {v!r}")
+
+
+def _bool(cfg, name: str) -> None:
+    v = getattr(cfg, name)
+    if not isinstance(v, bool):
+        raise ValueError(f"{name} must be True or False, got {v!r}")
+
+
+def _text(cfg, name: str) -> None:
+    v = getattr(cfg, name)
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"{name} must be a non-empty text, got {v!r}")
 
 
 def _choice(cfg, name: str, allowed) -> None:

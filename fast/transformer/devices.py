@@ -9,8 +9,11 @@ fp32 when sampling) and section 6 (data parallel training over several GPUs).
 * ``resolve_precision("auto", device)`` -- fp16 with loss scaling on CUDA, bf16
   on the CPU (no loss scaling needed there);
 * ``autocast(precision, device)`` -- the autocast context; the weights stay fp32;
+* ``world_size()`` -- how many ranks the run will have (before joining them);
 * ``init_distributed(device)`` -- joins the process group that torchrun describes
-  (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT): nccl on CUDA, gloo on the CPU.
+  (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT): nccl on CUDA, gloo on the CPU;
+* ``gather(obj, world)`` -- every rank's ``obj`` on every rank (the RNG states a
+  checkpoint keeps).
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ def resolve_device(name: str = "auto") -> torch.device:
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} asked for, but CUDA is not available; use 'cpu'")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ValueError(f"device {name!r} asked for, but this machine has {count} CUDA "
+                         f"device(s): cuda:0 .. cuda:{count - 1}")
     return device
 
 
@@ -38,7 +45,22 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     """"auto" -> "fp16" on CUDA (with loss scaling), "bf16" on CPU."""
     if precision == "auto":
         return "fp16" if device.type == "cuda" else "bf16"
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"precision 'bf16' asked for, but {torch.cuda.get_device_name(device)} "
+                         f"has no bfloat16; use 'fp16' or 'fp32'")
     return precision
+
+
+def world_size() -> int:
+    """The number of ranks this process will train with: the process group's size if
+    there is one, else torchrun's WORLD_SIZE (1 without torchrun)."""
+    if dist.is_initialized():
+        return dist.get_world_size()
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not world.isdigit() or int(world) < 1:
+        raise ValueError(f"WORLD_SIZE must be a positive integer (torchrun sets it), "
+                         f"got {world!r}")
+    return int(world)
 
 
 def autocast(precision: str, device: torch.device):
@@ -54,7 +76,7 @@ def init_distributed(device: torch.device) -> tuple[int, int, bool]:
 
     One process (no WORLD_SIZE > 1 and no group yet) is rank 0 of 1; under
     torchrun the group is created here and the caller destroys it at the end."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = world_size()
     if world <= 1 and not dist.is_initialized():
         return 0, 1, False
     created = False
@@ -64,3 +86,13 @@ def init_distributed(device: torch.device) -> tuple[int, int, bool]:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         created = True
     return dist.get_rank(), dist.get_world_size(), created
+
+
+def gather(obj, world: int) -> list:
+    """[obj of rank 0, obj of rank 1, ...] on every rank (pickled between this run's own
+    processes; one rank: [obj]). Every rank must call it."""
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out

@@ -32,6 +32,11 @@ Two attention paths, chosen by one flag (``ModelConfig.attention_impl``):
 runs an explicit masked softmax. ``forward(..., return_attention=True)`` always
 takes the masked path and returns the attention weights: for figures at tiny sizes.
 
+Attention is split into ``project`` (q, k, v), ``attend`` and ``output`` (W_p),
+and a block's residual sum into ``Block.residual``, so that incremental decoding
+(``fast.transformer.decode``: a prefill through this forward pass, then one
+position per step with a key/value cache) runs the same layers.
+
 ``reference/model.py`` is the NumPy float64 twin of this forward pass.
 """
 
@@ -93,6 +98,15 @@ class Embedding(nn.Module):
             h = h + table(getattr(self, f"coord{i}")[:n])                # (n, d) broadcast
         return h
 
+    def positions(self, n: int) -> torch.Tensor:
+        """The summed position embeddings of positions 0..n-1: (n, d); decoding adds
+        row t to the embedding of the token at position t."""
+        h = None
+        for i, table in enumerate(self.pos):
+            e = table(getattr(self, f"coord{i}")[:n])                    # (n, d)
+            h = e if h is None else h + e
+        return h
+
 
 class Attention(nn.Module):
     """Multi-head sparse self-attention with its projections (sec. 5.1-5.2)."""
@@ -107,25 +121,38 @@ class Attention(nn.Module):
         self.qk_fp32 = False   # sampling sets this: q.k products in fp32 (sec. 5.6)
 
     def forward(self, x: torch.Tensor, return_attention: bool = False):
-        cfg = self.cfg
+        q, k, v = self.project(x)
+        out, weights = self.attend(q, k, v, x.dtype, return_attention)
+        out = self.output(out)
+        return (out, weights) if return_attention else out
+
+    def project(self, x: torch.Tensor):
+        """x (B, n, d) -> q, k (B, H, n, dqk) and v (B, H, n, dh): the projections,
+        split into heads (what a decoding cache stores: k and v)."""
         B, n, _ = x.shape
-        H = cfg.n_heads
+        H = self.cfg.n_heads
         q = self.q(x).view(B, n, H, -1).transpose(1, 2)                 # (B, H, n, dqk)
         k = self.k(x).view(B, n, H, -1).transpose(1, 2)                 # (B, H, n, dqk)
         v = self.v(x).view(B, n, H, -1).transpose(1, 2)                 # (B, H, n, dh)
+        return q, k, v
+
+    def attend(self, q, k, v, dtype: torch.dtype, return_attention: bool = False):
+        """(out (B, H, n, dh) in ``dtype`` when qk_fp32, attention weights or None)."""
         scale = 1.0 / math.sqrt(q.shape[-1])
         if self.qk_fp32:
             q, k, v = q.float(), k.float(), v.float()
-        fp32 = torch.autocast(x.device.type, enabled=False) if self.qk_fp32 else None
+        fp32 = torch.autocast(q.device.type, enabled=False) if self.qk_fp32 else None
         with fp32 or contextlib.nullcontext():
-            if return_attention or cfg.attention_impl == "masked":
+            if return_attention or self.cfg.attention_impl == "masked":
                 out, weights = self._masked(q, k, v, scale)
             else:
                 out, weights = self._sparse(q, k, v, scale), None
-        out = out.to(x.dtype) if self.qk_fp32 else out
-        out = out.transpose(1, 2).reshape(B, n, cfg.d_model)            # (B, n, d)
-        out = self.proj(out)
-        return (out, weights) if return_attention else out
+        return (out.to(dtype) if self.qk_fp32 else out), weights
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs (B, H, n, dh) -> W_p applied to them joined: (B, n, d)."""
+        B, _, n, _ = out.shape
+        return self.proj(out.transpose(1, 2).reshape(B, n, self.cfg.d_model))
 
     def _sparse(self, q, k, v, scale):
         cfg = self.cfg
@@ -184,10 +211,14 @@ class Block(nn.Module):
             a, weights = self.attn(self.ln1(h), return_attention=True)
         else:
             a, weights = self.attn(self.ln1(h)), None
+        out = self.residual(h, a)
+        return (out, weights) if return_attention else out
+
+    def residual(self, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """H + a(H) + b(H) given the attention branch a before its dropout (eq. 13-14)."""
         a = self.drop(a)
         b = self.drop(self.ff(self.ln2(h + a)))
-        out = h + a + b
-        return (out, weights) if return_attention else out
+        return h + a + b
 
 
 class SparseTransformer(nn.Module):

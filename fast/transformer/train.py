@@ -10,18 +10,29 @@ per dim (images) (``fast.transformer.loss``).
     python -m fast train --preset quick
     python -m fast train --preset quick_text --n_layers 2 --max_iters 100
     python -m fast train --preset quick --resume          # continue runs/quick/ckpt.pt
+    python -m fast train --preset quick --overwrite       # start again, replacing it
     torchrun --nproc_per_node=2 -m fast train --preset quick   # DDP (gloo CPU / nccl CUDA)
 
 The options are parsed by ``fast.transformer.cli`` (any ModelConfig or
-TrainConfig field as ``--field value``).
+TrainConfig field as ``--field value``); a bad one ends the command with one line,
+exit status 2.
+
+Before the first step, ``fast.transformer.preflight.check_run`` checks everything
+that can be known then (device, data and every evaluation split, a writable
+``out_dir``, a checkpoint already there: resumed, replaced on ``--overwrite``, or
+the run is refused), so no run is lost to a mistake found after training.
 
 The trainer knows nothing about the model beyond ``model(x) -> logits``. Every
 random draw flows from ``train_cfg.seed`` (fast.transformer.seed): the weights, the dropout
 masks, and the batch of step t on rank r. A checkpoint (fast.transformer.checkpoint) holds
-the model, optimiser, scheduler, loss scaler, RNG states and step, so ``resume=True``
-continues to the same weights as an uninterrupted run. Under torchrun every rank
-draws its own batches (batch_size is split across ranks); only rank 0 writes
-checkpoints and shows progress.
+the model, optimiser, scheduler, loss scaler, every rank's RNG states and the step, so
+``resume=True`` continues to the same weights as an uninterrupted run. Under torchrun
+every rank draws its own batches (batch_size is split across ranks) and its own dropout
+masks (``seed.seed_rank``); only rank 0 writes checkpoints and shows progress.
+
+With float16 and loss scaling, a step whose gradients overflow is skipped by the
+scaler, and then the learning-rate schedule does not advance either: the schedule
+counts the updates made.
 
 On a shared CPU, one intra-op thread (``--cpu_threads 1`` or ``OMP_NUM_THREADS=1``)
 can be many times faster than two threads contending with other processes
@@ -34,21 +45,22 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from fast.data import Dataset, load
+from fast.core.cli import UsageError, fail
+from fast.data import Dataset
 from fast.transformer import checkpoint as ckpt
 from fast.transformer import cli
 from fast.transformer import seed as seeding
-from fast.transformer.config import ModelConfig, TrainConfig, preset
-from fast.transformer.devices import autocast, init_distributed, resolve_device, resolve_precision
+from fast.transformer.config import ModelConfig, TrainConfig
+from fast.transformer.devices import autocast, gather, init_distributed
 from fast.transformer.loss import LN2, evaluate, loss_fn, unit
 from fast.transformer.model import SparseTransformer
 from fast.transformer.optim import make_optimizer, make_scheduler
+from fast.transformer.preflight import Plan, check_run
 
 
 def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, progress: bool = True,
@@ -56,7 +68,11 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, progress: bool = Tr
     """Train a SparseTransformer; returns the run's record.
 
     dataset: an already loaded ``fast.data.Dataset`` (else ``fast.data.load`` by
-    ``train_cfg.dataset``). Returns a dict:
+    ``train_cfg.dataset``). Everything is checked before the first step
+    (``fast.transformer.preflight``): a bad run raises ``fast.core.cli.UsageError``, a
+    ValueError. A checkpoint that cannot be written (a full disk) raises
+    ``fast.transformer.checkpoint.CheckpointWriteError``, an OSError; the previous
+    checkpoint is then intact. Returns a dict:
 
       model          the trained SparseTransformer (unwrapped from DDP), train mode
       history        {"step", "loss", "bits", "lr"}: training loss (nats) and
@@ -70,47 +86,25 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, progress: bool = Tr
       step           optimiser steps done in total
       n_params, device, precision, world_size, unit ("bits per dim" / "bits per byte")
     """
-    if not isinstance(model_cfg, ModelConfig) or not isinstance(train_cfg, TrainConfig):
-        raise ValueError(f"train needs (ModelConfig, TrainConfig), got "
-                         f"({type(model_cfg).__name__}, {type(train_cfg).__name__})")
-    device = resolve_device(train_cfg.device)
-    precision = resolve_precision(train_cfg.precision, device)
-    rank, world, created_group = init_distributed(device)
-    if train_cfg.batch_size % world:
-        raise ValueError(f"batch_size={train_cfg.batch_size} must divide evenly over "
-                         f"{world} ranks")
-    local_batch = train_cfg.batch_size // world
+    plan = check_run(model_cfg, train_cfg, dataset)         # UsageError before any step
+    rank, world, created_group = init_distributed(plan.device)
     threads = torch.get_num_threads()
     if train_cfg.cpu_threads is not None:
         torch.set_num_threads(train_cfg.cpu_threads)
     try:
-        return _train(model_cfg, train_cfg, progress, dataset, device, precision, rank,
-                      world, local_batch)
+        return _train(model_cfg, train_cfg, progress, plan, rank, world)
     finally:
         torch.set_num_threads(threads)
         if created_group:
             dist.destroy_process_group()
 
 
-def _dataset(model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset | None) -> Dataset:
-    """The run's data (loaded unless given), checked against the model."""
-    if dataset is None:
-        dataset = load(train_cfg.dataset, path=train_cfg.data_path,
-                       max_bytes=train_cfg.data_max_bytes, image_shape=model_cfg.image_shape)
-    if dataset.vocab_size > model_cfg.vocab_size:
-        raise ValueError(f"dataset {dataset.name!r} has {dataset.vocab_size} symbols, more "
-                         f"than the model's vocab_size={model_cfg.vocab_size}")
-    if dataset.kind == "image" and model_cfg.embedding != "image":
-        raise ValueError(f"dataset {dataset.name!r} holds images; use embedding='image' "
-                         f"with image_shape={dataset.image_shape}")
-    dataset.check_length(model_cfg.n_ctx, "train")
-    return dataset
-
-
 def _step(net, model, x, y, optimizer, scheduler, scaler, precision, device,
           grad_clip: float) -> torch.Tensor:
     """One optimiser step on batch (x, y): forward under autocast, backward (loss-scaled
-    when fp16), gradient clipping, update, schedule. Returns the loss (nats)."""
+    when fp16), gradient clipping, update, and the schedule's step if the update was
+    made (the loss scaler skips it when the gradients overflow, and lowers its scale
+    exactly then). Returns the loss (nats)."""
     with autocast(precision, device):
         logits = net(x)                                                  # (B, n, vocab)
     loss = loss_fn(logits, y)
@@ -122,33 +116,39 @@ def _step(net, model, x, y, optimizer, scheduler, scaler, precision, device,
         loss.backward()
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    updated = True
     if scaler is not None:
+        scale = scaler.get_scale()
         scaler.step(optimizer)
         scaler.update()
+        updated = scaler.get_scale() >= scale                       # lowered: step skipped
     else:
         optimizer.step()
-    scheduler.step()
+    if updated:
+        scheduler.step()
     return loss
 
 
-def _train(model_cfg, train_cfg, progress, dataset, device, precision, rank, world,
-           local_batch) -> dict:
-    dataset = _dataset(model_cfg, train_cfg, dataset)
+def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world) -> dict:
+    dataset, device, precision, local_batch = (plan.dataset, plan.device, plan.precision,
+                                               plan.local_batch)
     seeding.seed_everything(train_cfg.seed)                          # one seed for everything
-    model = SparseTransformer(model_cfg).to(device)
+    model = SparseTransformer(model_cfg).to(device)                  # the same on every rank
+    seeding.seed_rank(train_cfg.seed, rank)                          # dropout: per rank
     optimizer = make_optimizer(model, train_cfg)
     scheduler = make_scheduler(optimizer, train_cfg)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     history = {"step": [], "loss": [], "bits": [], "lr": []}
     evals: list[dict] = []
     step = 0
-    path = Path(train_cfg.out_dir) / "ckpt.pt"
+    path = plan.path
 
-    if train_cfg.resume:
-        state = ckpt.load_checkpoint(path, map_location=device)
-        step, saved = ckpt.restore(state, path, model_cfg=model_cfg, train_cfg=train_cfg,
-                                   world=world, model=model, optimizer=optimizer,
-                                   scheduler=scheduler, scaler=scaler)
+    if plan.resume_state is not None:
+        step, saved = ckpt.restore(plan.resume_state, path, model_cfg=model_cfg,
+                                   train_cfg=train_cfg, world=world, model=model,
+                                   optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                                   rank=rank)
+        plan.resume_state = None                                     # free it
         history = saved.get("train", history)
         evals = saved.get("evals", evals)
 
@@ -158,12 +158,15 @@ def _train(model_cfg, train_cfg, progress, dataset, device, precision, rank, wor
             model, device_ids=[device.index] if device.type == "cuda" else None)
 
     def save() -> str | None:
-        if rank != 0 or not train_cfg.save_checkpoint:
+        if not train_cfg.save_checkpoint:
+            return None
+        rng = gather(seeding.rng_state(), world)                     # every rank takes part
+        if rank != 0:
             return None
         return ckpt.save_checkpoint(path, ckpt.training_state(
             model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, step=step,
             world=world, model_cfg=model_cfg, train_cfg=train_cfg, history=history,
-            evals=evals))
+            evals=evals, rng=rng))
 
     def run_eval(record: bool = True) -> dict:
         row = {"step": step}
@@ -239,10 +242,17 @@ def _train(model_cfg, train_cfg, progress, dataset, device, precision, rank, wor
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """``python -m fast train [--preset NAME] [--field value ...]``: train, print one line."""
-    name, overrides = cli.command_line(sys.argv[1:] if argv is None else argv)
-    model_cfg, train_cfg = preset(name, **overrides)
-    result = train(model_cfg, train_cfg, progress=True)
+    """``python -m fast train [--preset NAME] [--field value ...]``: train, print one line.
+    Bad input: one line on stderr, exit status 2; a checkpoint that cannot be written:
+    one line, exit status 1 (the previous checkpoint intact)."""
+    name, model_cfg, train_cfg = cli.configs(sys.argv[1:] if argv is None else argv)
+    try:
+        result = train(model_cfg, train_cfg, progress=True)
+    except UsageError as err:
+        fail(cli.COMMAND, err)
+    except ckpt.CheckpointWriteError as err:
+        sys.stderr.write(f"{cli.COMMAND}: {err}\n")
+        raise SystemExit(1) from None
     if int(os.environ.get("RANK", "0")) == 0:
         print(cli.summary(name, result))
     return result

@@ -1,0 +1,40 @@
+"""Hand-written backward passes are differentiable once: a clear error, never a wrong answer.
+
+Child et al., 2019, section 5.5: the fast attention paths (the structured pieces, the
+Triton kernels) run their own fused backward, which autograd cannot differentiate
+again. ``torch.autograd.function.once_differentiable`` alone is not enough: when the
+incoming gradient does not itself require grad (``(out * g).sum()`` with a constant
+``g``), it returns a first derivative without a graph, and a later second derivative
+through it is silently missing. So ``once_differentiable(what)`` raises as soon as a
+backward runs with ``create_graph=True`` (autograd runs backward with grad mode on
+exactly then), naming the path and the way out: the naive backend, plain SDPA, is
+twice differentiable.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch.autograd.function import once_differentiable as _torch_once_differentiable
+
+
+def once_differentiable(what: str):
+    """Decorator for ``torch.autograd.Function.backward``: torch's once_differentiable,
+    and a RuntimeError naming ``what`` when a second derivative is asked for."""
+
+    def wrap(backward):
+        inner = _torch_once_differentiable(backward)
+
+        @functools.wraps(backward)
+        def run(ctx, *grads):
+            if torch.is_grad_enabled():
+                raise RuntimeError(
+                    f"{what} is once_differentiable: its backward is written by hand, so a "
+                    f"second derivative (create_graph=True) is not available; use "
+                    f"sparse_attention(..., backend='naive'), which is twice differentiable")
+            return inner(ctx, *grads)
+
+        return run
+
+    return wrap

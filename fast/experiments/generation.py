@@ -1,0 +1,187 @@
+"""Generation speed: the re-run sampler, a dense key/value cache and the sparse cache.
+
+Child et al., 2019, section 4.3 (each factorized head reads about sqrt(n) keys)
+and section 7 (CIFAR-10 images of 3072 bytes, Enwik8 texts of 12,288 bytes). Two
+models, random weights (speed does not depend on them), batch 1, float32:
+
+* photos32 -- the ``photos32`` preset: 32x32x3 images, n = 3072, strided l = 96
+  (one image row), 2 heads merged, d = 128, 4 layers, half-size q/k and ff;
+* enwik8   -- Enwik8-shaped: n = 12,288 bytes, fixed l = 128, c = 32, 8 heads
+  merged as the paper's Enwik8 model; d = 128 and 4 layers (the paper: 512, 30).
+
+For each: every step of a whole sample with the sparse cache; the dense cache
+the same way (photos32) or in windows of steps at a few positions (enwik8, where
+a whole dense sample is slow); the re-run sampler's step -- a forward pass over
+the prefix -- at a few prefix lengths, summed over t = 1..n by linear
+interpolation (a whole re-run sample would take many minutes), and checked
+against a re-run sample of the first tokens measured directly; the cache's bytes
+for samples of growing length. All contenders are measured in the same run; the
+caches with one intra-op thread (``--threads``; ``sample``'s default on the
+CPU), the re-run sampler with one thread and with one per core, the faster
+counting.
+
+    python -m fast generate [--quick] [--threads N]
+
+writes figures/data/generation.json and figures/generation.png (--quick: tiny
+models, into runs/quick/). Targets: a whole photos32 sample at least 50x faster
+with the sparse cache than re-run; the enwik8 sample in minutes, with tokens per
+second near t = 12,288 at least 2x the dense cache's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+import torch
+
+from fast.core.files import write_json
+from fast.experiments.paths import DATA, FIGURES, QUICK
+from fast.measure import generation as gen
+from fast.measure.bench import machine_info
+from fast.plots.generation import plot_generation
+from fast.transformer.checkpoint import as_dict
+from fast.transformer.config import ModelConfig, preset
+from fast.transformer.model import SparseTransformer
+from fast.transformer.sample import sample
+
+
+def model_configs(quick: bool) -> dict:
+    """name -> (ModelConfig, {"dense_full": whole dense sample?, "window": steps
+    per measured window, "rerun_ts": prefix lengths of the re-run steps})."""
+    photos = preset("photos32")[0]
+    text = ModelConfig(vocab_size=256, n_ctx=12288, d_model=128, n_heads=8, n_layers=4,
+                       pattern="fixed", combine="merged", stride=128, c=32, embedding="text")
+    if quick:
+        photos = preset("photos32", n_ctx=192, image_shape=(8, 8, 3), stride=24,
+                        n_layers=2)[0]
+        text = ModelConfig(vocab_size=256, n_ctx=512, d_model=32, n_heads=4, n_layers=2,
+                           pattern="fixed", combine="merged", stride=32, c=8, embedding="text")
+    return {
+        "photos32": (photos, {"dense_full": True, "window": 16 if quick else 64,
+                              "rerun_ts": sorted({1, *range(0, photos.n_ctx + 1,
+                                                            photos.n_ctx // 6)} - {0})}),
+        "enwik8": (text, {"dense_full": False, "window": 16 if quick else 128,
+                          "rerun_ts": [1, *(text.n_ctx * k // 12 for k in (1, 4, 8, 12))]}),
+    }
+
+
+def measure_model(name: str, cfg: ModelConfig, plan: dict, prefix: int) -> dict:
+    """Every measurement of one model (see the module docstring)."""
+    torch.manual_seed(0)
+    model = SparseTransformer(cfg).eval()
+    n, w = cfg.n_ctx, plan["window"]
+    out = {"config": as_dict(cfg), "n": n, "window": w}
+    lengths = [n * k // 8 for k in range(1, 9)]
+    out["cache_bytes"] = {"n": lengths, **{kind: [gen.cache_bytes(model, kind, m)
+                                                  for m in lengths] for kind in ("dense",
+                                                                                 "sparse")}}
+    print(f"{name}: sparse cache, a whole sample of {n} tokens ...", flush=True)
+    sparse = gen.decode_timeline(model, "sparse")
+    out["sparse"] = {k: sparse[k] for k in ("total_s", "total_cpu_s", "cache_bytes")}
+    out["sparse"].update(zip(("t", "tokens_per_s"), gen.window_rate(sparse["seconds"], w)))
+    if plan["dense_full"]:
+        print(f"{name}: dense cache, a whole sample ...", flush=True)
+        dense = gen.decode_timeline(model, "dense")
+        out["dense"] = {k: dense[k] for k in ("total_s", "total_cpu_s", "cache_bytes")}
+        out["dense"].update(zip(("t", "tokens_per_s"), gen.window_rate(dense["seconds"], w)))
+    else:
+        points = [n * k // 8 - w for k in (1, 2, 4, 6, 8)]
+        print(f"{name}: dense cache, windows of {w} steps from t = {points} ...", flush=True)
+        rates = [1.0 / float(np.median(gen.decode_window(model, "dense", t, w)))
+                 for t in points]
+        out["dense"] = {"t": [t + w for t in points], "tokens_per_s": rates,
+                        "cache_bytes": out["cache_bytes"]["dense"][-1]}
+    print(f"{name}: re-run sampler at t = {plan['rerun_ts']} ...", flush=True)
+    counts = sorted({1, torch.get_num_threads(), os.cpu_count() or 1})
+    steps = [gen.rerun_seconds(model, t, repeats=2 if t > n // 3 else 3, threads=counts)
+             for t in plan["rerun_ts"]]
+    image = cfg.embedding == "image"                 # a text sample starts from one byte
+    start = time.perf_counter()
+    sample(model, 1, length=prefix, cache=False, prompt=None if image else [10],
+           generator=torch.Generator().manual_seed(0), threads=torch.get_num_threads())
+    measured = time.perf_counter() - start
+    wall, cpu = [s["wall"] for s in steps], [s["cpu"] for s in steps]
+    out["rerun"] = {"t": plan["rerun_ts"], "seconds": wall, "cpu_seconds": cpu,
+                    "threads": counts, "tokens_per_s": [1.0 / s for s in wall],
+                    "total_s_estimated": gen.rerun_total(plan["rerun_ts"], wall, n),
+                    "total_cpu_s_estimated": gen.rerun_total(plan["rerun_ts"], cpu, n),
+                    "prefix": {"tokens": prefix, "measured_s": measured,
+                               "estimated_s": gen.rerun_total(plan["rerun_ts"], wall,
+                                                              prefix - (not image))}}
+    return out
+
+
+def targets(models: dict, quick: bool) -> list[dict]:
+    """The goals of this benchmark, with what was measured (wall clock; the ratio of
+    CPU seconds beside it says how much of a wall-clock ratio a busy machine moved)."""
+    p, e = models["photos32"], models["enwik8"]
+    speedup = p["rerun"]["total_s_estimated"] / p["sparse"]["total_s"]
+    cpu = p["rerun"]["total_cpu_s_estimated"] / p["sparse"]["total_cpu_s"]
+    ratio = e["sparse"]["tokens_per_s"][-1] / e["dense"]["tokens_per_s"][-1]
+    return [
+        {"what": f"photos32, whole {p['n']}-token sample: re-run (estimated) / sparse cache",
+         "goal": ">= 50x", "measured": speedup, "cpu_ratio": cpu,
+         "met": quick or speedup >= 50},
+        {"what": f"enwik8, whole {e['n']}-byte sample with the sparse cache",
+         "goal": "minutes", "measured": e["sparse"]["total_s"], "unit": "s",
+         "met": quick or e["sparse"]["total_s"] < 600},
+        {"what": f"enwik8, tokens/s near t = {e['n']}: sparse / dense cache", "goal": ">= 2x",
+         "measured": ratio, "met": quick or ratio >= 2},
+    ]
+
+
+def run(quick: bool, threads: int = 1) -> dict:
+    """Measure both models with ``threads`` intra-op threads (restored after)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        start = time.perf_counter()
+        info = machine_info("cpu")
+        info["load_average"] = os.getloadavg()
+        models = {name: measure_model(name, cfg, plan, prefix=16 if quick else 64)
+                  for name, (cfg, plan) in model_configs(quick).items()}
+        info["wall_s"] = time.perf_counter() - start
+    finally:
+        torch.set_num_threads(before)
+    return {"machine": info, "quick": quick, "models": models,
+            "targets": targets(models, quick)}
+
+
+def print_summary(data: dict) -> None:
+    for name, m in data["models"].items():
+        r = m["rerun"]
+        print(f"{name} (n={m['n']}): sparse {m['sparse']['total_s']:.1f} s whole sample, "
+              f"cache {m['sparse']['cache_bytes'] / 2**20:.1f} MiB vs dense "
+              f"{m['dense']['cache_bytes'] / 2**20:.1f} MiB; re-run estimated "
+              f"{r['total_s_estimated']:.0f} s (first {r['prefix']['tokens']} tokens: measured "
+              f"{r['prefix']['measured_s']:.2f} s, estimated {r['prefix']['estimated_s']:.2f} s)")
+    for t in data["targets"]:
+        unit = t.get("unit", "x")
+        cpu = f", CPU seconds {t['cpu_ratio']:.1f}x" if "cpu_ratio" in t else ""
+        print(f"  {t['what']}: {t['measured']:.1f}{unit}{cpu} (goal {t['goal']}) "
+              f"{'met' if t['met'] else 'NOT MET'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fast generate",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny models, for development")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of the cached samplers (default 1, the sampler's "
+                             "own default on the CPU); the re-run sampler is timed with 1 and "
+                             "with one per core, and credited with the faster")
+    args = parser.parse_args(argv)
+    data = run(args.quick, args.threads)
+    out, figures = (QUICK, QUICK / "figures") if args.quick else (DATA, FIGURES)
+    path = write_json(out / "generation.json", data, indent=1)
+    png = plot_generation(data, figures / "generation.png")
+    print_summary(data)
+    print(f"wrote {path} and {png} ({data['machine']['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""How fast a sample is drawn: the re-run sampler, a dense cache and the sparse cache.
+
+Child et al., 2019, section 4.3 (a factorized head reads about sqrt(n) keys) and
+section 7 (samples of 3072-byte images and 12,288-byte texts). Sampling draws
+one token at a time; what a step costs is the question:
+
+* ``rerun_seconds``     one step of ``sample(cache=False)`` at prefix length t: a
+                        forward pass over t tokens and a draw -- O(t) layers' work;
+* ``decode_timeline``   a whole sample through a ``fast.transformer.decode.Decoder``
+                        with the sparse or the dense cache, every step timed;
+* ``decode_window``     ``steps`` decoding steps starting at position t (after a
+                        prefill of t positions), for points of a long run that are
+                        too slow to reach step by step;
+* ``cache_bytes``       the cache's size for a sample of n positions;
+* ``rerun_total``       the re-run sampler's time for a whole sample, summed from
+                        step times measured at a few prefix lengths (linear
+                        interpolation between them: the step's cost grows with t);
+* ``pattern_costs``     keys a step reads and bytes each cache holds, for a model
+                        shape and its pattern.
+
+Every function returns plain numbers; ``fast.experiments.generation`` runs them
+for its models and writes the JSON. Times are wall-clock seconds; the CPU seconds
+of the process are kept beside them, because on a shared machine the wall clock
+also counts the time other processes held the cores (contenders are measured in
+the same run, and what counts are their ratios).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from fast.transformer.decode import Decoder
+from fast.transformer.draw import draw
+from fast.transformer.kv_reads import row_mask
+from fast.transformer.model import SparseTransformer
+
+
+def _prompt(model, t: int, generator: torch.Generator) -> torch.Tensor:
+    """t positions of input: the start token then random tokens for an image model,
+    random bytes for a text model. (1, t)."""
+    cfg = model.cfg
+    idx = torch.randint(cfg.vocab_size, (1, t), generator=generator)
+    if cfg.embedding == "image":
+        idx[0, 0] = cfg.vocab_size
+    return idx.to(next(model.parameters()).device)
+
+
+@torch.no_grad()
+def rerun_seconds(model, t: int, repeats: int = 3, seed: int = 0, threads=(1,)) -> dict:
+    """Seconds of one re-run sampling step at prefix length t: ``model`` over t
+    positions and a draw from the last one. {"wall": the minimum over ``repeats``
+    and over the intra-op thread counts ``threads`` (a long forward pass may gain
+    from a second core; the re-run sampler is credited with its best), "cpu": the
+    process's CPU seconds of that fastest repetition}."""
+    gen = torch.Generator().manual_seed(seed)
+    idx = _prompt(model, t, gen)
+    before, best = torch.get_num_threads(), {"wall": float("inf"), "cpu": float("inf")}
+    try:
+        for count in threads:
+            torch.set_num_threads(count)
+            model(idx[:, :min(t, 8)])                                   # warm-up
+            for _ in range(repeats):
+                wall, cpu = time.perf_counter(), time.process_time()
+                draw(model(idx)[:, -1], generator=gen)
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                if wall < best["wall"]:
+                    best = {"wall": wall, "cpu": cpu}
+    finally:
+        torch.set_num_threads(before)
+    return best
+
+
+def rerun_total(ts, seconds, n: int) -> float:
+    """Seconds of a whole n-token re-run sample: the sum over t = 1..n of the step
+    time, interpolated linearly between the measured (ts, seconds)."""
+    ts, seconds = np.asarray(ts, dtype=float), np.asarray(seconds, dtype=float)
+    if ts[0] > 1 or ts[-1] < n:
+        raise ValueError(f"measured prefix lengths must span [1, {n}], got {ts[0]}..{ts[-1]}")
+    return float(np.interp(np.arange(1, n + 1), ts, seconds).sum())
+
+
+@torch.no_grad()
+def decode_timeline(model, kind: str, length: int | None = None, seed: int = 0) -> dict:
+    """Sample ``length`` positions (default n_ctx) with a ``kind`` cache, timing
+    every step. Returns {"t": positions decoded, "seconds": each step's wall time
+    (a draw and a decoder step), "total_s" (wall, prefill included), "total_cpu_s"
+    (the process's CPU time), "prefill_s", "cache_bytes"}."""
+    length = model.cfg.n_ctx if length is None else length
+    gen = torch.Generator().manual_seed(seed)
+    start, cpu = time.perf_counter(), time.process_time()
+    dec = Decoder(model, length, kind)
+    logits = dec.prefill(_prompt(model, 1, gen))
+    prefill = time.perf_counter() - start
+    stamps = np.empty(length)
+    for t in range(1, length):
+        logits = dec.step(draw(logits, generator=gen))
+        stamps[t] = time.perf_counter()
+    draw(logits, generator=gen)
+    total, cpu = time.perf_counter() - start, time.process_time() - cpu
+    stamps[0] = start + prefill
+    return {"t": list(range(1, length)), "seconds": np.diff(stamps).tolist(),
+            "total_s": total, "total_cpu_s": cpu, "prefill_s": prefill,
+            "cache_bytes": dec.nbytes()}
+
+
+@torch.no_grad()
+def decode_window(model, kind: str, t: int, steps: int, seed: int = 0) -> list[float]:
+    """Seconds of each of ``steps`` decoding steps from position t on, after a
+    prefill of positions 0..t-1 (not timed)."""
+    gen = torch.Generator().manual_seed(seed)
+    dec = Decoder(model, t + steps, kind)
+    logits = dec.prefill(_prompt(model, t, gen))
+    out = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        logits = dec.step(draw(logits, generator=gen))
+        out.append(time.perf_counter() - start)
+    return out
+
+
+@torch.no_grad()
+def cache_bytes(model, kind: str, n: int) -> int:
+    """Bytes of keys and values a ``kind`` cache holds for a sample of n positions."""
+    dec = Decoder(model, n, kind)
+    dec.prefill(_prompt(model, 1, torch.Generator().manual_seed(0)))
+    return dec.nbytes()
+
+
+def window_rate(seconds, window: int) -> tuple[list[int], list[float]]:
+    """(window ends, tokens per second) of consecutive windows of step times: the
+    median step of each window, so that one disturbed step does not move it."""
+    s = np.asarray(seconds, dtype=float)
+    ends = list(range(window, len(s) + 1, window))
+    return ends, [float(1.0 / np.median(s[e - window:e])) for e in ends]
+
+
+def pattern_costs(cfg, t: int | None = None) -> dict:
+    """What a step at position t (default the last, n - 1) of a model shaped like
+    ``cfg`` costs with each cache: {"keys_read": mean over heads and blocks of the
+    keys row t reads (``kv_reads.row_mask``), "dense_keys": t + 1, "sparse_bytes"
+    and "dense_bytes": the caches' sizes for a sample of n_ctx positions}."""
+    t = cfg.n_ctx - 1 if t is None else t
+    torch.manual_seed(0)
+    model = SparseTransformer(cfg).eval()
+    reads = [row_mask(cfg.pattern, cfg.n_ctx, cfg.n_heads, cfg.combine, layer, t,
+                      **cfg.pattern_params()).sum(1).float().mean().item()
+             for layer in range(cfg.n_layers)]
+    return {"keys_read": float(np.mean(reads)), "dense_keys": t + 1,
+            "sparse_bytes": cache_bytes(model, "sparse", cfg.n_ctx),
+            "dense_bytes": cache_bytes(model, "dense", cfg.n_ctx)}

@@ -1,0 +1,72 @@
+"""The generation figure: tokens per second and cache memory against sequence length.
+
+Child et al., 2019, section 4.3 (a factorized head reads about sqrt(n) keys, so
+a step of a sparse cache reads l + t / l keys, or block + t c / l, instead of t)
+and section 7 (3072-byte images, 12,288-byte texts). From
+figures/data/generation.json (``python -m fast generate``): one row per model;
+left, tokens per second at position t for the re-run sampler (a forward pass
+over the prefix per token), a dense key/value cache and the sparse cache; right,
+the bytes each cache holds for a sample of length n.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fast.plots import style
+from fast.plots.style import plt
+
+# contender -> (label, colour, line style)
+LINES = {"sparse": ("sparse cache (ours)", style.PURPLE, "-"),
+         "dense": ("dense cache", style.GREY, "--"),
+         "rerun": ("re-run sampler", style.RED, ":")}
+
+
+
+def _title(name: str, m: dict) -> str:
+    """"photos32: n=3072, strided l=96" from the model's stored config."""
+    cfg = m["config"]
+    c = f", c={cfg['c']}" if cfg.get("c") else ""
+    return f"{name}: n={m['n']}, {cfg['pattern']} l={cfg['stride']}{c}, {cfg['n_heads']} heads"
+
+
+def plot_generation(data: dict, path) -> Path:
+    """Write the figure (rows: models; columns: speed, memory) to ``path``."""
+    models = data["models"]
+    fig, axes = plt.subplots(len(models), 2, figsize=(10.0, 3.4 * len(models)), squeeze=False)
+    for (ax_speed, ax_mem), (name, m) in zip(axes, models.items()):
+        for kind in ("sparse", "dense", "rerun"):
+            label, colour, ls = LINES[kind]
+            marker = "o" if kind == "rerun" or len(m[kind]["t"]) < 10 else None
+            ax_speed.plot(m[kind]["t"], m[kind]["tokens_per_s"], ls, color=colour,
+                          marker=marker, ms=4, label=label)
+        r = m["rerun"]
+        speedup = r["total_s_estimated"] / m["sparse"]["total_s"]
+        ax_speed.set_yscale("log")
+        ax_speed.set_xlabel("position t of the token drawn")
+        ax_speed.set_ylabel("tokens per second")
+        ax_speed.set_title(f"{_title(name, m)}\nwhole sample: sparse "
+                           f"{m['sparse']['total_s']:.0f} s, re-run ~{r['total_s_estimated']:.0f}"
+                           f" s (estimated): {speedup:.0f}x", fontsize=9)
+        ax_speed.grid(alpha=0.3, which="both")
+        ax_speed.legend(fontsize=8)
+        mib = 2.0 ** 20
+        sizes = m["cache_bytes"]
+        for kind, width in (("sparse", 4.0), ("dense", 1.5)):   # the sparse line under the dense
+            label, colour, ls = LINES[kind]
+            ax_mem.plot(sizes["n"], [b / mib for b in sizes[kind]], ls, color=colour, lw=width,
+                        marker="o", ms=4, label=label, alpha=0.6 if kind == "sparse" else 1.0)
+        if sizes["sparse"] == sizes["dense"]:
+            ax_mem.text(0.5, 0.08, "the column reaches position 0: both caches keep every key",
+                        transform=ax_mem.transAxes, ha="center", fontsize=8)
+        ax_mem.set_xlabel("sample length n (positions)")
+        ax_mem.set_ylabel("keys and values held (MiB)")
+        ax_mem.set_ylim(bottom=0)
+        ax_mem.set_title("cache memory (the re-run sampler keeps none)", fontsize=9)
+        ax_mem.grid(alpha=0.3)
+        ax_mem.legend(fontsize=8)
+    info = data["machine"]
+    fig.suptitle(f"Sampling speed, batch 1, float32, random weights; {info['cpu']}, "
+                 f"{info['torch_threads']} thread(s), torch {info['torch']}", fontsize=9.5)
+    fig.tight_layout()
+    return style.save(fig, path)

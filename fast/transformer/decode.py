@@ -1,0 +1,156 @@
+"""Incremental decoding: a prefill pass over the prompt, then one token per step.
+
+Child et al., 2019, sections 5.2-5.6 (the network of ``fast.transformer.model``)
+and section 4.3 (which keys each head reads). Sampling draws one token at a
+time; re-running the whole network on the prefix for every token costs O(t) full
+layers per step. A ``Decoder`` keeps, per residual block, a key/value cache
+(``fast.transformer.kv_cache``) and computes only the new position:
+
+    prefill(idx)   the network's own forward pass over idx (B, p) -- the fast
+                   attention path of ``sparse_attention`` -- storing every block's
+                   keys and values; returns the logits of the last position;
+    step(tokens)   the token at position t for each row (B,): embed it, and per
+                   block project q, k, v, append k, v, attend row t over the keys
+                   the pattern allows, W_p, the feed-forward; returns the logits
+                   (B, vocab) that predict position t + 1.
+
+A step runs the block's layers as the module does (same weights, same order of
+operations), with q, k and v from one fused matrix product and attention from
+the cache, so its logits equal those of ``model(idx)[:, -1]`` to float32
+rounding (the tests ask 1e-5). q.k products, softmax and the weighted sum run in
+float32 whatever the autocast precision (sec. 5.6: float16 q.k can overflow);
+``qk_fp32=False`` turns that off only to show why it is there.
+
+Decoding needs eval mode (dropout off), as sampling does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fast.transformer.kv_cache import CACHES, layer_cache
+from fast.transformer.model import SparseTransformer
+
+
+def _autocast_on(device: torch.device) -> bool:
+    return torch.is_autocast_enabled(device.type)
+
+
+class Decoder:
+    """Decode ``model`` for up to ``capacity`` positions with a ``cache`` in CACHES.
+
+    >>> dec = Decoder(model, capacity=256)
+    >>> logits = dec.prefill(idx)          # idx (B, p): positions 0..p-1
+    >>> logits = dec.step(next_tokens)     # (B,): position p, and so on
+    """
+
+    def __init__(self, model: SparseTransformer, capacity: int, cache: str = "sparse", *,
+                 qk_fp32: bool = True):
+        model = getattr(model, "module", model)
+        if not isinstance(model, SparseTransformer):
+            raise ValueError(f"Decoder needs a SparseTransformer, got {type(model).__name__}")
+        if model.training:
+            raise ValueError("Decoder needs the model in eval mode (dropout off): call "
+                             "model.eval() first")
+        cfg = model.cfg
+        if not isinstance(capacity, int) or not 1 <= capacity <= cfg.n_ctx:
+            raise ValueError(f"capacity must be an integer in [1, n_ctx={cfg.n_ctx}], got "
+                             f"{capacity!r}")
+        if cache not in CACHES:
+            raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+        self.model, self.cfg, self.capacity, self.kind = model, cfg, capacity, cache
+        self.qk_fp32 = qk_fp32
+        H, self.dq = cfg.n_heads, cfg.qk_dim
+        params = cfg.pattern_params()
+        self.caches = [layer_cache(cache, capacity, H, self.dq // H, cfg.pattern, cfg.combine,
+                                   i, params, qk_fp32) for i in range(cfg.n_layers)]
+        self.scale = 1.0 / math.sqrt(self.dq // H)                        # folded into W_q
+        self.t = 0
+        with torch.no_grad():
+            self.positions = model.embed.positions(capacity)             # (capacity, d)
+            self.blocks = [self._weights(block, H, self.scale) for block in model.blocks]
+            self.head = (model.ln_f, model.head.bias, model.head.weight.t().contiguous())
+
+    @staticmethod
+    def _weights(block, H: int, scale: float) -> tuple:
+        """One block's weights as a step uses them, transposed once here, not per step:
+        LayerNorm 1; the fused [scale W_q; W_k, W_v of head 0; ...; of head H-1]^T,
+        with the attention's 1/sqrt(d) in W_q and each head's key and value side by
+        side as the caches store them; W_p^T; LayerNorm 2; W_1^T and W_2^T with the
+        GeLU's 1.702 moved into them, f(x) = x sigmoid(1.702 x) = silu(1.702 x) / 1.702
+        (sec. 5.2). (Float32 rounding aside, the same products as the module's.)"""
+        a, ff = block.attn, block.ff
+        w = [a.q.weight * scale] + [torch.cat(kv) for kv in zip(a.k.weight.chunk(H),
+                                                                a.v.weight.chunk(H))]
+        b = [a.q.bias * scale] + [torch.cat(kv) for kv in zip(a.k.bias.chunk(H),
+                                                              a.v.bias.chunk(H))]
+        return (block.ln1, torch.cat(b), torch.cat(w).t().contiguous(), a.proj.bias,
+                a.proj.weight.t().contiguous(), block.ln2, ff.fc1.bias * 1.702,
+                (ff.fc1.weight * 1.702).t().contiguous(), ff.fc2.bias,
+                (ff.fc2.weight / 1.702).t().contiguous())
+
+    def nbytes(self) -> int:
+        """Bytes of keys and values the caches hold (allocated at the first position)."""
+        return sum(c.nbytes() for c in self.caches)
+
+    @torch.no_grad()
+    def prefill(self, idx: torch.Tensor) -> torch.Tensor:
+        """Run the network over idx (B, p) from position 0, filling the caches.
+        Returns the logits of position p - 1: (B, vocab), float32."""
+        if self.t:
+            raise ValueError(f"prefill starts a sequence; this decoder is at position {self.t}")
+        p = idx.shape[1]
+        if not 1 <= p <= self.capacity:
+            raise ValueError(f"the prompt must hold 1..capacity={self.capacity} positions, "
+                             f"got {p}")
+        model = self.model
+        h = model.embed(idx)                                             # (B, p, d)
+        for block, cache in zip(model.blocks, self.caches):
+            x = block.ln1(h)
+            q, k, v = block.attn.project(x)                              # (B, H, p, *)
+            cache.extend(torch.cat([k, v], dim=-1))                      # (B, H, p, dk + dv)
+            flag, block.attn.qk_fp32 = block.attn.qk_fp32, self.qk_fp32  # the steps' rule
+            try:
+                out, _ = block.attn.attend(q, k, v, x.dtype)
+            finally:
+                block.attn.qk_fp32 = flag
+            h = block.residual(h, block.attn.output(out))                # (B, p, d)
+        self.t = p
+        return model.head(model.ln_f(h[:, -1])).float()                  # (B, vocab)
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Decode position t: tokens (B,) -> logits (B, vocab), float32, predicting t + 1."""
+        t = self.t
+        if t >= self.capacity:
+            raise ValueError(f"the decoder holds {self.capacity} positions; position {t} does "
+                             f"not fit")
+        if t == 0:
+            raise ValueError("step continues a sequence: call prefill first")
+        cfg, model = self.cfg, self.model
+        B, H, d, dq = tokens.shape[0], cfg.n_heads, cfg.d_model, self.dq
+        h = model.embed.tok.weight[tokens] + self.positions[t]           # (B, d)
+        autocast_on = _autocast_on(h.device)
+        masks: dict = {}                                                 # row masks of step t
+        for (ln1, b_qkv, w_qkv, b_p, w_p, ln2, b_1, w_1, b_2, w_2), cache in zip(self.blocks,
+                                                                               self.caches):
+            x = torch.layer_norm(h, ln1.normalized_shape, ln1.weight, ln1.bias, ln1.eps)
+            qkv = torch.addmm(b_qkv, x, w_qkv)                           # (B, 2 dq + d)
+            cache.append(t, qkv.narrow(1, dq, qkv.shape[1] - dq).view(B, H, 1, -1))
+            q = qkv.narrow(1, 0, dq).view(B, H, 1, -1)                   # (B, H, 1, dqk), scaled
+            if autocast_on:                                  # q.k, softmax, sum in float32
+                with torch.autocast(h.device.type, enabled=False):
+                    o = cache.attend(q, t, 1.0, masks)                   # (B, H, 1, dh)
+            else:
+                o = cache.attend(q, t, 1.0, masks)
+            o = o if o.dtype == x.dtype else o.to(x.dtype)
+            ha = h + torch.addmm(b_p, o.view(B, d), w_p)                 # (B, d)
+            y = torch.layer_norm(ha, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps)
+            h = ha + torch.addmm(b_2, F.silu(torch.addmm(b_1, y, w_1)), w_2)
+        self.t = t + 1
+        ln_f, b_out, w_out = self.head
+        h = torch.layer_norm(h, ln_f.normalized_shape, ln_f.weight, ln_f.bias, ln_f.eps)
+        return torch.addmm(b_out, h, w_out).float()                      # (B, vocab)

@@ -1,0 +1,118 @@
+"""What a sampler draws: the checks of a sampling request, and the draw of one token.
+
+Child et al., 2019, section 7 (samples, and completions of held-out images from
+their top half) and section 5.6 (sampling keeps q.k products in float32). Two
+pieces of ``fast.transformer.sample``, kept apart so that each file stays short:
+
+* ``check_request`` -- every argument of ``sample`` checked against the model's
+  config before any work starts; a ValueError says what was given and what is
+  allowed;
+* ``draw`` -- temperature, top-k and top-p (nucleus) truncation, then one token
+  per row by inverting the cumulative distribution at one uniform number.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from fast.transformer.config import PRECISIONS
+
+CACHE_FLAGS = {True: "sparse", "sparse": "sparse", "dense": "dense", False: None, "none": None}
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision, start_token,
+                  cache, batch_size, threads=None) -> dict:
+    """Every argument of ``sample`` checked against the model's config ``cfg``;
+    returns them normalised (prompt a LongTensor (num, p) on the CPU). Raises
+    ValueError saying what was given and what is allowed."""
+    if not _is_int(num) or num < 1:
+        raise ValueError(f"num must be an integer >= 1, got {num!r}")
+    batch_size = num if batch_size is None else batch_size
+    if not _is_int(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    length = cfg.n_ctx if length is None else length
+    if not _is_int(length) or not 1 <= length <= cfg.n_ctx:
+        raise ValueError(f"length must be an integer in [1, n_ctx={cfg.n_ctx}] (the model's "
+                         f"context), got {length!r}")
+    if not _is_real(temperature) or not math.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if top_k is not None and (not _is_int(top_k) or not 1 <= top_k <= cfg.vocab_size):
+        raise ValueError(f"top_k must be None or an integer in [1, vocab_size={cfg.vocab_size}], "
+                         f"got {top_k!r}")
+    if top_p is not None and (not _is_real(top_p) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be None or a number in (0, 1], got {top_p!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if threads is not None and (not _is_int(threads) or threads < 1):
+        raise ValueError(f"threads must be None or an integer >= 1, got {threads!r}")
+    if not any(cache is key for key in CACHE_FLAGS) and cache not in ("sparse", "dense", "none"):
+        raise ValueError(f"cache must be True, False, 'sparse', 'dense' or 'none', got {cache!r}")
+    if start_token is None:
+        start_token = cfg.embedding == "image"
+    if not isinstance(start_token, bool):
+        raise ValueError(f"start_token must be None, True or False, got {start_token!r}")
+    if prompt is None:                       # text without a start token: one newline byte
+        text = cfg.embedding == "text" and not start_token and cfg.vocab_size > ord("\n")
+        prompt = torch.full((num, int(text)), ord("\n"), dtype=torch.long)
+    prompt = torch.as_tensor(np.asarray(prompt) if isinstance(prompt, (list, tuple)) else prompt)
+    if prompt.dtype in (torch.bool,) or prompt.is_floating_point() or prompt.is_complex():
+        raise ValueError(f"prompt must hold integer token ids, got dtype {prompt.dtype}")
+    if prompt.dim() == 1:
+        prompt = prompt[None].expand(num, -1)
+    if prompt.dim() != 2 or prompt.shape[0] != num:
+        raise ValueError(f"prompt must be (p,) or (num={num}, p), got shape {tuple(prompt.shape)}")
+    prompt = prompt.to("cpu", torch.long)
+    p = prompt.shape[1]
+    if p and (int(prompt.min()) < 0 or int(prompt.max()) >= cfg.vocab_size):
+        raise ValueError(f"prompt token ids must lie in [0, vocab_size={cfg.vocab_size}) (the "
+                         f"start token {cfg.vocab_size} is added by start_token), got values in "
+                         f"[{int(prompt.min())}, {int(prompt.max())}]")
+    if p > cfg.n_ctx:
+        raise ValueError(f"the prompt holds {p} tokens, longer than the context "
+                         f"n_ctx={cfg.n_ctx}")
+    if p > length:
+        raise ValueError(f"the prompt holds {p} tokens, more than length={length}")
+    if p == 0 and not start_token:
+        raise ValueError("nothing to condition on: give a prompt of at least one token or "
+                         "start_token=True")
+    return dict(num=int(num), batch_size=int(batch_size), length=int(length),
+                temperature=float(temperature), top_k=top_k, top_p=top_p, precision=precision,
+                start_token=start_token, cache=CACHE_FLAGS[cache], prompt=prompt,
+                threads=threads)
+
+
+def draw(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+         top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits (B, V) -> LongTensor (B,) on the logits' device.
+
+    The distribution is softmax(logits / temperature); top_k keeps the k most
+    likely tokens (and any tied with the k-th); top_p keeps the smallest set of
+    most likely tokens whose probability reaches p (the most likely always).
+    Each row's token is drawn by inverting its cumulative distribution at one
+    uniform number u from ``generator``, drawn on the CPU: a seed gives the same
+    tokens on every device, and models sampled with one seed share their u's --
+    where their distributions agree they draw the same token."""
+    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]         # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float64)           # (B, V)
+    if top_p is not None and top_p < 1:
+        ranked, order = probs.sort(dim=-1, descending=True)              # (B, V)
+        drop = (ranked.cumsum(-1) - ranked) >= top_p                     # mass before >= p
+        probs = probs.masked_fill(drop.scatter(-1, order, drop), 0.0)
+    cdf = probs.cumsum_(-1)                                              # (B, V)
+    u = torch.rand(len(cdf), 1, generator=generator, dtype=torch.float64).to(cdf.device)
+    token = torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True)     # (B, 1)
+    return token.clamp_(max=cdf.shape[-1] - 1)[:, 0]                     # u * total < total

@@ -1,0 +1,126 @@
+"""Everything a run needs, checked before its first step: nothing is found out after training.
+
+Child et al., 2019, section 6 trains for days; a mistake that surfaces only at the
+first evaluation, or when the checkpoint is written, costs the whole run. So
+``check_run`` looks at everything that can be known before a step is taken, and
+``fast.transformer.train`` calls it first:
+
+* the device and precision exist on this machine, and the batch divides over the ranks;
+* the output: ``out_dir`` can be made and written to (a file is created and removed
+  there), and a checkpoint already in it is never overwritten by a fresh run unless
+  ``overwrite=True``; with ``resume=True`` it must exist, be a safe, readable
+  training checkpoint (``fast.transformer.checkpoint``) and continue the same run;
+* the data: it loads, fits the model (vocabulary, images or text, sequence length),
+  its training split holds a sequence, and every split in ``eval_splits`` exists and
+  gives at least one evaluation batch.
+
+Every failure raises ``fast.core.cli.UsageError`` (a ValueError) saying what was
+found and what to do; ``python -m fast train`` prints it as one line, exit status 2.
+(The configuration's own fields are checked earlier, when it is made:
+``fast.transformer.config``.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fast.core.cli import UsageError, check_writable
+from fast.data import Dataset, load
+from fast.transformer import checkpoint as ckpt
+from fast.transformer.config import ModelConfig, TrainConfig
+from fast.transformer.devices import resolve_device, resolve_precision, world_size
+
+
+@dataclass
+class Plan:
+    """What ``check_run`` found: everything the loop needs to start."""
+    device: torch.device
+    precision: str                   # "fp32", "bf16" or "fp16" ("auto" resolved)
+    world: int                       # ranks
+    local_batch: int                 # sequences per rank and step
+    dataset: Dataset
+    path: Path                       # out_dir / "ckpt.pt"
+    resume_state: dict | None        # the checkpoint to resume, read safely, or None
+
+
+def check_run(model_cfg: ModelConfig, train_cfg: TrainConfig,
+              dataset: Dataset | None = None) -> Plan:
+    """Check a run before its first step; ``dataset`` is loaded unless given."""
+    if not isinstance(model_cfg, ModelConfig) or not isinstance(train_cfg, TrainConfig):
+        raise UsageError(f"train needs (ModelConfig, TrainConfig), got "
+                         f"({type(model_cfg).__name__}, {type(train_cfg).__name__})")
+    try:
+        return _check(model_cfg, train_cfg, dataset)
+    except UsageError:
+        raise
+    except (ValueError, OSError) as err:                      # a check, said as it was
+        raise UsageError(str(err)) from err
+
+
+def _check(model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset | None) -> Plan:
+    device = resolve_device(train_cfg.device)
+    precision = resolve_precision(train_cfg.precision, device)
+    world = world_size()
+    if train_cfg.batch_size % world:
+        raise UsageError(f"batch_size={train_cfg.batch_size} must divide evenly over "
+                         f"{world} ranks")
+    path = Path(train_cfg.out_dir) / "ckpt.pt"
+    resume_state = _check_output(model_cfg, train_cfg, path, device, world)
+    dataset = _check_data(model_cfg, train_cfg, dataset)
+    return Plan(device, precision, world, train_cfg.batch_size // world, dataset, path,
+                resume_state)
+
+
+def _check_output(model_cfg, train_cfg, path: Path, device, world) -> dict | None:
+    """out_dir writable; an existing checkpoint resumed, replaced on request, or kept."""
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder, where the checkpoint file would go; choose "
+                         f"another --out_dir")
+    if train_cfg.resume:
+        if not path.is_file():
+            raise UsageError(f"cannot resume: there is no checkpoint {path}; run without "
+                             f"--resume to start this run")
+        state = ckpt.load_checkpoint(path, map_location=device)
+        ckpt.check_resumable(state, path, model_cfg=model_cfg, train_cfg=train_cfg,
+                             world=world)
+    else:
+        state = None
+        if train_cfg.save_checkpoint and path.exists() and not train_cfg.overwrite:
+            raise UsageError(f"{path} already holds a checkpoint, which this fresh run would "
+                             f"overwrite; pass --resume to continue it, --overwrite to "
+                             f"replace it, or choose another --out_dir")
+    if train_cfg.save_checkpoint:
+        try:
+            check_writable(path.parent)
+        except OSError as err:
+            raise UsageError(f"out_dir {str(path.parent)!r} cannot be written to "
+                             f"({err.strerror or err}); choose another --out_dir, or "
+                             f"--save_checkpoint false") from err
+    return state
+
+
+def _check_data(model_cfg: ModelConfig, train_cfg: TrainConfig,
+                dataset: Dataset | None) -> Dataset:
+    """The run's data (loaded unless given), checked against the model and the splits."""
+    if dataset is None:
+        dataset = load(train_cfg.dataset, path=train_cfg.data_path,
+                       max_bytes=train_cfg.data_max_bytes, image_shape=model_cfg.image_shape)
+    if dataset.vocab_size > model_cfg.vocab_size:
+        raise UsageError(f"dataset {dataset.name!r} has {dataset.vocab_size} symbols, more "
+                         f"than the model's vocab_size={model_cfg.vocab_size}")
+    if dataset.kind == "image" and model_cfg.embedding != "image":
+        raise UsageError(f"dataset {dataset.name!r} holds images; use embedding='image' "
+                         f"with image_shape={dataset.image_shape}")
+    n = model_cfg.n_ctx
+    for split in ("train", *train_cfg.eval_splits):
+        if split not in dataset.splits:
+            raise UsageError(f"dataset {dataset.name!r} has no split {split!r}; it has "
+                             f"{sorted(dataset.splits)} (eval_splits={train_cfg.eval_splits})")
+        dataset.check_length(n, split)
+        if next(iter(dataset.eval_batches(split, 1, n, max_batches=1)), None) is None:
+            raise UsageError(f"dataset {dataset.name!r}: split {split!r} holds no sequence "
+                             f"of n_ctx={n}; nothing to train on or evaluate")
+    return dataset

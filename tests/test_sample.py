@@ -1,0 +1,219 @@
+"""The sampler: cached draws equal re-run draws, the draw rules, checks before work, the CLI.
+
+Child et al., 2019, section 7 (unconditional samples and completions of held-out
+images from their top half) and section 5.6 (q.k in float32 when sampling).
+``sample(cache=False)`` re-runs the model on the prefix for every token; it is
+the reference that the sparse and dense caches must reproduce token for token.
+"""
+
+from __future__ import annotations
+
+import matplotlib.image
+import numpy as np
+import pytest
+import torch
+
+from fast.__main__ import main as fast_main
+from fast.transformer import sample as sampling
+from fast.transformer.checkpoint import save_weights
+from fast.transformer.config import ModelConfig
+from fast.transformer.model import SparseTransformer
+from fast.transformer.sample import check_request, draw, sample
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def model_for(pattern: str, combine: str, image: bool, heads: int = 2) -> SparseTransformer:
+    """n = 26 (not a multiple of l = 4 or 6; images 13x1x2), vocab 9."""
+    params = {"full": {}, "strided": {"stride": 4}, "fixed": {"stride": 6, "c": 3}}[pattern]
+    fields = dict(vocab_size=9, n_ctx=26, d_model=8 * heads, n_heads=heads, n_layers=2,
+                  pattern=pattern, combine=combine, stride=4, **{k: v for k, v in params.items()
+                                                                 if k != "stride"})
+    fields["stride"] = params.get("stride", 4)
+    fields.update(dict(embedding="image", image_shape=(13, 1, 2)) if image else
+                  dict(embedding="text"))
+    torch.manual_seed(0)
+    model = SparseTransformer(ModelConfig(**fields))
+    with torch.no_grad():                                  # sharper than the init: real choices
+        model.head.weight.mul_(20.0)
+    return model
+
+
+@pytest.mark.parametrize("pattern", ["full", "strided", "fixed"])
+@pytest.mark.parametrize("combine", ["merged", "multihead", "interleaved"])
+@pytest.mark.parametrize("image", [True, False], ids=["image", "text"])
+def test_cached_sampler_draws_the_rerun_tokens(pattern, combine, image):
+    model = model_for(pattern, combine, image)
+    prompts = [None, torch.tensor([[1, 2, 3, 4, 5, 6, 7], [0, 0, 8, 8, 1, 1, 2],
+                                   [5, 4, 3, 2, 1, 0, 1]])]
+    for prompt in prompts:
+        if prompt is None and not image:
+            prompt = torch.tensor([3])                     # text needs one token to start
+        kw = dict(prompt=prompt, temperature=1.3, top_k=7, top_p=0.95, batch_size=2)
+        runs = {cache: sample(model, 3, cache=cache, generator=torch.Generator().manual_seed(5),
+                              **kw) for cache in (False, True, "dense")}
+        assert runs[False].shape == (3, 26)
+        assert torch.equal(runs[True], runs[False]) and torch.equal(runs["dense"], runs[False])
+        if prompt is not None:
+            p = prompt.shape[-1]
+            assert torch.equal(runs[True][:, :p], prompt.expand(3, p))
+        assert len({tuple(r) for r in runs[True].tolist()}) == 3    # rows differ
+
+
+def test_sampler_restores_state_and_reports_stats():
+    model = model_for("fixed", "merged", True)
+    model.train()
+    stats = {}
+    threads = torch.get_num_threads()
+    out = sample(model, 2, generator=torch.Generator().manual_seed(0), stats=stats, threads=2)
+    assert model.training and not model.blocks[0].attn.qk_fp32
+    assert torch.get_num_threads() == threads
+    assert stats["tokens"] == 2 * 26 and stats["cache"] == "sparse" and stats["seconds"] > 0
+    # keys and values side by side: (B=2) x heads x (ceil(26/6) c + l rows) x (dk + dv) x 4 bytes
+    per_layer = 2 * 2 * (5 * 3 + 6) * (8 + 8) * 4
+    assert stats["cache_bytes"] == 2 * per_layer
+    assert int(out.min()) >= 0 and int(out.max()) < 9
+    again = sample(model, 2, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(out, again)
+    full = sample(model, 2, length=26, prompt=out, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(full, out)                          # nothing left to draw
+
+
+def test_draw_rules():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))[None].expand(20000, 4)
+    counts = lambda tokens: np.bincount(tokens.numpy(), minlength=4) / len(tokens)
+    plain = counts(draw(logits, generator=gen))
+    print("frequencies", plain.round(3))
+    assert np.abs(plain - [0.5, 0.3, 0.15, 0.05]).max() < 0.015
+    assert set(counts(draw(logits, top_k=2, generator=gen)).nonzero()[0]) == {0, 1}
+    # top-p: the smallest set whose mass reaches p -- 0.5 + 0.3 >= 0.8
+    assert set(counts(draw(logits, top_p=0.8, generator=gen)).nonzero()[0]) == {0, 1}
+    assert set(counts(draw(logits, top_p=0.81, generator=gen)).nonzero()[0]) == {0, 1, 2}
+    assert set(counts(draw(logits, top_p=0.2, generator=gen)).nonzero()[0]) == {0}
+    cold = counts(draw(logits, temperature=0.25, generator=gen))   # p^4, renormalised
+    want = np.array([0.5, 0.3, 0.15, 0.05]) ** 4
+    assert np.abs(cold - want / want.sum()).max() < 0.015
+    hot = counts(draw(logits, temperature=100.0, generator=gen))
+    assert np.abs(hot - 0.25).max() < 0.02
+
+
+BAD = [
+    (dict(temperature=0.0), "temperature must be a finite number > 0, got 0.0"),
+    (dict(temperature=float("nan")), "temperature must be a finite number > 0, got nan"),
+    (dict(temperature=-1), "temperature must be a finite number > 0"),
+    (dict(top_p=0.0), r"top_p must be None or a number in \(0, 1\], got 0.0"),
+    (dict(top_p=1.5), r"top_p must be None or a number in \(0, 1\], got 1.5"),
+    (dict(top_k=0), r"top_k must be None or an integer in \[1, vocab_size=9\], got 0"),
+    (dict(top_k=10), r"top_k must be None or an integer in \[1, vocab_size=9\], got 10"),
+    (dict(length=27), r"length must be an integer in \[1, n_ctx=26\].*got 27"),
+    (dict(length=2.5), r"length must be an integer"),
+    (dict(prompt=torch.zeros(27, dtype=torch.long)), "longer than the context n_ctx=26"),
+    (dict(prompt=torch.zeros(5, dtype=torch.long), length=4), "more than length=4"),
+    (dict(prompt=torch.tensor([1, 9])), r"must lie in \[0, vocab_size=9\).*\[1, 9\]"),
+    (dict(prompt=torch.tensor([-1, 2])), r"must lie in \[0, vocab_size=9\)"),
+    (dict(prompt=torch.tensor([1.5, 2.0])), "prompt must hold integer token ids"),
+    (dict(prompt=torch.zeros(3, 2, dtype=torch.long)), r"prompt must be \(p,\) or \(num=2, p\)"),
+    (dict(precision="fp8"), "precision must be one of"),
+    (dict(cache="paged"), "cache must be True, False, 'sparse', 'dense' or 'none'"),
+    (dict(batch_size=0), "batch_size must be an integer >= 1, got 0"),
+    (dict(start_token=False), "nothing to condition on"),
+    (dict(threads=0), "threads must be None or an integer >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("bad,message", BAD)
+def test_bad_requests_fail_before_any_work(bad, message, monkeypatch):
+    model = model_for("strided", "merged", True)
+    calls = []
+    monkeypatch.setattr(SparseTransformer, "forward", lambda *a, **k: calls.append(1))
+    with pytest.raises(ValueError, match=message):
+        sample(model, 2, **bad)
+    assert not calls                                       # the model never ran
+    with pytest.raises(ValueError, match="num must be an integer >= 1"):
+        check_request(model.cfg, 0, None, None, 1.0, None, None, "fp32", None, True, None)
+
+
+# ----------------------------------------------------------------------------
+# The command line.
+# ----------------------------------------------------------------------------
+
+@pytest.fixture
+def checkpoints(tmp_path):
+    """A weights-only digits image model (8x8, 17 levels) and a text model."""
+    torch.manual_seed(0)
+    image = SparseTransformer(ModelConfig(vocab_size=17, n_ctx=64, d_model=16, n_heads=2,
+                                          n_layers=1, pattern="strided", stride=8,
+                                          embedding="image", image_shape=(8, 8, 1)))
+    text = SparseTransformer(ModelConfig(vocab_size=256, n_ctx=40, d_model=16, n_heads=2,
+                                         n_layers=1, pattern="fixed", stride=8, c=2))
+    return (save_weights(tmp_path / "image.pt", image), save_weights(tmp_path / "text.pt", text))
+
+
+def run_cli(args, capsys) -> tuple[int, str, str]:
+    try:
+        code = fast_main(["sample", *args])
+    except SystemExit as stop:                             # argparse's own exits
+        code = stop.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_completes_images_and_continues_text(checkpoints, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["python -m fast sample"])
+    image, text = checkpoints
+    png = tmp_path / "done.png"
+    code, out, _ = run_cli(["--checkpoint", image, "--num", "3", "--complete", "test",
+                            "--dataset", "digits", "--out", str(png), "--no-progress",
+                            "--top-k", "5"], capsys)
+    assert code == 0 and "tokens/s" in out and f"wrote {png}" in out
+    grid = matplotlib.image.imread(png)
+    scale = grid.shape[0] // (2 * 9 + 1)                   # held-out row + completion row
+    assert grid.shape[:2] == (scale * (2 * 9 + 1), scale * (3 * 9 + 1))
+    txt = tmp_path / "s.txt"
+    code, out, _ = run_cli(["--checkpoint", text, "--num", "2", "--length", "30", "--prompt",
+                            "def f():\\n", "--out", str(txt), "--no-progress", "--cache",
+                            "dense", "--top-p", "0.9"], capsys)
+    assert code == 0
+    samples = txt.read_text(encoding="utf-8").split("\n\n----\n\n")
+    assert len(samples) == 2 and all(s.startswith("def f():\n") for s in samples)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--temperature", "0"], "temperature must be a finite number > 0, got 0.0"),
+    (["--top-p", "2"], r"top_p must be None or a number in \(0, 1\], got 2.0"),
+    (["--top-k", "0"], "top_k must be None or an integer in"),
+    (["--length", "10"], "image samples need the full length n_ctx=64"),
+    (["--prompt", "abc"], "an image model completes held-out images with --complete"),
+    (["--complete", "test"], "stores no training config; name it with --dataset"),
+    (["--num", "x"], "argument --num: invalid int value: 'x'"),
+    (["--cache", "paged"], "argument --cache: invalid choice: 'paged'"),
+])
+def test_cli_bad_values_exit_2_with_one_line(checkpoints, args, message, capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["python -m fast sample"])
+    code, out, err = run_cli(["--checkpoint", checkpoints[0], "--no-progress", *args], capsys)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m fast sample: error:")
+    assert __import__("re").search(message, lines[0]), lines[0]
+
+
+def test_cli_help_and_missing_checkpoint(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["python -m fast sample"])
+    code, out, _ = run_cli(["--help"], capsys)
+    assert code == 0 and "--top-p" in out and "--complete" in out and "--cache" in out
+    code, _, err = run_cli(["--checkpoint", str(tmp_path / "none.pt")], capsys)
+    assert code == 2 and "not found" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_cli(["--checkpoint", str(tmp_path / "none.pt"), "--prompt-file",
+                            str(tmp_path)], capsys)
+    assert code == 2
+
+
+def test_text_prompt_escapes(checkpoints, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["python -m fast sample"])
+    (tmp_path / "p.bin").write_bytes(b"\x00\xffab")
+    code, _, _ = run_cli(["--checkpoint", checkpoints[1], "--num", "1", "--length", "8",
+                          "--prompt-file", str(tmp_path / "p.bin"), "--out",
+                          str(tmp_path / "p.txt"), "--no-progress"], capsys)
+    assert code == 0
+    assert sampling.COMMAND == "python -m fast sample"

@@ -1,0 +1,107 @@
+"""The Triton kernels compiled on a GPU: every pattern x combine mode x dtype, and no host sync.
+
+Child et al., 2019, sections 4.3 and 5.1 (patterns, head combinations), 5.5
+(block-sparse kernels) and 5.6 (half precision). Each case runs forward and
+backward on odd sizes (n = 1025: not a multiple of the block, of the stride or of
+64), float32 / float16 / bfloat16, and checks (``triton_helpers.check_case``):
+the flash-attention rule against float64, no NaN or inf, rows that read nothing
+give 0, a repeat is bitwise equal. The tests marked ``gpu`` need CUDA with the
+kernels compiled: ``make test`` runs them in a second pass
+(``TRITON_INTERPRET=0 pytest -m gpu``) when CUDA is present.
+
+Each GPU test has a CPU twin that runs the same function on small sizes in
+float32 under the Triton interpreter (``make test``'s first pass), so the
+checks themselves are exercised on every machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from triton_helpers import T, check_case, gpu, make_inputs, needs_interpreter
+
+from fast import sparse_attention
+from fast.attention import resolve_backend
+
+# (pattern, combine, layer, parameters at n = 1025 on the GPU, parameters at n = 75 on the CPU)
+CASES = [
+    ("full", "merged", 0, {}, {}),
+    ("strided", "merged", 0, dict(stride=48), dict(stride=7)),
+    ("strided", "multihead", 0, dict(stride=32), dict(stride=8)),
+    ("strided", "interleaved", 1, dict(stride=48), dict(stride=7)),
+    ("fixed", "merged", 0, dict(stride=64, c=16), dict(stride=16, c=4)),
+    ("fixed", "multihead", 0, dict(stride=64, c=16), dict(stride=8, c=2)),
+    ("fixed", "interleaved", 1, dict(stride=48, c=16), dict(stride=12, c=4)),  # empty rows
+    ("longformer", "merged", 0, dict(window=40, dilation=2, global_tokens=(0, 500)),
+     dict(window=5, dilation=2, global_tokens=(0, 17))),
+    ("bigbird", "merged", 0, dict(window=48, n_random=3, n_global=4),
+     dict(window=6, n_random=2, n_global=2)),
+]
+IDS = [f"{c[0]}-{c[1]}{c[2]}" for c in CASES]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t).split(".")[-1])
+@pytest.mark.parametrize("pattern,combine,layer,params,_", CASES, ids=IDS)
+def test_gpu_pattern_combine_dtype(pattern, combine, layer, params, _, dtype):
+    check_case(pattern, combine, layer, params, dtype, "cuda", B=2, H=4, n=1025, d=64)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda t: str(t).split(".")[-1])
+def test_gpu_head_width_48_is_padded_inside(dtype):
+    """d = 48 (not a power of two): the kernel pads it to 64 in registers."""
+    check_case("fixed", "merged", 0, dict(stride=48, c=16), dtype, "cuda", B=1, H=3, n=999,
+               d=48)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("pattern,combine,layer,_,params", CASES, ids=IDS)
+def test_cpu_twin_pattern_combine(pattern, combine, layer, _, params):
+    """The GPU test's function, small and in float32, under the interpreter."""
+    check_case(pattern, combine, layer, params, torch.float32, "cpu", B=1, H=4, n=75, d=16,
+               block_size=16)
+
+
+# ----------------------------------------------------------------------------
+# No host sync: a warm forward + backward never waits for the GPU
+# ----------------------------------------------------------------------------
+
+def _warm_then_strict(call, q, k, v, do) -> None:
+    """One call to build the layout and compile, then one under
+    ``torch.cuda.set_sync_debug_mode("error")``: any host read of a device value raises."""
+    for mode in ("default", "error"):
+        qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode(mode)
+        try:
+            call(qg, kg, vg).backward(do)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("pattern,params", [("strided", dict(stride=32)),
+                                            ("fixed", dict(stride=64, c=16))])
+def test_gpu_forward_and_backward_never_wait_for_the_device(pattern, params):
+    """Once the layout is cached, neither the kernel's entry point nor
+    ``fast.sparse_attention`` (auto backend: Triton on CUDA; its NaN check is off on
+    CUDA unless asked for) reads anything back from the GPU."""
+    q, k, v, do = make_inputs(1, 4, 1000, 64, device="cuda", dtype=torch.float16)
+    for combine in ("merged", "multihead"):
+        _warm_then_strict(lambda a, b, c, m=combine: T.triton_sparse_attention(
+            a, b, c, pattern, combine=m, **params), q, k, v, do)
+        _warm_then_strict(lambda a, b, c, m=combine: sparse_attention(
+            a, b, c, pattern, combine=m, **params), q, k, v, do)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_auto_backend_is_the_compiled_kernel():
+    """On CUDA the auto backend of a sparse pattern is the compiled Triton kernel."""
+    assert resolve_backend("auto", "strided", torch.device("cuda"), torch.float16) == "triton"
+    assert resolve_backend("auto", "full", torch.device("cuda"), torch.float16) == "structured"
