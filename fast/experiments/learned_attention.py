@@ -29,7 +29,6 @@ The dense model is trained only when its cached weights are missing (or --force)
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fast.core import cli
 from fast.core.files import write_json
 from fast.data import load
 from fast.experiments.paths import DATA, FIGURES, QUICK, ROOT
@@ -55,8 +55,10 @@ QUERY_PIXELS = ((10, 8), (13, 3), (8, 13))   # (row, column) of the pixels drawn
 MIN_ROW = 4                      # summaries use every query pixel from this row on
 WINDOW = 2                       # "local": within 2 rows and 2 columns of the query pixel
 N_IMAGES = 16                    # test images the statistics average over (evenly spread)
-THREADS = 2                      # intra-op threads of the dense run: fixed, so its weights do
-                                 # not depend on the machine's core count
+THREADS = 1                      # intra-op threads of the dense run: fixed, so its weights do
+                                 # not depend on the machine's core count or load (one thread
+                                 # is also the fastest on a shared CPU)
+ITERS = 600                      # training steps of the dense run: about 6 minutes of one core
 SPARSE = ("strided", "fixed")    # the trained sparse models drawn beside the dense one
 PARTS = {"strided": ("band (last l positions)", "column (every l-th)"),
          "fixed": ("own block", "summaries (last c of each block)")}
@@ -69,7 +71,7 @@ def configs(quick: bool = False, iters: int | None = None, layers: int | None = 
                             n_layers=layers or (3 if quick else 6), pattern="full",
                             combine="merged",
                             stride=STRIDE, embedding="image", image_shape=SHAPE)
-    iters = iters or (30 if quick else 1000)
+    iters = iters or (30 if quick else ITERS)
     train_cfg = TrainConfig(dataset="grey16", batch_size=16, max_iters=iters,
                             warmup_iters=max(2, iters // 10), lr=3e-3, precision="fp32",
                             eval_interval=0, eval_batches=8, log_interval=max(1, iters // 50),
@@ -214,18 +216,23 @@ def pixel_position(row: int, col: int, image_shape=SHAPE) -> int:
     return stats.pixel_position(row, col, image_shape)
 
 
+def parser() -> cli.Parser:
+    """The options of ``python -m fast fig2`` (builds the parser, does no work)."""
+    p = cli.Parser("python -m fast fig2", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a tiny model, for development")
+    p.add_argument("--force", action="store_true", help="retrain even if cached")
+    p.add_argument("--iters", type=cli.integer(1), default=None,
+                   help=f"training steps (default {ITERS}; retrains over the cache)")
+    p.add_argument("--threads", type=cli.integer(1, 256), default=THREADS,
+                   help=f"intra-op threads of the training (default {THREADS}; the weights "
+                        f"depend on it in the last bits)")
+    p.add_argument("--layers", type=cli.integer(1, 64), default=None,
+                   help="layers of the dense model (default 6; retrains over the cache)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny model, for development")
-    parser.add_argument("--force", action="store_true", help="retrain even if cached")
-    parser.add_argument("--iters", type=int, default=None,
-                        help="training steps (default 1000; retrains over the cache)")
-    parser.add_argument("--threads", type=int, default=THREADS,
-                        help=f"intra-op threads of the training (default {THREADS}; on a busy "
-                             f"machine 1 is far faster, but the weights differ in the last bits)")
-    parser.add_argument("--layers", type=int, default=None,
-                        help="layers of the dense model (default 6; retrains over the cache)")
-    args = parser.parse_args(argv)
+    args = parser().parse_or_exit(argv)
     weights, summary_path, models, figdir = paths(args.quick)
     weights.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(summary_path.read_text()) if summary_path.exists() else {}
