@@ -20,7 +20,6 @@ figures/data/make_figures.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import time
 
 from tqdm import tqdm
 
+from fast.core import cli
 from fast.core.files import write_json
 from fast.experiments.paths import DATA
 
@@ -58,16 +58,21 @@ def command(name: str, quick: bool, resume: bool) -> list[str] | None:
     return cmd
 
 
+def parser() -> cli.Parser:
+    """The options of ``python -m fast figures`` (builds the parser, does no work)."""
+    one_step = cli.choice(STEPS)
+    p = cli.Parser("python -m fast figures", description=__doc__.splitlines()[0])
+    p.add_argument("--resume", action="store_true", help="keep cached results, do the rest")
+    p.add_argument("--quick", action="store_true", help="tiny versions under runs/quick/")
+    p.add_argument("--only", default=[], metavar="STEP,STEP",
+                   type=lambda text: [one_step(s) for s in text.split(",") if s],
+                   help=f"comma list of {', '.join(STEPS)} (default: all, in that order)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--resume", action="store_true", help="keep cached results, do the rest")
-    parser.add_argument("--quick", action="store_true", help="tiny versions under runs/quick/")
-    parser.add_argument("--only", default="", help=f"comma list of {list(STEPS)}")
-    args = parser.parse_args(argv)
-    names = [s for s in args.only.split(",") if s] or list(STEPS)
-    bad = sorted(set(names) - set(STEPS))
-    if bad:
-        raise ValueError(f"--only takes names from {list(STEPS)}, got {bad}")
+    args = parser().parse_or_exit(argv)
+    names = args.only or list(STEPS)
 
     log = {"steps": {}, "quick": args.quick, "resume": args.resume}
     start = time.perf_counter()

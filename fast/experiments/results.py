@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from fast.core import cli
 from fast.experiments.paths import DATA
 from fast.plots.style import PATTERN_ORDER, display_name
 
@@ -190,10 +191,23 @@ def figures_section(log: dict) -> list[str]:
     return ["`make figures` steps: " + ", ".join(parts) + "."] if parts else []
 
 
+def existing_folder(text: str) -> Path:
+    """``--data``: a folder that exists (the figure scripts' JSON is read from it)."""
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: an existing folder")
+    return Path(text)
+
+
+def parser() -> cli.Parser:
+    """The options of ``python -m fast results`` (builds the parser, does no work)."""
+    p = cli.Parser("python -m fast results", description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=existing_folder, default=DATA,
+                   help="the folder of the figure scripts' JSON (default: figures/data)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DATA)
-    args = parser.parse_args(argv)
+    args = parser().parse_or_exit(argv)
     sections = [("bench_cpu.json", bench_section), ("memory.json", memory_section),
                 ("table2.json", table2_section), ("learned_attention.json", fig2_section),
                 ("make_figures.json", figures_section)]

@@ -40,7 +40,6 @@ trained sparse models) and notebook 08 samples from them.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -53,6 +52,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fast.core import cli
 from fast.core.files import write_json
 from fast.data import Dataset, load
 from fast.experiments.paths import DATA, FIGURES, QUICK
@@ -66,8 +66,8 @@ from fast.transformer.loss import evaluate
 from fast.transformer.train import train
 
 MODALITIES = ("text", "image")
-TEXT_EVAL_WINDOWS = 512          # text windows per held-out split, evenly spread
-STEPS = 250                      # training steps of every run (--iters overrides)
+TEXT_EVAL_WINDOWS = 256          # text windows per held-out split, evenly spread
+STEPS = 200                      # training steps of every run (--iters overrides)
 WIDTH = 64                       # d: 3 seeds x 6 cells must fit about 15 minutes of 2 cores
 CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -233,32 +233,35 @@ def summarise(runs: dict) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny runs, for development")
-    parser.add_argument("--force", action="store_true", help="redo runs whose results exist")
-    parser.add_argument("--only", default="", help="comma list of keys, e.g. text/full,timing")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per cell (default 3)")
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                        help="runs at a time, one thread each (default: 2 or the core count)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON (default: figures/data/table2.json)")
-    parser.add_argument("--iters", type=int, default=None,
-                        help=f"training steps per run (default {STEPS})")
-    parser.add_argument("--drift", action="store_true",
-                        help="only retrain seed 0 of every cell (or of --only) with 2 threads: "
-                             "how far the bits move when only the summation order changes")
-    args = parser.parse_args(argv)
-    if args.seeds < 1 or args.jobs < 1:
-        raise ValueError(f"--seeds and --jobs must be >= 1, got {args.seeds}, {args.jobs}")
-    out, models, figdir = out_paths(args.quick)
-    args.out = args.out or out
-
+def parser() -> cli.Parser:
+    """The options of ``python -m fast table2`` (builds the parser, does no work)."""
     keys = cell_keys() + ["timing"]
-    only = [k for k in args.only.split(",") if k]
-    bad = sorted(set(only) - set(keys))
-    if bad:
-        raise ValueError(f"--only takes keys from {keys}, got {bad}")
+    one_key = cli.choice(keys)
+    p = cli.Parser("python -m fast table2", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny runs, for development")
+    p.add_argument("--force", action="store_true", help="redo runs whose results exist")
+    p.add_argument("--only", default=[], metavar="KEY,KEY",
+                   type=lambda text: [one_key(k) for k in text.split(",") if k],
+                   help=f"comma list of {', '.join(keys)}")
+    p.add_argument("--seeds", type=cli.integer(1, 100), default=3,
+                   help="seeds per cell (default 3)")
+    p.add_argument("--jobs", type=cli.integer(1, 256), default=min(2, os.cpu_count() or 1),
+                   help="runs at a time, one thread each (default: 2 or the core count)")
+    p.add_argument("--out", type=cli.output_file, default=None,
+                   help="JSON (default: figures/data/table2.json)")
+    p.add_argument("--iters", type=cli.integer(1), default=None,
+                   help=f"training steps per run (default {STEPS})")
+    p.add_argument("--drift", action="store_true",
+                   help="only retrain seed 0 of every cell (or of --only) with 2 threads: "
+                        "how far the bits move when only the summation order changes")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_or_exit(argv)
+    keys, only = cell_keys() + ["timing"], args.only
+    out, models, figdir = out_paths(args.quick)
+    args.out = Path(args.out) if args.out else out
     data = json.loads(args.out.read_text()) if args.out.exists() and not args.force else {}
     if data.get("quick", args.quick) != args.quick:
         raise ValueError(f"{args.out} holds {'quick' if data['quick'] else 'full'} results; "
