@@ -10,6 +10,7 @@ import pytest
 
 from fast.__main__ import COMMANDS
 from fast.experiments import learned_attention as LA
+from fast.experiments import make_figures
 from fast.experiments import table2 as T2
 from fast.experiments.make_figures import STEPS, command
 from fast.experiments.table2 import run_configs, timing_configs
@@ -117,10 +118,27 @@ def test_make_figures_commands():
     assert command("experiments", quick=False, resume=False)[3] == "table2"
     assert command("learned_attention", quick=False, resume=False)[3] == "fig2"
     assert command("bench", quick=False, resume=False) == [sys.executable, "-m", "fast", "bench"]
-    assert all(fast_command in COMMANDS for fast_command, _, _ in STEPS.values())
+    assert all(fast_command in COMMANDS for fast_command, _, _, _ in STEPS.values())
     assert "--force" not in command("experiments", quick=False, resume=True)
     assert "--quick" in command("learned_attention", quick=True, resume=False)
     assert command("bench", quick=True, resume=False) is None
+    # the samples are drawn from Table 2's kept models, after Table 2; decoding speed last
+    order = list(STEPS)
+    assert order.index("experiments") < order.index("learned_attention") < order.index("samples")
+    assert command("samples", quick=False, resume=True)[3:] == ["samples"]
+    assert command("samples", quick=True, resume=False) is None      # no quick version
+    assert command("generate", quick=True, resume=False)[3:] == ["generate", "--quick"]
+    assert command("generate", quick=False, resume=False)[3:] == ["generate"]   # no --force
+    # the whole of make figures (these steps and about 3 min of notebooks) under 45 minutes
+    assert sum(minutes for _, _, minutes, _ in STEPS.values()) + 3 < 45
+
+
+def test_make_figures_refuses_an_unknown_step_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        make_figures.main(["--only", "bench,tabel2"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'tabel2'" in err[0] and "experiments" in err[0]
 
 
 def test_style_names_colours_and_save(tmp_path):

@@ -1,14 +1,15 @@
 """Regenerate every figure of the project, training included: ``python -m fast figures``.
 
-Child et al., 2019 -- the commands below redraw Figure 2 (learned attention,
-``python -m fast fig2``), Figure 4 and the blog's memory table (recomputation,
-``python -m fast memory``), Table 2 (dense / fixed / strided, ``python -m fast
-table2``) and the CPU attention benchmark (``python -m fast bench``). Each runs
-in its own process, in this order, with its own progress bar; ``make figures``
-then re-executes the notebooks (``python -m fast notebooks notebooks/*.ipynb``),
-which read the caches these commands write under figures/data/.
+Child et al., 2019 -- the commands below run in this order (``STEPS``), each in its
+own process with its own progress bar: the CPU attention benchmark (``python -m fast
+bench``), Figure 4 and the blog's memory table (recomputation, ``python -m fast
+memory``), Table 2 (dense / fixed / strided, ``python -m fast table2``), Figure 2
+(learned attention, ``python -m fast fig2``), the samples of Table 2's kept models
+(``python -m fast samples``) and the decoding speed (``python -m fast generate``);
+``make figures`` then re-executes the notebooks (``python -m fast notebooks
+notebooks/*.ipynb``), which read the caches these commands write under figures/data/.
 
-    python -m fast figures            # from scratch (about 40 min on 2 CPU cores)
+    python -m fast figures            # from scratch (about 40 min on 2 idle CPU cores)
     python -m fast figures --resume   # after an interruption: keep what is cached
     python -m fast figures --quick    # tiny versions, written under runs/quick/
     python -m fast figures --only memory,experiments
@@ -31,29 +32,38 @@ from fast.core import cli
 from fast.core.files import write_json
 from fast.experiments.paths import DATA
 
-# step -> (command of python -m fast, takes --force/--quick, rough minutes on an idle 2-core CPU)
+# step -> (command of python -m fast, the flags it takes of --quick/--force, rough minutes on
+# an idle 2-core CPU, the output whose presence skips it under --resume when it takes no
+# --force). Order: Table 2 before Figure 2 (Fig. 2 draws Table 2's kept image models) and
+# before the samples (drawn from every kept model); the decoding benchmark uses untrained
+# weights and goes last. The minutes: bench 5-8 and memory about 9 (their last runs); Table 2
+# 18 one-thread runs of 80-110 CPU seconds on 2 cores plus 1.5 min of timing at the paper's
+# lengths; Figure 2 600 one-thread steps of about 0.45 s; samples a few seconds per model;
+# generate 3 min (its own record, figures/data/generation.json). ``make figures`` then
+# re-executes the notebooks (about 3 min): 41 minutes in all.
 STEPS = {
-    "bench": ("bench", False, 8),
-    "memory": ("memory", True, 5),
-    "experiments": ("table2", True, 18),
-    "learned_attention": ("fig2", True, 6),
+    "bench": ("bench", (), 7, DATA / "bench_cpu.json"),
+    "memory": ("memory", ("--quick", "--force"), 9, None),
+    "experiments": ("table2", ("--quick", "--force"), 14, None),
+    "learned_attention": ("fig2", ("--quick", "--force"), 5, None),
+    "samples": ("samples", (), 1, None),
+    "generate": ("generate", ("--quick",), 3, DATA / "generation.json"),
 }
-BENCH_OUTPUT = DATA / "bench_cpu.json"
 LOG = DATA / "make_figures.json"
 
 
 def command(name: str, quick: bool, resume: bool) -> list[str] | None:
-    """The command line of step ``name``, or None when it is to be skipped."""
-    fast_command, flags, _ = STEPS[name]
+    """The command line of step ``name``, or None when it is to be skipped: under --quick
+    when the command has no quick version, under --resume when it has no cache logic of its
+    own (no --force) and its output is there."""
+    fast_command, flags, _, output = STEPS[name]
+    if (quick and "--quick" not in flags) or (resume and "--force" not in flags
+                                              and output is not None and output.exists()):
+        return None
     cmd = [sys.executable, "-m", "fast", fast_command]
-    if not flags:
-        # the benchmark has no cache logic of its own: skip it when resuming over its output
-        if quick or (resume and BENCH_OUTPUT.exists()):
-            return None
-        return cmd
     if quick:
         cmd.append("--quick")
-    if not resume:
+    if not resume and "--force" in flags:
         cmd.append("--force")
     return cmd
 
