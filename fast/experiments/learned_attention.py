@@ -55,10 +55,10 @@ QUERY_PIXELS = ((10, 8), (13, 3), (8, 13))   # (row, column) of the pixels drawn
 MIN_ROW = 4                      # summaries use every query pixel from this row on
 WINDOW = 2                       # "local": within 2 rows and 2 columns of the query pixel
 N_IMAGES = 16                    # test images the statistics average over (evenly spread)
-THREADS = 1                      # intra-op threads of the dense run: fixed, so its weights do
-                                 # not depend on the machine's core count or load (one thread
-                                 # is also the fastest on a shared CPU)
-ITERS = 600                      # training steps of the dense run: about 6 minutes of one core
+THREADS = 2                      # intra-op threads of the dense run: fixed, so its weights do
+                                 # not depend on the machine's core count (on a busy machine,
+                                 # --threads 1 is faster; the weights then differ in the last bits)
+ITERS = 600                      # training steps of the dense run: about 6 minutes of 2 cores
 SPARSE = ("strided", "fixed")    # the trained sparse models drawn beside the dense one
 PARTS = {"strided": ("band (last l positions)", "column (every l-th)"),
          "fixed": ("own block", "summaries (last c of each block)")}

@@ -37,17 +37,19 @@ from fast.experiments.paths import DATA
 # --force). Order: Table 2 before Figure 2 (Fig. 2 draws Table 2's kept image models) and
 # before the samples (drawn from every kept model); the decoding benchmark uses untrained
 # weights and goes last. The minutes: bench 5-8 and memory about 9 (their last runs); Table 2
-# 18 one-thread runs of 80-110 CPU seconds on 2 cores plus 1.5 min of timing at the paper's
-# lengths; Figure 2 600 one-thread steps of about 0.45 s; samples a few seconds per model;
-# generate 3 min (its own record, figures/data/generation.json). ``make figures`` then
-# re-executes the notebooks (about 3 min): 41 minutes in all.
+# 18 one-thread runs, two at a time, of about 87 CPU seconds each at 200 steps (measured on a
+# loaded machine, text cell, evaluation included; 160 steps: about 75), plus about 1.5 min of
+# timing at the paper's lengths; Figure 2 600 steps with 2 threads (500 took 264 s on an idle
+# machine); samples a few seconds per model; generate 3-4 min (its record,
+# figures/data/generation.json). ``make figures`` then re-executes the notebooks (about 3
+# min): 43 minutes in all, checked by tests/test_figure_scripts.py.
 STEPS = {
     "bench": ("bench", (), 7, DATA / "bench_cpu.json"),
     "memory": ("memory", ("--quick", "--force"), 9, None),
-    "experiments": ("table2", ("--quick", "--force"), 14, None),
-    "learned_attention": ("fig2", ("--quick", "--force"), 5, None),
+    "experiments": ("table2", ("--quick", "--force"), 13, None),
+    "learned_attention": ("fig2", ("--quick", "--force"), 6, None),
     "samples": ("samples", (), 1, None),
-    "generate": ("generate", ("--quick",), 3, DATA / "generation.json"),
+    "generate": ("generate", ("--quick",), 4, DATA / "generation.json"),
 }
 LOG = DATA / "make_figures.json"
 

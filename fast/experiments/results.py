@@ -81,8 +81,11 @@ def _pair(runs: dict, modality: str, better: str, worse: str) -> str:
     seeds = sorted(set(a) & set(b))
     diffs = [b[s]["test_bits"] - a[s]["test_bits"] for s in seeds]
     held = sum(d > 0 for d in diffs)
+    sure = ("consistent in every seed" if held == len(diffs) > 1
+            else "within the spread over seeds")
     return (f"{display_name(better)} below {display_name(worse)} by "
-            f"{sum(diffs) / len(diffs):.3f} on average, in {held} of {len(diffs)} seeds")
+            f"{sum(diffs) / len(diffs):.3f} on average, in {held} of {len(diffs)} seeds "
+            f"({sure})")
 
 
 def table2_orderings(t2: dict) -> list[str]:
@@ -99,7 +102,37 @@ def table2_orderings(t2: dict) -> list[str]:
     return out
 
 
+def timing_statements(t2: dict) -> list[str]:
+    """Per modality, at the paper's length: each sparse pattern's step time relative to
+    dense, beside the paper's ratio, and whether it is faster than dense as in the paper."""
+    timing = {(r["modality"], r["pattern"]): r for r in t2.get("timing", [])}
+    out = []
+    for modality in ("text", "image"):
+        if (modality, "full") not in timing:
+            continue
+        dense = timing[(modality, "full")]["time_per_iter"]
+        paper = t2["paper"][modality]
+        parts = []
+        for p in ("fixed", "strided"):
+            ours, theirs = timing[(modality, p)]["time_per_iter"] / dense, \
+                paper[p][1] / paper["full"][1]
+            parts.append(f"{display_name(p)} {ours:.2f}x (paper {theirs:.2f}x)")
+        faster = all(timing[(modality, p)]["time_per_iter"] < dense for p in ("fixed", "strided"))
+        out.append(f"- Step time at n = {timing[(modality, 'full')]['n']} ({modality}), relative "
+                   f"to dense: {', '.join(parts)}: "
+                   + ("both sparse patterns faster than dense, as in the paper."
+                      if faster else "not both faster than dense, unlike the paper."))
+    return out
+
+
 def table2_section(t2: dict) -> list[str]:
+    """Table 2: the bits (mean ± std over seeds, the paper's beside), the orderings and how
+    sure each is, the time per iteration and what it says."""
+    return (table2_bits(t2) + [""] + table2_orderings(t2) + [""] + table2_timing(t2) + [""]
+            + timing_statements(t2))
+
+
+def table2_bits(t2: dict) -> list[str]:
     cells, paper = t2["summary"], t2["paper"]
     seeds = min(c["seeds"] for c in cells.values())
     first = next(iter(next(iter(t2["runs"].values())).values()))
@@ -117,11 +150,15 @@ def table2_section(t2: dict) -> list[str]:
                    f"| {paper['text'][p][0]:.2f} "
                    f"| {i['test_bits']:.3f} ± {i['test_bits_std']:.3f} "
                    f"| {paper['image'][p][0]:.2f} |")
-    out += [""] + table2_orderings(t2)
+    return out
+
+
+def table2_timing(t2: dict) -> list[str]:
+    cells, paper = t2["summary"], t2["paper"]
     first_n = {m: next(iter(t2["runs"][f"{m}/full"].values()))["model_cfg"]["n_ctx"]
                for m in ("text", "image")}
     long_n = {r["modality"]: r["n"] for r in t2.get("timing", [])}
-    out += ["", "Time per training iteration, relative to dense: the same runs (each run's median "
+    out = ["Time per training iteration, relative to dense: the same runs (each run's median "
             "step, mean over seeds), then the same architecture at the paper's lengths (batch 1, "
             "one thread, alone); the paper's on their GPUs:", "",
             "| pattern | " + " | ".join(

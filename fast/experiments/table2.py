@@ -67,7 +67,7 @@ from fast.transformer.train import train
 
 MODALITIES = ("text", "image")
 TEXT_EVAL_WINDOWS = 256          # text windows per held-out split, evenly spread
-STEPS = 200                      # training steps of every run (--iters overrides)
+STEPS = 160                      # training steps of every run (--iters overrides)
 WIDTH = 64                       # d: 3 seeds x 6 cells must fit about 15 minutes of 2 cores
 CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
