@@ -111,6 +111,23 @@ def test_summary_of_a_sparse_model_splits_the_pattern_in_parts():
     assert s["labels"] == [["local"]]       # pixel p - 17: one row up, one column left
 
 
+def test_fixed_heads_are_measured_against_their_own_summary_blocks():
+    """Head h of a merged fixed layer reads the summary sub-block of rank h
+    (reference.heads); uniform attention inside each head's own pattern puts all its
+    mass on that head's two parts, and the parts match reference.patterns.head_masks."""
+    n, heads = 256, 4
+    own = patterns.head_masks("fixed", n, heads, "merged", stride=LA.STRIDE, c=LA.SUMMARY)
+    maps = np.zeros((1, 2, heads, n, n))                         # two images, the same maps
+    for h in range(heads):
+        parts = LA.pattern_masks("fixed", n, h)
+        assert np.array_equal(parts[0] | parts[1], own[h])
+        maps[0, :, h] = own[h] / own[h].sum(1, keepdims=True)
+    assert not np.array_equal(own[0], own[1])                    # the summaries differ
+    s = LA.summarise(maps, pattern="fixed")
+    assert np.allclose(np.sum(s["part_mass"], -1), 1.0)            # every head, both parts
+    assert np.allclose(s["part_mass"][0], [s["uniform"]["part_mass"]] * heads, atol=0.02)
+
+
 def test_make_figures_commands():
     assert set(STEPS) >= {"bench", "memory", "experiments", "learned_attention"}
     fresh = command("memory", quick=False, resume=False)

@@ -142,11 +142,14 @@ def query_positions(image_shape=SHAPE, min_row: int = MIN_ROW) -> np.ndarray:
     return np.arange(min_row * w * c, h * w * c)
 
 
-def pattern_masks(pattern: str, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The two parts of a sparse pattern as disjoint position masks (n, n): A(1), and
-    A(2) without what A(1) already holds (the strided pattern's j = i)."""
-    a1, a2 = (patterns.strided(n, STRIDE) if pattern == "strided"
-              else patterns.fixed(n, STRIDE, SUMMARY))
+def pattern_masks(pattern: str, n: int, head: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The two parts of a sparse pattern as read by head ``head`` of a merged layer, as
+    disjoint position masks (n, n): A(1), and A(2) without what A(1) already holds (the
+    strided pattern's j = i). For "fixed", head h reads the summary sub-block of rank h
+    (``reference.heads``: the last c positions of every block for head 0, the c before
+    them for head 1, ...); the strided heads all read the same positions."""
+    params = {"stride": STRIDE} if pattern == "strided" else {"stride": STRIDE, "c": SUMMARY}
+    a1, a2 = patterns.factorized(pattern, n, head if pattern == "fixed" else 0, **params)
     return a1, a2 & ~a1
 
 
@@ -167,12 +170,30 @@ def summarise(maps: np.ndarray, pattern: str = "full", image_shape=SHAPE,
     q = query_positions(image_shape)
     a = maps[..., q, :].transpose(0, 2, 1, 3, 4).reshape(L, H, B * len(q), n)   # (L, H, BQ, n)
     qq = np.tile(q, B)
-    mask = None if pattern == "full" else patterns.union(*pattern_masks(pattern, n))
-    out = _tolist(stats.head_statistics(a, image_shape, qq, window, mask=mask))
     per_image = maps[..., q, :].transpose(0, 2, 1, 3, 4)                           # (L, H, B, Q, n)
+    uni_out = []
+    if pattern == "full":
+        out = _tolist(stats.head_statistics(a, image_shape, qq, window))
+        uni = stats.uniform_weights(n, q)
+        uni_out.append(stats.head_statistics(uni, image_shape, q, window))
+    else:
+        # every head against its own readable positions (the fixed heads' summaries differ)
+        heads = []
+        for h in range(H):
+            mask = patterns.union(*pattern_masks(pattern, n, h))
+            heads.append(stats.head_statistics(a[:, h:h + 1], image_shape, qq, window,
+                                               mask=mask))
+            uni = stats.uniform_weights(n, q, mask)
+            uni_out.append(stats.head_statistics(uni, image_shape, q, window, mask=mask))
+        out = {k: (np.concatenate([d[k] for d in heads], axis=1) if k != "labels" else
+                   [sum((d[k][layer] for d in heads), []) for layer in range(L)])
+               for k in heads[0]}
+        out = _tolist(out)
     out["data_dependence"] = stats.data_dependence(per_image).tolist()             # (L, H)
-    uni = stats.uniform_weights(n, q, mask)
-    out["uniform"] = _tolist(stats.head_statistics(uni, image_shape, q, window, mask=mask))
+    # uniform attention: the mean over heads of each head's baseline (equal for strided)
+    out["uniform"] = _tolist({k: np.mean([u[k] for u in uni_out], axis=0)
+                              for k in uni_out[0] if k != "labels"})
+    out["uniform"]["labels"] = uni_out[0]["labels"]
     out["uniform"]["data_dependence"] = 0.0
     out.update({"pattern": pattern, "regions": list(stats.REGIONS), "window": window,
                 "queries": f"every pixel from row {MIN_ROW} on ({len(q)} positions) of {B} "
@@ -183,11 +204,14 @@ def summarise(maps: np.ndarray, pattern: str = "full", image_shape=SHAPE,
             out[f"in_{name}"] = stats.pattern_mass(a, mask2, qq).tolist()            # (L, H)
             out["uniform"][f"in_{name}"] = float(stats.pattern_mass(uni, mask2, q))
     else:
-        parts = pattern_masks(pattern, n)
         out["parts"] = list(PARTS[pattern])
-        out["part_mass"] = np.stack([stats.pattern_mass(a, m, qq) for m in parts],
-                                    -1).tolist()                                      # (L, H, 2)
-        out["uniform"]["part_mass"] = [float(stats.pattern_mass(uni, m, q)) for m in parts]
+        out["part_mass"] = np.stack([np.stack([stats.pattern_mass(a[:, h], m, qq) for m in
+                                               pattern_masks(pattern, n, h)], -1)
+                                     for h in range(H)], 1).tolist()                 # (L, H, 2)
+        out["uniform"]["part_mass"] = np.mean(
+            [[float(stats.pattern_mass(stats.uniform_weights(n, q, patterns.union(*ms)), m, q))
+              for m in ms] for ms in (pattern_masks(pattern, n, h) for h in range(H))],
+            axis=0).tolist()
     return out
 
 
@@ -259,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         result["models"][name] = summary
         drawn[name] = maps
         if name != "full":
-            readable[name] = patterns.union(*pattern_masks(name, maps.shape[-1]))
+            readable[name] = np.stack([patterns.union(*pattern_masks(name, maps.shape[-1], h))
+                                       for h in range(maps.shape[2])])           # (H, n, n)
     # the panels show the test image with the most contrast, so that data-dependent
     # attention has something to follow
     shown = int(np.argmax(images.std(1)))

@@ -102,14 +102,17 @@ def _colorbar(fig, axes):
 def draw_heads(maps: np.ndarray, image: np.ndarray, query: int, image_shape, labels, path,
                pattern: str = "full", readable: np.ndarray | None = None):
     """maps: (L, H, n, n) of one image. Rows = layers, columns = [image, heads...];
-    labels: (L, H) head labels; readable: bool (n, n) positions a sparse model may read."""
+    labels: (L, H) head labels; readable: bool (n, n) or, per head, (H, n, n) positions a
+    sparse model may read."""
     L, H = maps.shape[:2]
     fig, axes = plt.subplots(L, H + 1, figsize=(1.3 * (H + 1) + 0.9, 1.35 * L + 0.6),
                              squeeze=False, layout="constrained")
-    row_mask = None if readable is None else readable[query]
+    if readable is not None and readable.ndim == 2:
+        readable = np.broadcast_to(readable, (H, *readable.shape))             # (H, n, n)
     for layer in range(L):
         _show_image(axes[layer, 0], image, query, image_shape, f"layer {layer}")
         for head in range(H):
+            row_mask = None if readable is None else readable[head, query]
             _panel(axes[layer, head + 1], maps[layer, head, query], query, image_shape, row_mask,
                    f"h{head}: {labels[layer][head]}")
     r, c = divmod(query // image_shape[2], image_shape[1])
