@@ -21,7 +21,7 @@ Here, on the 16x16 greyscale photo crops ("grey16", n = 256):
   dense model, the mass inside the strided (l = 16, one image row) and fixed
   (l = 16, c = 4) patterns; for a sparse model, the mass on each of its two parts.
 
-    python -m fast fig2 [--quick] [--force] [--iters N]
+    python -m fast fig2 [--quick] [--force] [--iters N] [--layers L] [--threads T]
 
 writes figures/data/learned_attention.json and the figures (fast.plots.attention).
 The dense model is trained only when its cached weights are missing (or --force).

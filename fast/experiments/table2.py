@@ -25,10 +25,11 @@ Time per iteration is measured on the same runs: the median of their steps
 after the first (``time_per_iter``), with one thread each and ``--jobs`` runs
 sharing the machine. At n = 256-512 attention is a small part of a step, so the
 time of the *same architecture* at the paper's lengths, n = 3072 (images) and
-n = 12288 (text), is measured too (``paper_lengths``): untrained weights (time
+n = 12288 (text), is measured too (``time_paper_lengths``): untrained weights (time
 does not depend on them), batch 1, one thread, alone.
 
-    python -m fast table2 [--quick] [--force] [--seeds 3] [--jobs 2] [--only text/full,...]
+    python -m fast table2 [--quick] [--force] [--seeds 3] [--jobs 2] [--iters 160]
+                          [--only text/full,...]
     python -m fast table2 --drift     # seed 0 of every cell again, 2 threads (reproducibility)
 
 Results go to figures/data/table2.json (written after each run; a run already
