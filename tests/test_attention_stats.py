@@ -5,12 +5,19 @@ import numpy as np
 import pytest
 
 from fast.measure.attention_stats import (
-    classify_layer,
+    CONCENTRATED,
+    MOST,
+    SPREAD,
     concentration,
     coordinates,
+    data_dependence,
+    head_statistics,
+    image_entropy,
+    label_head,
     pattern_mass,
     region_masks,
     region_mass,
+    split_start,
     uniform_weights,
 )
 from reference.patterns import strided, union
@@ -74,9 +81,68 @@ def test_batched_leading_axes_and_bad_input():
         region_masks((6, 6), [1])
 
 
-def test_classify_layer_rules():
-    uni = np.array([0.05, 0.05, 0.05, 0.85])
-    assert classify_layer([0.8, 0.1, 0.05, 0.05], 0.9, uni) == "local"
-    assert classify_layer([0.1, 0.3, 0.3, 0.3], 0.5, uni) == "row/column"
-    assert classify_layer([0.1, 0.05, 0.05, 0.8], 0.9, uni) == "sparse"
-    assert classify_layer([0.1, 0.05, 0.05, 0.8], 0.2, uni) == "global"
+def test_label_head_rules():
+    """The rule of the module docstring, in order; the cases of the former classify_layer
+    keep their meaning (a row-and-column head, a concentrated head, a spread head)."""
+    assert label_head(0.0, [0.8, 0.1, 0.05, 0.05], 0.3) == "local"
+    assert label_head(0.0, [0.1, 0.3, 0.3, 0.3], 0.5) == "row+column"
+    assert label_head(0.0, [0.1, 0.05, 0.05, 0.8], 0.3) == "concentrated"
+    assert label_head(0.0, [0.1, 0.05, 0.05, 0.8], 0.9) == "global"
+    assert label_head(0.0, [0.1, 0.05, 0.05, 0.8], 0.65) == "mixed"
+    assert label_head(0.6, [0.8, 0.1, 0.05, 0.05], 0.3) == "start sink"      # sink first
+    assert label_head(0.0, [0.1, 0.6, 0.0, 0.3], 0.3) == "row"
+    assert label_head(0.0, [0.1, 0.0, 0.6, 0.3], 0.3) == "column"
+    assert label_head(MOST - 1e-9, [MOST, 0, 0, 1 - MOST], SPREAD) == "local"   # thresholds
+    assert label_head(0.0, [0.2, 0.1, 0.1, 0.6], CONCENTRATED) == "concentrated"
+    with pytest.raises(ValueError, match="shares"):
+        label_head(0.0, [0.5, 0.5], 0.5)
+
+
+def _one_hot_maps(shape, key_of):
+    """(n, n) position-space weights of a head that reads key position key_of(p) from p."""
+    n = int(np.prod(shape))
+    w = np.zeros((n, n))
+    for p in range(n):
+        w[p, key_of(p)] = 1.0
+    return w
+
+
+def test_head_statistics_of_known_heads():
+    shape = (8, 8, 1)
+    n, width = 64, 8
+    q = np.arange(24, 64)                                  # rows 3..7
+    # position p predicts pixel p; key position j holds pixel j - 1 (key 0: start token)
+    heads = {
+        "local": _one_hot_maps(shape, lambda p: p),                          # pixel p - 1
+        "column": _one_hot_maps(shape, lambda p: max(p - 3 * width + 1, 0)),  # 3 rows up
+        "start sink": _one_hot_maps(shape, lambda p: 0),
+    }
+    uni = uniform_weights(n, np.arange(n))
+    maps = np.stack([h[q] for h in heads.values()] + [uni[q]])              # (4, Q, n)
+    s = head_statistics(maps, shape, q, window=2)
+    assert s["labels"] == ["local", "column", "start sink", "global"]
+    assert np.allclose(s["start"], [0, 0, 1, np.mean(1 / (q + 1))])
+    assert np.allclose(s["mass"].sum(-1) + s["start"], 1.0)
+    assert np.allclose(s["image_entropy"][:2], 0.0) and np.isclose(s["image_entropy"][3], 1.0)
+    pix, start = split_start(maps)
+    assert np.allclose(pix.sum(-1) + start, 1.0) and np.allclose(pix[..., -1], 0.0)
+
+
+def test_entropy_inside_a_pattern_and_data_dependence():
+    n, l = 48, 8
+    mask = union(*strided(n, l))
+    q = np.arange(16, n)
+    inside = uniform_weights(n, q, mask)                    # uniform over the pattern
+    assert np.allclose(inside.sum(-1), 1.0) and not (inside[:, ~mask[q].any(0)] > 0).any()
+    ent, _ = concentration(inside, q, mask=mask)
+    assert np.isclose(ent, 1.0)
+    pix, _ = split_start(inside)
+    assert np.isclose(image_entropy(pix, q, mask), 1.0)
+    assert image_entropy(pix, q) < 0.8                      # against every earlier pixel
+    same = np.stack([inside] * 3)                           # (B=3, Q, n): one pattern
+    assert np.isclose(data_dependence(same), 0.0)
+    disjoint = np.zeros((2, 1, 4))
+    disjoint[0, 0, 0] = disjoint[1, 0, 3] = 1.0
+    assert np.isclose(data_dependence(disjoint), 0.5)       # 1 - 1/B
+    with pytest.raises(ValueError, match="B >= 2"):
+        data_dependence(np.ones((1, 1, 4)))

@@ -152,13 +152,33 @@ def test_photos_split_by_source_and_deterministic():
     b = load("grey16")
     for split in ("train", "val", "test"):
         assert np.array_equal(a.splits[split], b.splits[split])
+    assert a.fingerprint() == b.fingerprint()
     assert a.splits["train"].shape[1] == 256 and a.image_shape == (16, 16, 1)
     coffee = data_images.load_photo("skimage:coffee.png")
     expect = data_images.tiles(coffee, 32)
-    assert a.splits["val"].shape[0] == len(expect)
+    val_tiles, test_tiles = data_images.checkerboard(coffee, 32)
+    assert len(val_tiles) + len(test_tiles) == len(expect)
+    # the held-out photographs' tiles, split like a chessboard: tile (0, 0) to val,
+    # tile (0, 1) to test, tile (1, 0) to test, tile (1, 1) to val
+    cols = coffee.shape[1] // 32
+    assert np.array_equal(val_tiles[0], expect[0]) and np.array_equal(test_tiles[0], expect[1])
+    assert np.array_equal(test_tiles[cols // 2], expect[cols])
     assert np.array_equal(a.splits["val"][0], data_images.to_grey16(expect[:1]).reshape(-1))
     colour = load("photos32")
-    assert np.array_equal(colour.splits["val"][3], expect[3].reshape(-1))
+    assert np.array_equal(colour.splits["val"][3], val_tiles[3].reshape(-1))
+    assert np.array_equal(colour.splits["test"][3], test_tiles[3].reshape(-1))
+    # val and test drawn by one rule from the same photographs: sizes within one tile
+    # per held-out photograph, and every held-out tile in exactly one of them
+    held = [data_images.tiles(data_images.load_photo(s), 32)
+            for s in data_images.PHOTO_SPLITS["held_out"]]
+    n_held = sum(len(t) for t in held)
+    assert len(colour.splits["val"]) + len(colour.splits["test"]) == n_held
+    assert abs(len(colour.splits["val"]) - len(colour.splits["test"])) <= len(held)
+    # no split shares a crop with another (training photographs are not held out)
+    assert not set(data_images.PHOTO_SPLITS["train"]) & set(data_images.PHOTO_SPLITS["held_out"])
+    seen = {split: {bytes(x) for x in colour.splits[split]} for split in ("train", "val", "test")}
+    assert not seen["train"] & seen["val"] and not seen["train"] & seen["test"]
+    assert not seen["val"] & seen["test"]
 
 
 def test_digits():
@@ -201,6 +221,7 @@ def test_text_batches_are_shifted_windows():
     assert torch.equal(x, x2)
     evals = list(ds.eval_batches("val", 1, 10))
     assert len(evals) == 2 and evals[1][0][0, 0] == 10    # consecutive, non-overlapping
+    assert ds.eval_count("train", 10) == 9
     with pytest.raises(ValueError, match="too few"):
         ds.batch("val", 1, 30, torch.Generator())
     with pytest.raises(ValueError, match="split must be one of"):
@@ -216,3 +237,22 @@ def test_image_batches_start_token():
     assert sum(len(b[0]) for b in ds.eval_batches("train", 2, 4)) == 3
     with pytest.raises(ValueError, match="n_ctx must"):
         ds.batch("train", 1, 5, torch.Generator())
+
+
+def test_capped_evaluation_is_an_evenly_spread_sample():
+    """A capped evaluation reads items spread over the whole split, not its first ones."""
+    stream = np.arange(1000, dtype=np.uint16).astype(np.uint8)
+    ds = Dataset("toy", "text", 256, {"val": stream})
+    assert ds.eval_count("val", 10) == 99
+    items = ds.eval_items("val", 10, 4)
+    assert items.tolist() == [0, 24, 49, 74]                  # floor(k * 99 / 4)
+    firsts = [int(x[0, 0]) for x, _ in ds.eval_batches("val", 1, 10, max_batches=4)]
+    assert firsts == [int(stream[i * 10]) for i in items]
+    assert len(list(ds.eval_batches("val", 3, 10, max_batches=2))) == 2     # 6 windows
+    assert ds.eval_items("val", 10, 500).tolist() == list(range(99))        # cap above count
+    images = np.arange(40, dtype=np.uint8).reshape(10, 4)
+    img = Dataset("toy", "image", 256, {"test": images}, (2, 2, 1))
+    ys = [y for _, y in img.eval_batches("test", 2, 4, max_batches=2)]
+    assert torch.equal(torch.cat(ys)[:, 0], torch.tensor([0, 8, 20, 28]))  # images 0, 2, 5, 7
+    with pytest.raises(ValueError, match="max_items"):
+        ds.eval_items("val", 10, 0)

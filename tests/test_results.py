@@ -4,6 +4,7 @@ figure scripts' JSON (figures/data)."""
 import json
 
 from fast.experiments import results
+from fast.experiments.table2 import PAPER, summarise
 
 
 def test_results_from_minimal_json(tmp_path, capsys):
@@ -24,3 +25,27 @@ def test_results_from_minimal_json(tmp_path, capsys):
 def test_results_from_committed_figures(capsys):
     assert results.main([]) == 0
     assert "Table 2" in capsys.readouterr().out
+
+
+def test_table2_section_states_spread_ordering_and_paper(tmp_path, capsys):
+    """Mean ± std over seeds, the ordering beside the paper's, and in how many seeds it holds."""
+    bits = {"full": (3.50, 3.52, 3.48), "fixed": (3.40, 3.45, 3.41), "strided": (3.42, 3.43, 3.46)}
+    runs = {}
+    for m in ("text", "image"):
+        for p, values in bits.items():
+            runs[f"{m}/{p}"] = {str(s): {"test_bits": b, "val_bits": b, "time_per_iter": 1.0,
+                                         "steps": 300, "model_cfg": {"n_ctx": 256}}
+                                for s, b in enumerate(values)}
+    t2 = {"runs": runs, "summary": summarise(runs), "paper": PAPER, "machine": "CPU",
+          "torch": "2.13.0", "text_eval_windows": 512,
+          "timing": [{"modality": m, "pattern": p, "n": 3072, "time_per_iter": t}
+                     for m in ("text", "image") for p, t in
+                     (("full", 2.0), ("fixed", 1.0), ("strided", 0.5))]}
+    (tmp_path / "table2.json").write_text(json.dumps(t2))
+    assert results.main(["--data", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| dense | 3.500 ± 0.020 | 1.00 |" in out
+    assert "fixed < strided < dense (paper: fixed < dense < strided)" in out     # text
+    assert "fixed below strided by 0.017 on average, in 2 of 3 seeds" in out
+    assert "(the paper's order)" not in out.split("Ordering on images")[0]
+    assert "0.50 s (0.25x)" in out and "0.35 s (0.27x)" in out                 # ours and paper's

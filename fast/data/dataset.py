@@ -7,11 +7,16 @@ per dim), text as a stream of bytes (bits per byte). Loaders live in
 Batching (section 7 trains on random windows of text and whole images):
 
 * text: random windows of n + 1 bytes from the split's stream; x = window[:n],
-  y = window[1:]. Evaluation reads consecutive non-overlapping windows from the
-  start of the stream.
+  y = window[1:]. Evaluation items are the consecutive non-overlapping windows
+  that tile the stream.
 * images: whole sequences of n = H*W*C bytes; x is the image shifted right by one
   with the start token (id = vocab_size) in front, y is the image, so every
-  pixel value is predicted. Evaluation reads images in order from the first.
+  pixel value is predicted. Evaluation items are the split's images.
+
+Evaluation (``eval_batches``) reads every item of a split, or, when capped at
+``max_batches``, an evenly spread sample of them -- item floor(k * count / m) for
+k = 0..m-1 -- never just the first ones, so a capped number still describes the
+whole split (all its files, all its photographs).
 
 Random draws use a ``torch.Generator`` passed in (``fast.transformer.seed.data_generator``),
 so a batch is a pure function of (seed, step, rank).
@@ -19,6 +24,7 @@ so a batch is a pure function of (seed, step, rank).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,16 +91,37 @@ class Dataset:
         rows = torch.randint(high, (batch_size,), generator=generator).numpy()
         return self._pairs(data, rows, n)
 
-    def eval_batches(self, split: str, batch_size: int, n: int, max_batches: int | None = None):
-        """Deterministic batches covering ``split`` from its start (at most max_batches)."""
+    def eval_count(self, split: str, n: int) -> int:
+        """How many evaluation items ``split`` holds: images, or non-overlapping windows of n."""
         data = self._split(split)
         self.check_length(n, split)
-        count = len(data) if self.kind == "image" else (len(data) - 1) // n
-        starts = np.arange(count) if self.kind == "image" else np.arange(count) * n
-        for b, i in enumerate(range(0, count, batch_size)):
-            if max_batches is not None and b >= max_batches:
-                return
+        return len(data) if self.kind == "image" else (len(data) - 1) // n
+
+    def eval_items(self, split: str, n: int, max_items: int | None = None) -> np.ndarray:
+        """Indices of the evaluation items read: all of them, or ``max_items`` evenly spread."""
+        count = self.eval_count(split, n)
+        if max_items is not None and (not isinstance(max_items, (int, np.integer))
+                                      or max_items < 1):
+            raise ValueError(f"max_items must be an integer >= 1 or None, got {max_items!r}")
+        if max_items is None or max_items >= count:
+            return np.arange(count)
+        return np.arange(max_items) * count // max_items
+
+    def eval_batches(self, split: str, batch_size: int, n: int, max_batches: int | None = None):
+        """Deterministic batches over ``split``: every item, or (max_batches set) an evenly
+        spread sample of max_batches * batch_size items (``eval_items``)."""
+        data = self._split(split)
+        cap = None if max_batches is None else max_batches * batch_size
+        items = self.eval_items(split, n, cap)
+        starts = items if self.kind == "image" else items * n
+        for i in range(0, len(starts), batch_size):
             yield self._pairs(data, starts[i:i + batch_size], n)
+
+    def fingerprint(self) -> dict:
+        """SHA-256 (first 16 hex digits) and size of every split: which bytes a result saw."""
+        return {split: {"sha256": hashlib.sha256(np.ascontiguousarray(arr).tobytes())
+                        .hexdigest()[:16], "shape": list(arr.shape)}
+                for split, arr in self.splits.items()}
 
 
 def load(name: str, *, path=None, max_bytes: int | None = None, image_shape=None,

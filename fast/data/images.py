@@ -9,17 +9,26 @@ embeddings assume. Nothing is downloaded: the photographs are the files that
 ship inside scikit-image (``skimage/data/``) and scikit-learn
 (``sklearn/datasets/images/``); CIFAR-10 and .npy images are read from a local path.
 
-Photographs -> crops (deterministic, split by source photograph, so no test
-pixel was seen in training):
+Photographs -> crops (deterministic; training and held-out photographs are
+disjoint, so no validation or test pixel was seen in training):
 
-    train: astronaut, rocket, hubble_deep_field, ihc, motorcycle_left (skimage), china (sklearn)
-    val:   coffee (skimage)
-    test:  chelsea (skimage), flower (sklearn)
+    train:    astronaut, rocket, hubble_deep_field, ihc, motorcycle_left (skimage), china (sklearn)
+    held out: coffee, chelsea (skimage), flower (sklearn) -> val and test
 
 Each photo is cut into non-overlapping 32x32 tiles on a grid from its top-left
-corner, tiles listed row by row, photos in the order above. ``grey16`` turns each
-32x32 colour tile into a 16x16 greyscale one (luma 0.299 R + 0.587 G + 0.114 B,
-then a 2x2 mean, rounded).
+corner, tiles listed row by row, photos in the order above. Every tile of a
+training photo goes to train. The tiles of each held-out photo are split like
+the squares of a chessboard: tile (grid row r, grid column c) goes to val when
+r + c is even and to test when it is odd (``checkerboard``). So validation and
+test are drawn by one rule from the same photographs -- their bits estimate the
+same quantity -- and no two splits share a pixel. ``grey16`` turns each 32x32
+colour tile into a 16x16 greyscale one (luma 0.299 R + 0.587 G + 0.114 B, then a
+2x2 mean, rounded).
+
+Decoding a JPEG (rocket, hubble_deep_field, china, flower) goes through Pillow's
+libjpeg, whose output may change between Pillow versions; the PNGs decode
+bit-exactly everywhere. ``fast.data.dataset.fingerprint`` hashes the splits, so
+a result can be traced to the data it was measured on.
 """
 
 from __future__ import annotations
@@ -33,8 +42,8 @@ import numpy as np
 PHOTO_SPLITS = {
     "train": ["skimage:astronaut.png", "skimage:rocket.jpg", "skimage:hubble_deep_field.jpg",
               "skimage:ihc.png", "skimage:motorcycle_left.png", "sklearn:china.jpg"],
-    "val": ["skimage:coffee.png"],
-    "test": ["skimage:chelsea.png", "sklearn:flower.jpg"],
+    # every tile of these goes to val or test, by ``checkerboard``
+    "held_out": ["skimage:coffee.png", "skimage:chelsea.png", "sklearn:flower.jpg"],
 }
 
 
@@ -69,6 +78,19 @@ def tiles(image: np.ndarray, size: int) -> np.ndarray:
     return t.transpose(0, 2, 1, 3, 4).reshape(rows * cols, size, size, ch)   # (N, s, s, C)
 
 
+def checkerboard(image: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tiles of a held-out photo split like a chessboard: (val tiles, test tiles).
+
+    Tile (grid row r, grid column c) of ``tiles(image, size)`` goes to val when
+    r + c is even, to test when it is odd; each part keeps the row-by-row order.
+    """
+    cols = image.shape[1] // size
+    t = tiles(image, size)                                                # (N, s, s, C)
+    r, c = np.divmod(np.arange(len(t)), cols)
+    even = (r + c) % 2 == 0
+    return t[even], t[~even]
+
+
 def to_grey16(crops: np.ndarray) -> np.ndarray:
     """(N, 32, 32, 3) colour crops -> (N, 16, 16, 1) greyscale (luma, 2x2 mean)."""
     luma = crops.astype(np.float64) @ np.array([0.299, 0.587, 0.114])        # (N, 32, 32)
@@ -84,11 +106,12 @@ def photos32() -> dict[str, np.ndarray]:
 
 @functools.lru_cache(maxsize=1)
 def _photos32_cached() -> dict[str, np.ndarray]:
-    out = {}
-    for split, sources in PHOTO_SPLITS.items():
-        crops = np.concatenate([tiles(load_photo(s), 32) for s in sources])
-        out[split] = crops.reshape(len(crops), -1)                       # (N, 3072)
-    return out
+    train = np.concatenate([tiles(load_photo(s), 32) for s in PHOTO_SPLITS["train"]])
+    parts = [checkerboard(load_photo(s), 32) for s in PHOTO_SPLITS["held_out"]]
+    val = np.concatenate([v for v, _ in parts])
+    test = np.concatenate([t for _, t in parts])
+    return {split: x.reshape(len(x), -1)                                # (N, 3072)
+            for split, x in (("train", train), ("val", val), ("test", test))}
 
 
 def grey16() -> dict[str, np.ndarray]:
@@ -180,4 +203,4 @@ def npy_images(path, image_shape=None) -> dict[str, np.ndarray]:
 
 
 __all__ = ["photos32", "grey16", "digits", "cifar10", "npy_images", "load_photo", "tiles",
-           "to_grey16", "PHOTO_SPLITS"]
+           "checkerboard", "to_grey16", "PHOTO_SPLITS"]

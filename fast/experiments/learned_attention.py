@@ -1,32 +1,34 @@
-"""Figure 2: what a dense Sparse Transformer learns to attend to on images.
+"""Figure 2: what a dense Sparse Transformer learns to attend to on images, and how
+trained strided and fixed models spend their attention inside their patterns.
 
 Child et al., 2019, section 3 ("Motivation") and Figure 2: a dense network
 trained on images shows local attention in early layers, row/column attention
 in some, global data-dependent attention in others and very sparse attention in
 late layers; that is the evidence for the strided pattern (sec. 4.3).
 
-Here: a 6-layer, d=128, 4-head dense model ("full" pattern) trained by
-``fast.transformer.train.train`` (500 steps of batch 16, peak learning rate 3e-3:
-at 1e-3 and 200 steps every layer stayed close to uniform attention) on the
-16x16 greyscale photo crops ("grey16", n = 256), its weights cached in
-figures/data/ (fp16, model only). Then, for test images:
+Here, on the 16x16 greyscale photo crops ("grey16", n = 256):
 
-* ``attention_maps``  -- every layer's and head's weights (L, B, H, n, n), from
-  the model's explicit-softmax path (``return_attention=True``);
-* ``layer_summary``   -- per layer and head: mass in a local window / the
-  query's row / column / elsewhere, normalised entropy, top-k mass, and the mass
-  inside the strided (l = 16 = one row) and fixed (l = 16, c = 4) patterns,
-  each beside what uniform attention would give (``fast.measure.attention_stats``);
+* the dense model (``configs``) is trained by ``fast.transformer.train.train``,
+  its weights cached in figures/data/learned_attention.pt (fp16, model only);
+* the strided and fixed models are Table 2's image models of seed 0
+  (``python -m fast table2`` keeps them in figures/data/models/), when present;
+* ``attention_maps`` gives every layer's and head's weights (L, B, H, n, n) on
+  test images, from the models' explicit-softmax path (``return_attention=True``);
+* ``summarise`` turns them into per-head numbers, each beside uniform attention
+  (``fast.measure.attention_stats``: start-token mass; pixel mass in a local
+  window of ``WINDOW`` rows and columns, the query's row, its column, elsewhere;
+  entropies; the label of every head by the rule stated there), and, for the
+  dense model, the mass inside the strided (l = 16, one image row) and fixed
+  (l = 16, c = 4) patterns; for a sparse model, the mass on each of its two parts.
 
-    python -m fast fig2 [--quick] [--force]
+    python -m fast fig2 [--quick] [--force] [--iters N] [--layers L] [--threads T]
 
 writes figures/data/learned_attention.json and the figures (fast.plots.attention).
-The model is trained only when its cached weights are missing (or --force).
+The dense model is trained only when its cached weights are missing (or --force).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -34,9 +36,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fast.core import cli
 from fast.core.files import write_json
 from fast.data import load
-from fast.experiments.paths import DATA, FIGURES, QUICK
+from fast.experiments.paths import DATA, FIGURES, QUICK, ROOT
 from fast.measure import attention_stats as stats
 from fast.plots import attention as plot_attention
 from fast.transformer import checkpoint
@@ -50,52 +53,68 @@ SHAPE = (16, 16, 1)
 STRIDE, SUMMARY = 16, 4          # the strided / fixed patterns we ask about: one image row
 QUERY_PIXELS = ((10, 8), (13, 3), (8, 13))   # (row, column) of the pixels drawn in Fig. 2
 MIN_ROW = 4                      # summaries use every query pixel from this row on
+WINDOW = 2                       # "local": within 2 rows and 2 columns of the query pixel
+N_IMAGES = 16                    # test images the statistics average over (evenly spread)
+THREADS = 2                      # intra-op threads of the dense run: fixed, so its weights do
+                                 # not depend on the machine's core count (on a busy machine,
+                                 # --threads 1 is faster; the weights then differ in the last bits)
+ITERS = 600                      # training steps of the dense run: about 6 minutes of 2 cores
+SPARSE = ("strided", "fixed")    # the trained sparse models drawn beside the dense one
+PARTS = {"strided": ("band (last l positions)", "column (every l-th)"),
+         "fixed": ("own block", "summaries (last c of each block)")}
 
 
-def configs(quick: bool = False, iters: int | None = None) -> tuple[ModelConfig, TrainConfig]:
-    """The dense model of Fig. 2 and its training run (``iters`` overrides the steps)."""
+def configs(quick: bool = False, iters: int | None = None, layers: int | None = None,
+            threads: int = THREADS) -> tuple[ModelConfig, TrainConfig]:
+    """The dense model of Fig. 2 and its training run (``iters``, ``layers`` override)."""
     model_cfg = ModelConfig(vocab_size=256, n_ctx=256, d_model=128, n_heads=4,
-                            n_layers=3 if quick else 6, pattern="full", combine="merged",
+                            n_layers=layers or (3 if quick else 6), pattern="full",
+                            combine="merged",
                             stride=STRIDE, embedding="image", image_shape=SHAPE)
-    iters = iters or (30 if quick else 500)
+    iters = iters or (30 if quick else ITERS)
     train_cfg = TrainConfig(dataset="grey16", batch_size=16, max_iters=iters,
                             warmup_iters=max(2, iters // 10), lr=3e-3, precision="fp32",
                             eval_interval=0, eval_batches=8, log_interval=max(1, iters // 50),
-                            seed=0, save_checkpoint=False, out_dir="runs/learned_attention")
+                            seed=0, save_checkpoint=False, cpu_threads=threads,
+                            out_dir="runs/learned_attention")
     return model_cfg, train_cfg
 
 
-def paths(quick: bool) -> tuple[Path, Path, Path]:
-    """(weights, summary JSON, figures folder); --quick writes under runs/quick/."""
+def paths(quick: bool) -> tuple[Path, Path, Path, Path]:
+    """(dense weights, summary JSON, kept sparse models folder, figures folder)."""
     if quick:
-        return QUICK / "learned_attention.pt", QUICK / "learned_attention.json", QUICK / "figures"
-    return DATA / "learned_attention.pt", DATA / "learned_attention.json", FIGURES
+        return (QUICK / "learned_attention.pt", QUICK / "learned_attention.json",
+                QUICK / "models", QUICK / "figures")
+    return DATA / "learned_attention.pt", DATA / "learned_attention.json", DATA / "models", FIGURES
 
 
-def train_model(quick: bool = False, iters: int | None = None) -> tuple[torch.nn.Module, dict]:
+def train_model(quick: bool = False, iters: int | None = None, layers: int | None = None,
+                threads: int = THREADS) -> tuple[torch.nn.Module, dict]:
     """Train the dense model; returns (model, record without the model)."""
-    model_cfg, train_cfg = configs(quick, iters)
+    model_cfg, train_cfg = configs(quick, iters, layers, threads)
     dataset = load(train_cfg.dataset)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     rec = train(model_cfg, train_cfg, progress=True, dataset=dataset)
     model = rec.pop("model").eval()
-    rec["test_bits"] = evaluate(model, dataset, "test", batch_size=16,
-                                max_batches=4 if quick else None)
-    rec["wall_s"] = time.perf_counter() - t0
-    return model, {"history": rec["history"], "val_bits": rec["final"]["val"],
-                   "test_bits": rec["test_bits"], "time_per_iter": rec["time_per_iter"],
-                   "steps": rec["step"], "wall_s": rec["wall_s"], "n_params": rec["n_params"],
-                   "model_cfg": as_dict(model_cfg), "train_cfg": as_dict(train_cfg)}
+    return model, {"history": rec["history"],
+                   "val_bits": evaluate(model, dataset, "val", max_batches=None),
+                   "test_bits": evaluate(model, dataset, "test", max_batches=None),
+                   "time_per_iter": rec["time_per_iter"], "steps": rec["step"],
+                   "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                   "threads": threads, "n_params": rec["n_params"],
+                   "model_cfg": as_dict(model_cfg), "train_cfg": as_dict(train_cfg),
+                   "data": dataset.fingerprint()}
 
 
 def load_model(path) -> torch.nn.Module:
-    """The cached dense model (fp16 weights on disk), float32, eval mode."""
+    """A cached model (fp16 weights on disk), float32, eval mode."""
     return checkpoint.load_model(path)[0]
 
 
-def test_images(count: int = 8) -> np.ndarray:
-    """The first ``count`` test images of grey16, uint8 (count, 256)."""
-    return load("grey16").splits["test"][:count]
+def test_images(count: int = N_IMAGES) -> np.ndarray:
+    """``count`` test images of grey16, evenly spread over the split: uint8 (count, 256)."""
+    test = load("grey16").splits["test"]
+    return test[np.arange(count) * len(test) // count]
 
 
 @torch.no_grad()
@@ -114,15 +133,7 @@ def attention_maps(model, images: np.ndarray) -> np.ndarray:
     return torch.stack(weights).numpy()                                  # (L, B, H, n, n)
 
 
-def to_pixels(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Position-space weights (..., n) -> (pixel-space weights (..., n), start-token mass (...)).
-
-    Key position j of the shifted input holds pixel j - 1 (key 0: the start
-    token), so pixel p's weight is column p + 1; the last pixel is never read.
-    """
-    pix = np.zeros_like(weights)
-    pix[..., :-1] = weights[..., 1:]
-    return pix, weights[..., 0]
+to_pixels = stats.split_start     # position-space weights -> (pixel weights, start mass)
 
 
 def query_positions(image_shape=SHAPE, min_row: int = MIN_ROW) -> np.ndarray:
@@ -131,50 +142,97 @@ def query_positions(image_shape=SHAPE, min_row: int = MIN_ROW) -> np.ndarray:
     return np.arange(min_row * w * c, h * w * c)
 
 
-def layer_summary(maps: np.ndarray, image_shape=SHAPE, window: int = 1, k: int = 8) -> dict:
-    """Per-layer and per-head summaries of ``maps`` (L, B, H, n, n); lists for JSON.
+def pattern_masks(pattern: str, n: int, head: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The two parts of a sparse pattern as read by head ``head`` of a merged layer, as
+    disjoint position masks (n, n): A(1), and A(2) without what A(1) already holds (the
+    strided pattern's j = i). For "fixed", head h reads the summary sub-block of rank h
+    (``reference.heads``: the last c positions of every block for head 0, the c before
+    them for head 1, ...); the strided heads all read the same positions."""
+    params = {"stride": STRIDE} if pattern == "strided" else {"stride": STRIDE, "c": SUMMARY}
+    a1, a2 = patterns.factorized(pattern, n, head if pattern == "fixed" else 0, **params)
+    return a1, a2 & ~a1
 
-    Masses are averaged over images and over the query positions of
-    ``query_positions``; "uniform" holds the same numbers for uniform causal
-    attention, the baseline every learned number should be read against.
-    Region masses are taken over *pixels* (``to_pixels``: they sum to 1 minus
-    the start token's mass, "start"); pattern masses over *positions*, where a
-    sparse model applies its pattern.
+
+def _tolist(d: dict) -> dict:
+    return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in d.items()}
+
+
+def summarise(maps: np.ndarray, pattern: str = "full", image_shape=SHAPE,
+              window: int = WINDOW) -> dict:
+    """Per-head numbers of ``maps`` (L, B, H, n, n) of a model with ``pattern``; lists for JSON.
+
+    Every number is averaged over images and over the query positions of
+    ``query_positions``, and "uniform" holds the same numbers for uniform
+    attention over what the model may read (every earlier position; for a sparse
+    model, the positions inside its pattern) -- the baseline to read them against.
     """
-    n = maps.shape[-1]
+    L, B, H, n, _ = maps.shape
     q = query_positions(image_shape)
-    a = maps[..., q, :]                                                  # (L, B, H, Q, n)
-    pix, start = to_pixels(a)
-    mass = stats.region_mass(pix, image_shape, q, window).mean(1)        # (L, H, 4)
-    ent, top = stats.concentration(a, q, k)                              # (L, B, H) each
-    ent, top = ent.mean(1), top.mean(1)
-    strided_mask = patterns.union(*patterns.strided(n, STRIDE))
-    fixed_mask = patterns.union(*patterns.fixed(n, STRIDE, SUMMARY))
-    in_strided = stats.pattern_mass(a, strided_mask, q).mean(1)          # (L, H)
-    in_fixed = stats.pattern_mass(a, fixed_mask, q).mean(1)
-    uni = stats.uniform_weights(n, q)
-    uni_pix, uni_start = to_pixels(uni)
-    uni_mass = stats.region_mass(uni_pix, image_shape, q, window)
-    uni_ent, uni_top = stats.concentration(uni, q, k)
-    layer_mass = mass.mean(1)                                            # (L, 4)
-    labels = [stats.classify_layer(layer_mass[i], top[i].mean(), uni_mass)
-              for i in range(len(layer_mass))]
-    head_labels = [[stats.classify_layer(mass[i, h], top[i, h], uni_mass)
-                    for h in range(mass.shape[1])] for i in range(len(mass))]
-    return {
-        "regions": list(stats.REGIONS), "window": window, "k": k,
-        "queries": f"every pixel from row {MIN_ROW} on ({len(q)} positions), "
-                   f"{maps.shape[1]} test images",
-        "mass": mass.tolist(), "layer_mass": layer_mass.tolist(),
-        "start": start.mean((1, 3)).tolist(),                            # (L, H)
-        "entropy": ent.tolist(), "topk": top.tolist(),
-        "in_strided": in_strided.tolist(), "in_fixed": in_fixed.tolist(),
-        "labels": labels, "head_labels": head_labels,
-        "uniform": {"mass": uni_mass.tolist(), "start": float(uni_start.mean()),
-                    "entropy": float(uni_ent), "topk": float(uni_top),
-                    "in_strided": float(stats.pattern_mass(uni, strided_mask, q)),
-                    "in_fixed": float(stats.pattern_mass(uni, fixed_mask, q))},
-    }
+    a = maps[..., q, :].transpose(0, 2, 1, 3, 4).reshape(L, H, B * len(q), n)   # (L, H, BQ, n)
+    qq = np.tile(q, B)
+    per_image = maps[..., q, :].transpose(0, 2, 1, 3, 4)                           # (L, H, B, Q, n)
+    uni_out = []
+    if pattern == "full":
+        out = _tolist(stats.head_statistics(a, image_shape, qq, window))
+        uni = stats.uniform_weights(n, q)
+        uni_out.append(stats.head_statistics(uni, image_shape, q, window))
+    else:
+        # every head against its own readable positions (the fixed heads' summaries differ)
+        heads = []
+        for h in range(H):
+            mask = patterns.union(*pattern_masks(pattern, n, h))
+            heads.append(stats.head_statistics(a[:, h:h + 1], image_shape, qq, window,
+                                               mask=mask))
+            uni = stats.uniform_weights(n, q, mask)
+            uni_out.append(stats.head_statistics(uni, image_shape, q, window, mask=mask))
+        out = {k: (np.concatenate([d[k] for d in heads], axis=1) if k != "labels" else
+                   [sum((d[k][layer] for d in heads), []) for layer in range(L)])
+               for k in heads[0]}
+        out = _tolist(out)
+    out["data_dependence"] = stats.data_dependence(per_image).tolist()             # (L, H)
+    # uniform attention: the mean over heads of each head's baseline (equal for strided)
+    out["uniform"] = _tolist({k: np.mean([u[k] for u in uni_out], axis=0)
+                              for k in uni_out[0] if k != "labels"})
+    out["uniform"]["labels"] = uni_out[0]["labels"]
+    out["uniform"]["data_dependence"] = 0.0
+    out.update({"pattern": pattern, "regions": list(stats.REGIONS), "window": window,
+                "queries": f"every pixel from row {MIN_ROW} on ({len(q)} positions) of {B} "
+                           f"test images"})
+    if pattern == "full":
+        for name, mask2 in (("strided", patterns.union(*patterns.strided(n, STRIDE))),
+                            ("fixed", patterns.union(*patterns.fixed(n, STRIDE, SUMMARY)))):
+            out[f"in_{name}"] = stats.pattern_mass(a, mask2, qq).tolist()            # (L, H)
+            out["uniform"][f"in_{name}"] = float(stats.pattern_mass(uni, mask2, q))
+    else:
+        out["parts"] = list(PARTS[pattern])
+        out["part_mass"] = np.stack([np.stack([stats.pattern_mass(a[:, h], m, qq) for m in
+                                               pattern_masks(pattern, n, h)], -1)
+                                     for h in range(H)], 1).tolist()                 # (L, H, 2)
+        out["uniform"]["part_mass"] = np.mean(
+            [[float(stats.pattern_mass(stats.uniform_weights(n, q, patterns.union(*ms)), m, q))
+              for m in ms] for ms in (pattern_masks(pattern, n, h) for h in range(H))],
+            axis=0).tolist()
+    return out
+
+
+def beats_uniform(summary: dict) -> list[dict]:
+    """Per layer, the head that departs most from uniform attention on each statistic:
+    local and row+column pixel shares as multiples of uniform's, and the lowest image
+    entropy (1 = uniform). The numbers behind "which layers beat uniform, by how much"."""
+    shares, uni = np.asarray(summary["shares"]), np.asarray(summary["uniform"]["shares"])
+    ent = np.asarray(summary["image_entropy"])
+    start = np.asarray(summary["start"])
+    rows = []
+    for layer in range(len(shares)):
+        local = shares[layer, :, 0] / uni[0]
+        rowcol = (shares[layer, :, 1] + shares[layer, :, 2]) / (uni[1] + uni[2])
+        rows.append({"layer": layer, "local_x": float(local.max()),
+                     "local_head": int(local.argmax()), "rowcol_x": float(rowcol.max()),
+                     "rowcol_head": int(rowcol.argmax()), "min_entropy": float(ent[layer].min()),
+                     "max_start": float(start[layer].max()),
+                     "max_data_dependence": float(np.max(summary["data_dependence"][layer])),
+                     "labels": summary["labels"][layer]})
+    return rows
 
 
 def pixel_position(row: int, col: int, image_shape=SHAPE) -> int:
@@ -182,29 +240,58 @@ def pixel_position(row: int, col: int, image_shape=SHAPE) -> int:
     return stats.pixel_position(row, col, image_shape)
 
 
+def parser() -> cli.Parser:
+    """The options of ``python -m fast fig2`` (builds the parser, does no work)."""
+    p = cli.Parser("python -m fast fig2", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a tiny model, for development")
+    p.add_argument("--force", action="store_true", help="retrain even if cached")
+    p.add_argument("--iters", type=cli.integer(1), default=None,
+                   help=f"training steps (default {ITERS}; retrains over the cache)")
+    p.add_argument("--threads", type=cli.integer(1, 256), default=THREADS,
+                   help=f"intra-op threads of the training (default {THREADS}; the weights "
+                        f"depend on it in the last bits)")
+    p.add_argument("--layers", type=cli.integer(1, 64), default=None,
+                   help="layers of the dense model (default 6; retrains over the cache)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny model, for development")
-    parser.add_argument("--force", action="store_true", help="retrain even if cached")
-    parser.add_argument("--iters", type=int, default=None, help="training steps (default 500)")
-    args = parser.parse_args(argv)
-    weights, summary_path, figdir = paths(args.quick)
+    args = parser().parse_or_exit(argv)
+    weights, summary_path, models, figdir = paths(args.quick)
     weights.parent.mkdir(parents=True, exist_ok=True)
-    if weights.exists() and summary_path.exists() and not args.force:
+    old = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if weights.exists() and "train" in old and not (args.force or args.iters or args.layers):
         print(f"learned_attention: using cached {weights}", flush=True)
-        model = load_model(weights)
-        summary = json.loads(summary_path.read_text())
+        record = old["train"]
     else:
-        model, record = train_model(args.quick, args.iters)
+        model, record = train_model(args.quick, args.iters, args.layers, args.threads)
         save_weights(weights, model)
-        model = load_model(weights)          # what the notebook will see (fp16-rounded)
-        summary = {"train": record}
-    maps = attention_maps(model, test_images())
-    summary.update(layer_summary(maps))
-    summary["query_pixels"] = [list(p) for p in QUERY_PIXELS]
-    write_json(summary_path, summary)
-    image = test_images(1)[0]
-    for path in plot_attention.make_all(maps[:, 0], image, summary, SHAPE, figdir):
+    images = test_images()
+    result = {"train": record, "query_pixels": [list(p) for p in QUERY_PIXELS],
+              "images": f"{len(images)} test images of grey16, evenly spread", "models": {}}
+    drawn, readable = {}, {}
+    for name, path in [("full", weights)] + [(p, models / f"image_{p}.pt") for p in SPARSE]:
+        if not path.exists():
+            print(f"learned_attention: {path} missing (run python -m fast table2); "
+                  f"{name} skipped", flush=True)
+            continue
+        model = load_model(path)          # what the notebook sees (fp16-rounded weights)
+        maps = attention_maps(model, images)
+        summary = summarise(maps, model.cfg.pattern)
+        summary["layers"] = beats_uniform(summary)
+        summary["weights"] = path.resolve().relative_to(ROOT).as_posix()
+        result["models"][name] = summary
+        drawn[name] = maps
+        if name != "full":
+            readable[name] = np.stack([patterns.union(*pattern_masks(name, maps.shape[-1], h))
+                                       for h in range(maps.shape[2])])           # (H, n, n)
+    # the panels show the test image with the most contrast, so that data-dependent
+    # attention has something to follow
+    shown = int(np.argmax(images.std(1)))
+    result["shown_image"] = shown
+    write_json(summary_path, result)
+    drawn = {name: maps[:, shown] for name, maps in drawn.items()}
+    for path in plot_attention.make_all(drawn, images[shown], result, SHAPE, figdir, readable):
         print(f"learned_attention: wrote {path}", flush=True)
     return 0
 

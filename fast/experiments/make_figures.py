@@ -1,14 +1,15 @@
 """Regenerate every figure of the project, training included: ``python -m fast figures``.
 
-Child et al., 2019 -- the commands below redraw Figure 2 (learned attention,
-``python -m fast fig2``), Figure 4 and the blog's memory table (recomputation,
-``python -m fast memory``), Table 2 (dense / fixed / strided, ``python -m fast
-table2``) and the CPU attention benchmark (``python -m fast bench``). Each runs
-in its own process, in this order, with its own progress bar; ``make figures``
-then re-executes the notebooks (``python -m fast notebooks notebooks/*.ipynb``),
-which read the caches these commands write under figures/data/.
+Child et al., 2019 -- the commands below run in this order (``STEPS``), each in its
+own process with its own progress bar: the CPU attention benchmark (``python -m fast
+bench``), Figure 4 and the blog's memory table (recomputation, ``python -m fast
+memory``), Table 2 (dense / fixed / strided, ``python -m fast table2``), Figure 2
+(learned attention, ``python -m fast fig2``), the samples of Table 2's kept models
+(``python -m fast samples``) and the decoding speed (``python -m fast generate``);
+``make figures`` then re-executes the notebooks (``python -m fast notebooks
+notebooks/*.ipynb``), which read the caches these commands write under figures/data/.
 
-    python -m fast figures            # from scratch (about 40 min on 2 CPU cores)
+    python -m fast figures            # from scratch (about 40 min on 2 idle CPU cores)
     python -m fast figures --resume   # after an interruption: keep what is cached
     python -m fast figures --quick    # tiny versions, written under runs/quick/
     python -m fast figures --only memory,experiments
@@ -20,7 +21,6 @@ figures/data/make_figures.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -28,46 +28,63 @@ import time
 
 from tqdm import tqdm
 
+from fast.core import cli
 from fast.core.files import write_json
 from fast.experiments.paths import DATA
 
-# step -> (command of python -m fast, takes --force/--quick, rough minutes on an idle 2-core CPU)
+# step -> (command of python -m fast, the flags it takes of --quick/--force, rough minutes on
+# an idle 2-core CPU, the output whose presence skips it under --resume when it takes no
+# --force). Order: Table 2 before Figure 2 (Fig. 2 draws Table 2's kept image models) and
+# before the samples (drawn from every kept model); the decoding benchmark uses untrained
+# weights and goes last. The minutes: bench 5-8 and memory about 9 (their last runs); Table 2
+# 18 one-thread runs, two at a time, of about 87 CPU seconds each at 200 steps (measured on a
+# loaded machine, text cell, evaluation included; 160 steps: about 75), plus about 1.5 min of
+# timing at the paper's lengths; Figure 2 600 steps with 2 threads (500 took 264 s on an idle
+# machine); samples a few seconds per model; generate 3-4 min (its record,
+# figures/data/generation.json). ``make figures`` then re-executes the notebooks (about 3
+# min): 43 minutes in all, checked by tests/test_figure_scripts.py.
 STEPS = {
-    "bench": ("bench", False, 8),
-    "memory": ("memory", True, 5),
-    "experiments": ("table2", True, 18),
-    "learned_attention": ("fig2", True, 6),
+    "bench": ("bench", (), 7, DATA / "bench_cpu.json"),
+    "memory": ("memory", ("--quick", "--force"), 9, None),
+    "experiments": ("table2", ("--quick", "--force"), 13, None),
+    "learned_attention": ("fig2", ("--quick", "--force"), 6, None),
+    "samples": ("samples", (), 1, None),
+    "generate": ("generate", ("--quick",), 4, DATA / "generation.json"),
 }
-BENCH_OUTPUT = DATA / "bench_cpu.json"
 LOG = DATA / "make_figures.json"
 
 
 def command(name: str, quick: bool, resume: bool) -> list[str] | None:
-    """The command line of step ``name``, or None when it is to be skipped."""
-    fast_command, flags, _ = STEPS[name]
+    """The command line of step ``name``, or None when it is to be skipped: under --quick
+    when the command has no quick version, under --resume when it has no cache logic of its
+    own (no --force) and its output is there."""
+    fast_command, flags, _, output = STEPS[name]
+    if (quick and "--quick" not in flags) or (resume and "--force" not in flags
+                                              and output is not None and output.exists()):
+        return None
     cmd = [sys.executable, "-m", "fast", fast_command]
-    if not flags:
-        # the benchmark has no cache logic of its own: skip it when resuming over its output
-        if quick or (resume and BENCH_OUTPUT.exists()):
-            return None
-        return cmd
     if quick:
         cmd.append("--quick")
-    if not resume:
+    if not resume and "--force" in flags:
         cmd.append("--force")
     return cmd
 
 
+def parser() -> cli.Parser:
+    """The options of ``python -m fast figures`` (builds the parser, does no work)."""
+    one_step = cli.choice(STEPS)
+    p = cli.Parser("python -m fast figures", description=__doc__.splitlines()[0])
+    p.add_argument("--resume", action="store_true", help="keep cached results, do the rest")
+    p.add_argument("--quick", action="store_true", help="tiny versions under runs/quick/")
+    p.add_argument("--only", default=[], metavar="STEP,STEP",
+                   type=lambda text: [one_step(s) for s in text.split(",") if s],
+                   help=f"comma list of {', '.join(STEPS)} (default: all, in that order)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--resume", action="store_true", help="keep cached results, do the rest")
-    parser.add_argument("--quick", action="store_true", help="tiny versions under runs/quick/")
-    parser.add_argument("--only", default="", help=f"comma list of {list(STEPS)}")
-    args = parser.parse_args(argv)
-    names = [s for s in args.only.split(",") if s] or list(STEPS)
-    bad = sorted(set(names) - set(STEPS))
-    if bad:
-        raise ValueError(f"--only takes names from {list(STEPS)}, got {bad}")
+    args = parser().parse_or_exit(argv)
+    names = args.only or list(STEPS)
 
     log = {"steps": {}, "quick": args.quick, "resume": args.resume}
     start = time.perf_counter()

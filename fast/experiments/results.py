@@ -2,7 +2,8 @@
 
 Child et al., 2019: the attention speed targets (sec. 4.4 and 5.5, ``python -m
 fast bench``), recomputation memory (sec. 5.4 and the blog's table, ``python -m
-fast memory``) and Table 2 (``python -m fast table2``). Every number in the
+fast memory``), Table 2 (``python -m fast table2``) and Figure 2's per-layer
+statistics (``python -m fast fig2``). Every number in the
 README's "Results" section is printed by this script, so it can be checked
 against a fresh ``python -m fast figures``:
 
@@ -16,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from fast.core import cli
 from fast.experiments.paths import DATA
 from fast.plots.style import PATTERN_ORDER, display_name
 
@@ -68,27 +70,154 @@ def memory_section(mem: dict) -> list[str]:
     ]
 
 
+def _ranking(cells: dict, modality: str, field: str) -> list[str]:
+    return sorted(PATTERN_ORDER, key=lambda p: cells[f"{modality}/{p}"][field])
+
+
+def _pair(runs: dict, modality: str, better: str, worse: str) -> str:
+    """How sure an order is: the mean of the per-seed differences (same seed: same initial
+    weights and batches), and in how many seeds the order holds."""
+    a, b = runs[f"{modality}/{better}"], runs[f"{modality}/{worse}"]
+    seeds = sorted(set(a) & set(b))
+    diffs = [b[s]["test_bits"] - a[s]["test_bits"] for s in seeds]
+    held = sum(d > 0 for d in diffs)
+    sure = ("consistent in every seed" if held == len(diffs) > 1
+            else "within the spread over seeds")
+    return (f"{display_name(better)} below {display_name(worse)} by "
+            f"{sum(diffs) / len(diffs):.3f} on average, in {held} of {len(diffs)} seeds "
+            f"({sure})")
+
+
+def table2_orderings(t2: dict) -> list[str]:
+    """Per modality: our ordering by mean test bits, the paper's, and how sure each step is."""
+    cells, paper, out = t2["summary"], t2["paper"], []
+    for modality, name in (("text", "text"), ("image", "images")):
+        ours = _ranking(cells, modality, "test_bits")
+        theirs = sorted(PATTERN_ORDER, key=lambda p: paper[modality][p][0])
+        named = " < ".join(map(display_name, theirs))
+        verdict = "the paper's order" if ours == theirs else f"paper: {named}"
+        pairs = "; ".join(_pair(t2["runs"], modality, a, b) for a, b in zip(ours, ours[1:]))
+        out.append(f"- Ordering on {name}, lowest bits first: "
+                   f"{' < '.join(map(display_name, ours))} ({verdict}). {pairs}.")
+    return out
+
+
+def timing_statements(t2: dict) -> list[str]:
+    """Per modality, at the paper's length: each sparse pattern's step time relative to
+    dense, beside the paper's ratio, and whether it is faster than dense as in the paper."""
+    timing = {(r["modality"], r["pattern"]): r for r in t2.get("timing", [])}
+    out = []
+    for modality in ("text", "image"):
+        if (modality, "full") not in timing:
+            continue
+        dense = timing[(modality, "full")]["time_per_iter"]
+        paper = t2["paper"][modality]
+        parts = []
+        for p in ("fixed", "strided"):
+            ours, theirs = timing[(modality, p)]["time_per_iter"] / dense, \
+                paper[p][1] / paper["full"][1]
+            parts.append(f"{display_name(p)} {ours:.2f}x (paper {theirs:.2f}x)")
+        faster = all(timing[(modality, p)]["time_per_iter"] < dense for p in ("fixed", "strided"))
+        out.append(f"- Step time at n = {timing[(modality, 'full')]['n']} ({modality}), relative "
+                   f"to dense: {', '.join(parts)}: "
+                   + ("both sparse patterns faster than dense, as in the paper."
+                      if faster else "not both faster than dense, unlike the paper."))
+    return out
+
+
 def table2_section(t2: dict) -> list[str]:
-    runs, paper = t2["runs"], t2["paper"]
-    out = ["Table 2 at CPU scale, `python -m fast table2` (same budget for every pattern; "
-           "held-out test bits; paper's numbers beside):", "",
+    """Table 2: the bits (mean ± std over seeds, the paper's beside), the orderings and how
+    sure each is, the time per iteration and what it says."""
+    return (table2_bits(t2) + [""] + table2_orderings(t2) + [""] + table2_timing(t2) + [""]
+            + timing_statements(t2))
+
+
+def table2_bits(t2: dict) -> list[str]:
+    cells, paper = t2["summary"], t2["paper"]
+    seeds = min(c["seeds"] for c in cells.values())
+    first = next(iter(next(iter(t2["runs"].values())).values()))
+    out = [f"Table 2 at CPU scale, `python -m fast table2` ({t2['machine']}, torch {t2['torch']}; "
+           f"{seeds} seeds per cell, mean ± standard deviation over seeds; the same "
+           f"{first['steps']} steps, batch and schedule for every pattern, one thread per run; "
+           f"held-out test bits: every test image, {t2['text_eval_windows']} evenly spread text "
+           f"windows):", "",
            "| pattern | stdlib text, bits/byte | paper Enwik8 | photo crops, bits/dim "
            "| paper CIFAR-10 |",
            "|---|---|---|---|---|"]
     for p in PATTERN_ORDER:
-        out.append(f"| {display_name(p)} | {runs[f'text/{p}']['test_bits']:.3f} "
+        t, i = cells[f"text/{p}"], cells[f"image/{p}"]
+        out.append(f"| {display_name(p)} | {t['test_bits']:.3f} ± {t['test_bits_std']:.3f} "
                    f"| {paper['text'][p][0]:.2f} "
-                   f"| {runs[f'image/{p}']['test_bits']:.3f} | {paper['image'][p][0]:.2f} |")
-    out += ["", "Time per training iteration (2 layers, d=256, batch 1; paper: Enwik8 / CIFAR-10 "
-            "seconds per iteration on their GPUs):", "",
-            "| pattern | " + " | ".join(f"n={n}" for n in sorted({r["n"] for r in t2["timing"]}))
-            + " | paper Enwik8 | paper CIFAR-10 |", "|---|---|---|---|---|"]
-    by = {(r["pattern"], r["n"]): r["time_per_iter"] for r in t2["timing"]}
-    ns = sorted({r["n"] for r in t2["timing"]})
+                   f"| {i['test_bits']:.3f} ± {i['test_bits_std']:.3f} "
+                   f"| {paper['image'][p][0]:.2f} |")
+    return out
+
+
+def table2_timing(t2: dict) -> list[str]:
+    cells, paper = t2["summary"], t2["paper"]
+    first_n = {m: next(iter(t2["runs"][f"{m}/full"].values()))["model_cfg"]["n_ctx"]
+               for m in ("text", "image")}
+    long_n = {r["modality"]: r["n"] for r in t2.get("timing", [])}
+    out = ["Time per training iteration, relative to dense: the same runs (each run's median "
+            "step, mean over seeds), then the same architecture at the paper's lengths (batch 1, "
+            "one thread, alone); the paper's on their GPUs:", "",
+            "| pattern | " + " | ".join(
+                f"{m} n={first_n[m]}" for m in ("text", "image")) + " | "
+            + " | ".join(f"{m} n={long_n.get(m, '-')}" for m in ("text", "image"))
+            + " | paper Enwik8 | paper CIFAR-10 |",
+            "|---|---|---|---|---|---|---|"]
+    timing = {(r["modality"], r["pattern"]): r["time_per_iter"] for r in t2.get("timing", [])}
+    ratio = lambda t, dense, digits: f"{t:.{digits}f} s ({t / dense:.2f}x)"
     for p in PATTERN_ORDER:
-        cells = [f"{by[(p, n)]:.2f} s ({by[(p, n)] / by[('full', n)]:.2f}x)" for n in ns]
-        out.append(f"| {display_name(p)} | " + " | ".join(cells)
-                   + f" | {paper['text'][p][1]:.2f} | {paper['image'][p][1]:.2f} |")
+        row = [display_name(p)]
+        for m in ("text", "image"):
+            row.append(ratio(cells[f"{m}/{p}"]["time_per_iter"],
+                             cells[f"{m}/full"]["time_per_iter"], 3))
+        for m in ("text", "image"):
+            row.append(ratio(timing[(m, p)], timing[(m, "full")], 2) if (m, p) in timing else "-")
+        for m in ("text", "image"):
+            row.append(ratio(paper[m][p][1], paper[m]["full"][1], 2))
+        out.append("| " + " | ".join(row) + " |")
+    return out
+
+
+def drift_section(t2: dict) -> list[str]:
+    """Reproducibility: what is bitwise, and how far the bits moved when only the
+    floating-point summation order changed (``python -m fast table2 --drift``)."""
+    out = ["Reproducibility: every run draws all its randomness from its seed and uses a fixed "
+           "number of intra-op threads (one per Table 2 run), so on the same CPU with the same "
+           "library versions a rerun gives bitwise-equal weights and bits "
+           "(`tests/test_reproducibility.py` checks it on short trainings). The data each result "
+           "saw are named by SHA-256 fingerprints in figures/data/table2.json."]
+    drift = t2.get("drift", {})
+    if drift:
+        moves = []
+        for key, d in sorted(drift.items()):
+            one = t2["runs"][key]["0"]
+            moves.append(f"{key} {abs(d['test_bits'] - one['test_bits']):.4f}")
+        out.append(f"Changing only the summation order (seed 0 retrained with 2 threads instead of "
+                   f"1, `--drift`) moved the test bits by: {', '.join(moves)} (bits); a different "
+                   f"CPU or library version changes the order the same way, so read differences "
+                   f"between patterns against this and against the spread over seeds.")
+    return out
+
+
+def fig2_section(la: dict) -> list[str]:
+    dense = la["models"]["full"]
+    train = la["train"]
+    cfg = train["model_cfg"]
+    out = [f"Figure 2, `python -m fast fig2`: a dense model ({cfg['n_layers']} layers, "
+           f"d={cfg['d_model']}, {cfg['n_heads']} heads, {train['steps']} steps, "
+           f"{train['test_bits']:.3f} test bits/dim) on {la['images']}; per layer, the head that "
+           f"departs most from uniform attention (local within {dense['window']} px and "
+           f"row+column: share of the pixel mass as a multiple of uniform's; image entropy: "
+           f"1 = uniform; data dependence: 0 = the same weights for every image):", "",
+           "| layer | head labels | local | row+column | lowest entropy | start token, max "
+           "| data dependence, max |", "|---|---|---|---|---|---|---|"]
+    for r in dense["layers"]:
+        out.append(f"| {r['layer']} | {', '.join(r['labels'])} | {r['local_x']:.1f}x "
+                   f"| {r['rowcol_x']:.1f}x | {r['min_entropy']:.2f} | {r['max_start']:.2f} "
+                   f"| {r['max_data_dependence']:.2f} |")
     return out
 
 
@@ -99,12 +228,26 @@ def figures_section(log: dict) -> list[str]:
     return ["`make figures` steps: " + ", ".join(parts) + "."] if parts else []
 
 
+def existing_folder(text: str) -> Path:
+    """``--data``: a folder that exists (the figure scripts' JSON is read from it)."""
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: an existing folder")
+    return Path(text)
+
+
+def parser() -> cli.Parser:
+    """The options of ``python -m fast results`` (builds the parser, does no work)."""
+    p = cli.Parser("python -m fast results", description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=existing_folder, default=DATA,
+                   help="the folder of the figure scripts' JSON (default: figures/data)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DATA)
-    args = parser.parse_args(argv)
+    args = parser().parse_or_exit(argv)
     sections = [("bench_cpu.json", bench_section), ("memory.json", memory_section),
-                ("table2.json", table2_section), ("make_figures.json", figures_section)]
+                ("table2.json", table2_section), ("learned_attention.json", fig2_section),
+                ("make_figures.json", figures_section)]
     missing = []
     for name, section in sections:
         payload = _load(args.data, name)
@@ -112,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             missing.append(name)
             continue
         print("\n".join(section(payload)) + "\n")
+        if name == "table2.json":
+            print("\n".join(drift_section(payload)) + "\n")
     if missing:
         print(f"(not yet measured: {', '.join(missing)}; run `make figures`)", file=sys.stderr)
     return 0

@@ -1,4 +1,4 @@
-"""Table 2 at CPU scale: dense vs fixed vs strided, same model, same budget.
+"""Table 2 at CPU scale: dense vs fixed vs strided, same model, same budget, several seeds.
 
 Child et al., 2019, section 7.1 and Table 2: the same network trained with
 dense, fixed and strided attention on Enwik8 (text) and CIFAR-10 (images);
@@ -9,71 +9,92 @@ held-out bits and time per iteration. Here, on a 2-core CPU:
 * images -- 16x16 greyscale crops of the bundled photographs ("grey16"),
             n = 256, l = 16 = one image row, c = 4;
 
-every run a 4-layer, d = 128, 4-head model (merged heads), the same steps,
-batch, learning rate, schedule and seed, trained by ``fast.transformer.train.train``;
-held-out bits on the test split at the end. At these lengths sparse attention
-cannot be faster (the attention is a small part of the step), so the timing
-columns of Table 2 are measured separately (``timing``): a 2-layer d = 256
-model, one training step of batch 1 at n = 3072 and n = 12288, through the
-same ``train`` loop, the mean over the steps after the first.
+every cell a 4-layer, d = 64, 4-head model (merged heads), trained by
+``fast.transformer.train.train`` with the same steps, batch, learning rate and
+schedule, once per seed (``--seeds``, default 3: seeds 0, 1, 2 draw different
+initial weights and batches). Each run uses one intra-op thread, in its own
+process (``fast.measure.child``), ``--jobs`` runs at a time (default: 2, or the
+core count if lower), so its numbers do not depend on how many cores the
+machine has.
 
-    python -m fast table2 [--quick] [--force] [--only text/full,...]
+Held-out bits at the end, on validation and test, drawn by one rule
+(``fast.data.images``; stdlib files by hash): every test and validation image;
+for text, ``TEXT_EVAL_WINDOWS`` windows of n bytes evenly spread over each split
+(``Dataset.eval_items``; the number of windows in the split is recorded beside).
+Time per iteration is measured on the same runs: the median of their steps
+after the first (``time_per_iter``), with one thread each and ``--jobs`` runs
+sharing the machine. At n = 256-512 attention is a small part of a step, so the
+time of the *same architecture* at the paper's lengths, n = 3072 (images) and
+n = 12288 (text), is measured too (``time_paper_lengths``): untrained weights (time
+does not depend on them), batch 1, one thread, alone.
+
+    python -m fast table2 [--quick] [--force] [--seeds 3] [--jobs 2] [--iters 160]
+                          [--only text/full,...]
+    python -m fast table2 --drift     # seed 0 of every cell again, 2 threads (reproducibility)
 
 Results go to figures/data/table2.json (written after each run; a run already
-there is skipped unless --force, so the script resumes). The text-fixed and
-image-strided weights are kept (fp16, model only) in figures/data/models/ for
-notebook 08, and every model draws a few samples (``fast.transformer.sample``).
+there is skipped unless --force, so the script resumes). The seed-0 weights of
+every cell are kept (fp16, model only, about 0.5 MB each) in figures/data/models/
+as {modality}_{pattern}.pt: notebook 05 reads the image ones (Figure 2 for
+trained sparse models) and notebook 08 samples from them.
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import os
 import platform
+import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from fast.core import cli
 from fast.core.files import write_json
-from fast.data import load
+from fast.data import Dataset, load
 from fast.experiments.paths import DATA, FIGURES, QUICK
+from fast.measure.child import run_child
 from fast.plots import table2 as plot_table2
 from fast.plots.style import PATTERN_ORDER
 from fast.transformer import checkpoint
 from fast.transformer.checkpoint import as_dict, save_weights
 from fast.transformer.config import ModelConfig, TrainConfig
 from fast.transformer.loss import evaluate
-from fast.transformer.sample import sample
 from fast.transformer.train import train
 
-KEEP = ("text/fixed", "image/strided")     # weights kept for notebook 08
+MODALITIES = ("text", "image")
+TEXT_EVAL_WINDOWS = 256          # text windows per held-out split, evenly spread
+STEPS = 160                      # training steps of every run (--iters overrides)
+WIDTH = 64                       # d: 3 seeds x 6 cells must fit about 15 minutes of 2 cores
+CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 # The paper's Table 2 (bits, seconds per iteration on their GPUs).
 PAPER = {
     "text": {"full": (1.00, 1.31), "fixed": (0.99, 0.55), "strided": (1.13, 0.35),
-             "dataset": "Enwik8 (bits per byte)"},
+             "dataset": "Enwik8 (bits per byte)", "n": 12288},
     "image": {"full": (2.82, 0.54), "fixed": (2.85, 0.47), "strided": (2.80, 0.38),
-              "dataset": "CIFAR-10 (bits per dim)"},
+              "dataset": "CIFAR-10 (bits per dim)", "n": 3072},
 }
 
 
-def run_configs(modality: str, pattern: str, quick: bool,
-                iters: int | None = None) -> tuple[ModelConfig, TrainConfig]:
-    """The model and training configuration of one Table 2 cell (``iters``: steps)."""
-    if modality not in ("text", "image") or pattern not in PATTERN_ORDER:
-        raise ValueError(f"modality must be 'text' or 'image' and pattern one of "
+def run_configs(modality: str, pattern: str, quick: bool, iters: int | None = None,
+                seed: int = 0) -> tuple[ModelConfig, TrainConfig]:
+    """The model and training configuration of one Table 2 cell and seed."""
+    if modality not in MODALITIES or pattern not in PATTERN_ORDER:
+        raise ValueError(f"modality must be one of {MODALITIES} and pattern one of "
                          f"{PATTERN_ORDER}, got {modality!r}, {pattern!r}")
-    iters = iters or (24 if quick else 300)
-    common = dict(d_model=128, n_heads=4, n_layers=2 if quick else 4, pattern=pattern,
+    iters = iters or (24 if quick else STEPS)
+    common = dict(d_model=WIDTH, n_heads=4, n_layers=2 if quick else 4, pattern=pattern,
                   combine="merged")
-    # images learn faster at a higher peak rate (fast.experiments.learned_attention:
-    # 3e-3 beat 1e-3 on grey16)
+    # images learn faster at a higher peak rate (3e-3 beat 1e-3 on grey16)
     schedule = dict(max_iters=iters, warmup_iters=max(2, iters // 10), precision="fp32",
-                    eval_interval=max(1, iters // 8), eval_batches=4, eval_splits=("val",),
-                    log_interval=max(1, iters // 40), seed=0, save_checkpoint=False,
-                    out_dir=f"runs/table2/{modality}_{pattern}")
+                    eval_interval=max(1, iters // 6), eval_batches=4, eval_splits=("val",),
+                    log_interval=max(1, iters // 40), seed=seed, save_checkpoint=False,
+                    cpu_threads=1, out_dir=f"runs/table2/{modality}_{pattern}_{seed}")
     if modality == "text":
         model = ModelConfig(vocab_size=256, n_ctx=512, stride=32, embedding="text",
                             c=8 if pattern == "fixed" else None, **common)
@@ -86,19 +107,35 @@ def run_configs(modality: str, pattern: str, quick: bool,
     return model, tcfg
 
 
-def timing_configs(n: int, pattern: str, layers: int) -> tuple[ModelConfig, TrainConfig]:
-    """A d=256, 4-head model of ``layers`` blocks at length n, for time per iteration."""
-    image = n == 3072
-    model = ModelConfig(vocab_size=256, n_ctx=n, d_model=256, n_heads=4, n_layers=layers,
-                        pattern=pattern, combine="merged", stride=96 if image else 128,
-                        c=32 if pattern == "fixed" else None,
-                        embedding="image" if image else "text",
-                        image_shape=(32, 32, 3) if image else None)
-    tcfg = TrainConfig(dataset="photos32" if image else "stdlib", data_max_bytes=200_000,
-                       batch_size=1, max_iters=4, warmup_iters=1, precision="fp32",
-                       eval_interval=0, eval_batches=1, log_interval=1, save_checkpoint=False,
-                       out_dir="runs/table2/timing")
+def timing_configs(modality: str, pattern: str, quick: bool) -> tuple[ModelConfig, TrainConfig]:
+    """The Table 2 architecture of ``modality`` at the paper's length (n = 3072 for images,
+    32x32x3 with l = 96 = one row; n = 12288 for text, l = 128), c = 32, batch 1."""
+    model, _ = run_configs(modality, pattern, quick)
+    n = PAPER[modality]["n"] // (4 if quick else 1)
+    image = modality == "image"
+    side = 16 if quick else 32
+    model = ModelConfig(**{**as_dict(model), "n_ctx": n, "stride": 3 * side if image else 128,
+                           "c": (16 if quick else 32) if pattern == "fixed" else None,
+                           "image_shape": (side, side, 3) if image else None})
+    # the dataset name only passes the config's check (``random_bytes`` is handed to train());
+    # the final evaluation reads one window of it, outside the timed steps
+    tcfg = TrainConfig(dataset="grey16" if image else "stdlib", batch_size=1, max_iters=4,
+                       warmup_iters=1, precision="fp32",
+                       eval_interval=0, eval_batches=1, eval_splits=("train",), log_interval=1,
+                       save_checkpoint=False, cpu_threads=1, out_dir="runs/table2/timing")
     return model, tcfg
+
+
+def random_bytes(model_cfg: ModelConfig) -> Dataset:
+    """Seeded random bytes shaped for ``model_cfg``: the time of a step does not depend on
+    the values it reads, and the paper's lengths need no data of that shape."""
+    rng = np.random.default_rng(0)
+    n = model_cfg.n_ctx
+    if model_cfg.embedding == "image":
+        return Dataset("random bytes", "image", 256, {"train": rng.integers(
+            0, 256, (8, n), dtype=np.uint8)}, tuple(model_cfg.image_shape))
+    return Dataset("random bytes", "text", 256,
+                   {"train": rng.integers(0, 256, 8 * n, dtype=np.uint8)})
 
 
 def load_kept_model(path):
@@ -113,98 +150,168 @@ def out_paths(quick: bool) -> tuple[Path, Path, Path]:
     return DATA / "table2.json", DATA / "models", FIGURES
 
 
-def run_one(modality: str, pattern: str, quick: bool, datasets: dict,
-            iters: int | None = None) -> dict:
-    """Train one cell; returns its record (and keeps the weights of KEEP runs)."""
-    model_cfg, train_cfg = run_configs(modality, pattern, quick, iters)
-    t0 = time.perf_counter()
-    rec = train(model_cfg, train_cfg, progress=True, dataset=datasets[modality])
-    wall = time.perf_counter() - t0
+@functools.lru_cache(maxsize=2)
+def dataset(modality: str):
+    """The data of a modality (loaded once per process)."""
+    return load("stdlib", max_bytes=4_000_000) if modality == "text" else load("grey16")
+
+
+def held_out(model, modality: str, split: str) -> tuple[float, int, int]:
+    """(bits, items read, items in the split) on a held-out split: every image, or
+    TEXT_EVAL_WINDOWS evenly spread text windows."""
+    ds = dataset(modality)
+    n = model.cfg.n_ctx
+    batch = 16
+    cap = None if modality == "image" else TEXT_EVAL_WINDOWS // batch
+    items = len(ds.eval_items(split, n, None if cap is None else cap * batch))
+    bits = evaluate(model, ds, split, batch_size=batch, max_batches=cap)
+    return bits, items, ds.eval_count(split, n)
+
+
+def run_one(spec: dict) -> dict:
+    """Train one cell with one seed (in a child process); returns its record.
+
+    spec: {"key": "text/full", "seed": 0, "quick": bool, "iters": int | None,
+    "keep": path or None (where to save the weights), "threads": int (default 1)}.
+    """
+    modality, pattern = spec["key"].split("/")
+    model_cfg, train_cfg = run_configs(modality, pattern, spec["quick"], spec.get("iters"),
+                                       spec["seed"])
+    train_cfg.cpu_threads = spec.get("threads", 1)
+    t0, c0 = time.perf_counter(), time.process_time()
+    rec = train(model_cfg, train_cfg, progress=False, dataset=dataset(modality))
     model = rec["model"].eval()
-    test_bits = evaluate(model, datasets[modality], "test", batch_size=16,
-                         max_batches=4 if quick else 24)
-    gen = torch.Generator().manual_seed(0)
-    if modality == "image":
-        samples = sample(model, 4 if quick else 8, generator=gen)
-    else:
-        prompt = torch.tensor(list(b"def "), dtype=torch.long)
-        samples = sample(model, 2, length=48 if quick else 200, prompt=prompt, generator=gen)
-    key = f"{modality}/{pattern}"
-    if key in KEEP:
-        save_weights(out_paths(quick)[1] / f"{modality}_{pattern}.pt", model)
+    val, val_items, val_count = held_out(model, modality, "val")
+    test, test_items, test_count = held_out(model, modality, "test")
+    if spec.get("keep"):
+        save_weights(spec["keep"], model)
+    steps = rec["iter_times"][1:] or rec["iter_times"]
     return {
-        "model_cfg": as_dict(model_cfg), "train_cfg": as_dict(train_cfg),
-        "history": rec["history"], "evals": rec["evals"], "val_bits": rec["final"]["val"],
-        "test_bits": test_bits, "time_per_iter": rec["time_per_iter"],
-        "n_params": rec["n_params"], "steps": rec["step"], "wall_s": wall, "unit": rec["unit"],
-        "samples": samples.tolist(),
+        "seed": spec["seed"], "model_cfg": as_dict(model_cfg), "train_cfg": as_dict(train_cfg),
+        "history": rec["history"], "evals": rec["evals"], "val_bits": val, "test_bits": test,
+        "eval_items": {"val": [val_items, val_count], "test": [test_items, test_count]},
+        "time_per_iter": statistics.median(steps), "n_params": rec["n_params"],
+        "steps": rec["step"], "threads": train_cfg.cpu_threads,
+        "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+        "unit": rec["unit"],
     }
 
 
-def run_timing(quick: bool) -> list[dict]:
-    """Time per training step of every pattern at the paper's lengths (``timing_configs``)."""
+def time_paper_lengths(quick: bool) -> list[dict]:
+    """Time per training step of every pattern at the paper's lengths (``timing_configs``),
+    on random bytes (``random_bytes``), one thread, nothing else of ours running."""
     rows = []
-    lengths = (1024, 3072) if quick else (3072, 12288)
-    for n in lengths:
+    for modality in MODALITIES:
         for pattern in PATTERN_ORDER:
-            model_cfg, train_cfg = timing_configs(n, pattern, 1 if quick else 2)
-            rec = train(model_cfg, train_cfg, progress=False)
-            rows.append({"n": n, "pattern": pattern, "layers": model_cfg.n_layers,
-                         "d": model_cfg.d_model, "heads": model_cfg.n_heads,
-                         "stride": model_cfg.stride, "c": model_cfg.c, "batch": 1,
-                         "time_per_iter": rec["time_per_iter"], "iter_times": rec["iter_times"]})
-            print(f"timing n={n} {pattern}: {rec['time_per_iter']:.3f} s/iter", flush=True)
+            model_cfg, train_cfg = timing_configs(modality, pattern, quick)
+            rec = train(model_cfg, train_cfg, progress=False, dataset=random_bytes(model_cfg))
+            rows.append({"modality": modality, "n": model_cfg.n_ctx, "pattern": pattern,
+                         "layers": model_cfg.n_layers, "d": model_cfg.d_model,
+                         "heads": model_cfg.n_heads, "stride": model_cfg.stride,
+                         "c": model_cfg.c, "batch": 1, "threads": 1,
+                         "time_per_iter": statistics.median(rec["iter_times"][1:]),
+                         "iter_times": rec["iter_times"]})
+            print(f"table2: timing n={model_cfg.n_ctx} {pattern}: "
+                  f"{rows[-1]['time_per_iter']:.3f} s/iter", flush=True)
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny runs, for development")
-    parser.add_argument("--force", action="store_true", help="redo runs whose results exist")
-    parser.add_argument("--only", default="", help="comma list of keys, e.g. text/full,timing")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON (default: figures/data/table2.json)")
-    parser.add_argument("--iters", type=int, default=None,
-                        help="training steps per run (default 300)")
-    args = parser.parse_args(argv)
-    out, _, figdir = out_paths(args.quick)
-    args.out = args.out or out
+def cell_keys() -> list[str]:
+    return [f"{m}/{p}" for m in MODALITIES for p in PATTERN_ORDER]
 
-    keys = [f"{m}/{p}" for m in ("text", "image") for p in PATTERN_ORDER] + ["timing"]
-    only = [k for k in args.only.split(",") if k]
-    bad = sorted(set(only) - set(keys))
-    if bad:
-        raise ValueError(f"--only takes keys from {keys}, got {bad}")
+
+def summarise(runs: dict) -> dict:
+    """Per cell: mean and standard deviation (over seeds) of the held-out bits and the time."""
+    out = {}
+    for key, by_seed in runs.items():
+        recs = list(by_seed.values())
+        cell = {"seeds": len(recs)}
+        for field in ("val_bits", "test_bits", "time_per_iter"):
+            values = [r[field] for r in recs]
+            cell[field] = statistics.fmean(values)
+            cell[field + "_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        out[key] = cell
+    return out
+
+
+def parser() -> cli.Parser:
+    """The options of ``python -m fast table2`` (builds the parser, does no work)."""
+    keys = cell_keys() + ["timing"]
+    one_key = cli.choice(keys)
+    p = cli.Parser("python -m fast table2", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny runs, for development")
+    p.add_argument("--force", action="store_true", help="redo runs whose results exist")
+    p.add_argument("--only", default=[], metavar="KEY,KEY",
+                   type=lambda text: [one_key(k) for k in text.split(",") if k],
+                   help=f"comma list of {', '.join(keys)}")
+    p.add_argument("--seeds", type=cli.integer(1, 100), default=3,
+                   help="seeds per cell (default 3)")
+    p.add_argument("--jobs", type=cli.integer(1, 256), default=min(2, os.cpu_count() or 1),
+                   help="runs at a time, one thread each (default: 2 or the core count)")
+    p.add_argument("--out", type=cli.output_file, default=None,
+                   help="JSON (default: figures/data/table2.json)")
+    p.add_argument("--iters", type=cli.integer(1), default=None,
+                   help=f"training steps per run (default {STEPS})")
+    p.add_argument("--drift", action="store_true",
+                   help="only retrain seed 0 of every cell (or of --only) with 2 threads: "
+                        "how far the bits move when only the summation order changes")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_or_exit(argv)
+    keys, only = cell_keys() + ["timing"], args.only
+    out, models, figdir = out_paths(args.quick)
+    args.out = Path(args.out) if args.out else out
     data = json.loads(args.out.read_text()) if args.out.exists() and not args.force else {}
     if data.get("quick", args.quick) != args.quick:
         raise ValueError(f"{args.out} holds {'quick' if data['quick'] else 'full'} results; "
                          f"pass --force to replace them, or another --out")
     data.update({"quick": args.quick, "paper": PAPER, "torch": torch.__version__,
-                 "python": platform.python_version(),
-                 "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, CPU only"})
+                 "python": platform.python_version(), "jobs": args.jobs,
+                 "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, CPU only",
+                 "data": {m: dataset(m).fingerprint() for m in MODALITIES},
+                 "text_eval_windows": TEXT_EVAL_WINDOWS})
     data.setdefault("runs", {})
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    datasets = {}
-    for key in only or keys:
-        if key == "timing":
-            if "timing" in data and not args.force and not only:
+    todo = []
+    for key in [k for k in (only or keys) if k != "timing"]:
+        if args.drift:              # only the 2-thread twins of seed 0
+            todo.append({"key": key, "seed": 0, "quick": args.quick, "iters": args.iters,
+                         "keep": None, "threads": 2})
+            continue
+        for seed in range(args.seeds):
+            if str(seed) in data["runs"].get(key, {}) and not args.force and not only:
                 continue
-            data["timing"] = run_timing(args.quick)
-        else:
-            if key in data["runs"] and not args.force and not only:
-                print(f"experiments: {key} cached, skipped", flush=True)
-                continue
-            modality, pattern = key.split("/")
-            if not datasets:
-                datasets["text"] = load("stdlib", max_bytes=4_000_000)
-                datasets["image"] = load("grey16")
-            data["runs"][key] = run_one(modality, pattern, args.quick, datasets, args.iters)
-            r = data["runs"][key]
-            print(f"experiments: {key}: test {r['test_bits']:.3f} {r['unit']}, "
+            keep = models / f"{key.replace('/', '_')}.pt" if seed == 0 else None
+            todo.append({"key": key, "seed": seed, "quick": args.quick, "iters": args.iters,
+                         "keep": str(keep) if keep else None})
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(run_child, "fast.experiments.table2:run_one", spec,
+                               env=CHILD_ENV): spec for spec in todo}
+        for done, future in enumerate(as_completed(futures), 1):
+            spec, result = futures[future], future.result()
+            if "error" in result:
+                raise RuntimeError(f"table2: {spec['key']} seed {spec['seed']} "
+                                   f"{result['error']}\n{result['output']}")
+            r = result["result"]
+            if spec.get("threads", 1) != 1:     # --drift: the same run, another summation order
+                data.setdefault("drift", {})[spec["key"]] = {
+                    k: r[k] for k in ("val_bits", "test_bits", "threads", "seed")}
+            else:
+                data["runs"].setdefault(spec["key"], {})[str(spec["seed"])] = r
+            data["summary"] = summarise(data["runs"])
+            write_json(args.out, data)
+            print(f"table2: [{done}/{len(todo)}, {time.perf_counter() - t0:.0f} s] "
+                  f"{spec['key']} seed {spec['seed']}: test {r['test_bits']:.3f} {r['unit']}, "
                   f"{r['time_per_iter']:.3f} s/iter, {r['wall_s']:.0f} s", flush=True)
+    if "timing" in (only or keys) and not args.drift and ("timing" not in data or args.force
+                                                          or only):
+        data["timing"] = time_paper_lengths(args.quick)
         write_json(args.out, data)
     for path in plot_table2.make_all(data, figdir):
-        print(f"experiments: wrote {path}")
+        print(f"table2: wrote {path}")
     return 0
 
 

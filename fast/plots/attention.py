@@ -1,15 +1,21 @@
-"""Figure 2 redrawn: a dense model's attention over an image, per layer and head.
+"""Figure 2 redrawn: a model's attention over an image, per layer and head.
 
 Child et al., 2019, Figure 2: for one query pixel, each panel shows where a
 layer (head) looks; the not-yet-generated region is black. Data from
-``python -m fast fig2`` (``fast.experiments.learned_attention``):
+``python -m fast fig2`` (``fast.experiments.learned_attention``). Every panel of
+a figure shares one colour scale, logarithmic from ``VMIN`` to 1 and drawn as a
+colour bar, so a near-uniform head (every weight about 1/i) looks dim next to a
+sharp one; the start token's weight is the square outside the image's top-left
+corner; pixels a sparse model may not read are grey.
 
 * ``draw_heads``   -- one query pixel: rows = layers, columns = heads;
 * ``draw_layers``  -- several query pixels: rows = pixels, columns = layers
   (head-averaged);
-* ``draw_mass``    -- per layer, the attention mass in a local window, the
-  query's row, its column, elsewhere and on the start token, and the mass inside
-  the strided / fixed patterns, each beside uniform attention.
+* ``draw_mass``    -- per layer: where the mass goes (start token, local window,
+  row, column, elsewhere), how far each layer's most local / most row-column
+  head is above uniform attention, every head's image entropy, and the mass a
+  dense model puts inside the strided and fixed patterns -- each beside uniform;
+* ``draw_parts``   -- trained sparse models: the mass on each part of the pattern.
 """
 
 from __future__ import annotations
@@ -17,33 +23,55 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import LogNorm
 from matplotlib.patches import Rectangle
 
-from fast.measure.attention_stats import pixel_position
+from fast.measure.attention_stats import CONCENTRATED, SPREAD, pixel_position, split_start
 from fast.plots import style
 from fast.plots.style import plt
 
-# local, row, column, elsewhere, start token
-REGION_COLORS = (style.BLUE, style.ORANGE, style.GREEN, style.LIGHT_GREY, style.BLACK)
+VMIN = 1e-3                                         # weights below are drawn as VMIN
+NORM = LogNorm(vmin=VMIN, vmax=1.0)
+CMAP = plt.get_cmap("viridis")
+OUTSIDE = (0.62, 0.62, 0.62)                        # pixels outside a sparse pattern
+# start token, local, row, column, elsewhere
+REGION_COLORS = (style.BLACK, style.BLUE, style.ORANGE, style.GREEN, style.LIGHT_GREY)
+NAMES = {"full": "dense"}
 
 
-def attention_image(weights_pos: np.ndarray, query: int, image_shape) -> np.ndarray:
-    """RGB (H, W, 3): where position ``query`` looks, over pixels; future pixels black.
+def attention_image(weights_pos: np.ndarray, query: int, image_shape,
+                    readable: np.ndarray | None = None) -> np.ndarray:
+    """RGB (H, W, 3): where position ``query`` looks, over pixels, on the shared scale.
 
     weights_pos: (n,) weights of one query over key positions (key j = pixel
-    j - 1, key 0 the start token). Values are scaled by the row's largest pixel
-    weight and square-rooted so that weak but real attention stays visible.
+    j - 1, key 0 the start token); readable: bool (n,) positions the model may
+    read (None: all). Pixels not generated yet are black, pixels outside the
+    pattern grey.
     """
     h, w, c = image_shape
-    pix = np.zeros(h * w * c)
-    pix[:-1] = weights_pos[1:]
+    pix, _ = split_start(np.asarray(weights_pos, dtype=np.float64))
     pix = pix.reshape(h, w, c).sum(-1)                                   # (H, W)
-    top = pix.max()
-    val = np.sqrt(pix / top) if top > 0 else pix
-    rgb = plt.get_cmap("viridis")(val)[..., :3]
-    future = np.arange(h * w).reshape(h, w) >= query // c
-    rgb[future] = 0.0
+    rgb = CMAP(NORM(np.clip(pix, VMIN, 1.0)))[..., :3]
+    if readable is not None:
+        inside = np.zeros(h * w * c, dtype=bool)
+        inside[:-1] = np.asarray(readable, dtype=bool)[1:]
+        rgb[~inside.reshape(h, w, c).any(-1)] = OUTSIDE
+    rgb[np.arange(h * w).reshape(h, w) >= query // c] = 0.0
     return rgb
+
+
+def _panel(ax, weights_pos, query, image_shape, readable, title):
+    ax.imshow(attention_image(weights_pos, query, image_shape, readable),
+              interpolation="nearest")
+    start = float(weights_pos[0])
+    ax.add_patch(Rectangle((-2.6, -2.6), 1.8, 1.8, clip_on=False, lw=0.6, edgecolor="white",
+                           facecolor=CMAP(NORM(max(start, VMIN)))))
+    _mark(ax, query, image_shape)
+    ax.set_xlim(-2.8, image_shape[1] - 0.5)
+    ax.set_ylim(image_shape[0] - 0.5, -2.8)
+    ax.set_title(title, fontsize=7)
+    ax.axis("off")
 
 
 def _show_image(ax, image: np.ndarray, query: int, image_shape, title: str):
@@ -53,6 +81,8 @@ def _show_image(ax, image: np.ndarray, query: int, image_shape, title: str):
     rgb[np.arange(h * w).reshape(h, w) >= query // c] = 0.0
     ax.imshow(rgb, interpolation="nearest")
     _mark(ax, query, image_shape)
+    ax.set_xlim(-2.8, w - 0.5)
+    ax.set_ylim(h - 0.5, -2.8)
     ax.set_title(title, fontsize=7.5)
     ax.axis("off")
 
@@ -63,23 +93,35 @@ def _mark(ax, query: int, image_shape):
     ax.add_patch(Rectangle((col - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.2))
 
 
-def draw_heads(maps: np.ndarray, image: np.ndarray, query: int, image_shape, labels, path):
-    """maps: (L, H, n, n) of one image. Rows = layers, columns = [image, heads...]."""
+def _colorbar(fig, axes):
+    bar = fig.colorbar(ScalarMappable(norm=NORM, cmap=CMAP), ax=axes, shrink=0.7, aspect=30)
+    bar.set_label("attention weight (log scale, shared by every panel)", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
+
+
+def draw_heads(maps: np.ndarray, image: np.ndarray, query: int, image_shape, labels, path,
+               pattern: str = "full", readable: np.ndarray | None = None):
+    """maps: (L, H, n, n) of one image. Rows = layers, columns = [image, heads...];
+    labels: (L, H) head labels; readable: bool (n, n) or, per head, (H, n, n) positions a
+    sparse model may read."""
     L, H = maps.shape[:2]
-    fig, axes = plt.subplots(L, H + 1, figsize=(1.35 * (H + 1), 1.35 * L + 0.5), squeeze=False)
+    fig, axes = plt.subplots(L, H + 1, figsize=(1.3 * (H + 1) + 0.9, 1.35 * L + 0.6),
+                             squeeze=False, layout="constrained")
+    if readable is not None and readable.ndim == 2:
+        readable = np.broadcast_to(readable, (H, *readable.shape))             # (H, n, n)
     for layer in range(L):
         _show_image(axes[layer, 0], image, query, image_shape, f"layer {layer}")
         for head in range(H):
-            ax = axes[layer, head + 1]
-            ax.imshow(attention_image(maps[layer, head, query], query, image_shape),
-                      interpolation="nearest")
-            _mark(ax, query, image_shape)
-            ax.set_title(f"h{head}: {labels[layer][head]}", fontsize=7)
-            ax.axis("off")
+            row_mask = None if readable is None else readable[head, query]
+            _panel(axes[layer, head + 1], maps[layer, head, query], query, image_shape, row_mask,
+                   f"h{head}: {labels[layer][head]}")
     r, c = divmod(query // image_shape[2], image_shape[1])
-    fig.suptitle(f"Fig. 2: dense model, query pixel (row {r}, col {c}); black = not yet generated",
-                 fontsize=9)
-    fig.tight_layout()
+    extra = "; grey = outside the pattern" if readable is not None else ""
+    fig.suptitle(f"Fig. 2, {NAMES.get(pattern, pattern)} model: where pixel (row {r}, col {c}) "
+                 f"looks (red); black = not yet generated{extra};\nsquare outside the corner = "
+                 f"start token; labels from the rule of fast.measure.attention_stats",
+                 fontsize=8.5)
+    _colorbar(fig, axes)
     return style.save(fig, path)
 
 
@@ -88,69 +130,167 @@ def draw_layers(maps: np.ndarray, image: np.ndarray, queries, image_shape, label
     L = maps.shape[0]
     avg = maps.mean(1)                                                   # (L, n, n)
     fig, axes = plt.subplots(len(queries), L + 1,
-                             figsize=(1.35 * (L + 1), 1.45 * len(queries) + 0.4), squeeze=False)
+                             figsize=(1.3 * (L + 1) + 0.9, 1.5 * len(queries) + 0.6),
+                             squeeze=False, layout="constrained")
     for row, q in enumerate(queries):
         _show_image(axes[row, 0], image, q, image_shape, "image so far")
         for layer in range(L):
-            ax = axes[row, layer + 1]
-            ax.imshow(attention_image(avg[layer, q], q, image_shape), interpolation="nearest")
-            _mark(ax, q, image_shape)
-            ax.set_title(f"layer {layer}" + (f"\n{labels[layer]}" if row == 0 else ""), fontsize=7)
-            ax.axis("off")
-    fig.suptitle("head-averaged attention of every layer, three query pixels", fontsize=9)
-    fig.tight_layout()
+            counts = {lab: labels[layer].count(lab) for lab in dict.fromkeys(labels[layer])}
+            text = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in counts.items())
+            _panel(axes[row, layer + 1], avg[layer, q], q, image_shape, None,
+                   f"layer {layer}" + (f"\n{text}" if row == 0 else ""))
+    fig.suptitle("dense model, head-averaged attention of every layer for three query pixels "
+                 "(one shared log scale; square = start token)", fontsize=8.5)
+    _colorbar(fig, axes)
     return style.save(fig, path)
 
 
 def draw_mass(summary: dict, path):
-    """Stacked region masses per layer, and the mass inside the sparse patterns."""
-    mass = np.asarray(summary["layer_mass"])                              # (L, 4)
-    start = np.asarray(summary["start"]).mean(1)                          # (L,)
-    uni = np.asarray(summary["uniform"]["mass"])
+    """Six panels per layer of the dense model, each beside uniform attention."""
+    mass = np.asarray(summary["mass"]).mean(1)                           # (L, 4)
+    start = np.asarray(summary["start"]).mean(1)                         # (L,)
+    uni = summary["uniform"]
     L = len(mass)
-    cols = list(mass.T) + [start]
-    names = list(summary["regions"]) + ["start token"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10.0, 3.8))
+    fig, axes = plt.subplots(2, 3, figsize=(13.0, 7.0))
+    ax = axes[0, 0]
     xs = list(range(L)) + [L + 0.6]
     bottom = np.zeros(L + 1)
-    for vals, uval, name, color in zip(cols, list(uni) + [summary["uniform"]["start"]], names,
+    columns = [start] + list(mass.T)
+    uni_cols = [uni["start"]] + list(uni["mass"])
+    for vals, uval, name, color in zip(columns, uni_cols, ["start token"] + summary["regions"],
                                        REGION_COLORS):
         v = np.append(vals, uval)
-        ax1.bar(xs, v, bottom=bottom, color=color, label=name, width=0.75)
+        ax.bar(xs, v, bottom=bottom, color=color, width=0.75,
+               label=name if name != "local" else f"local (within {summary['window']} px)")
         bottom += v
-    ax1.set_xticks(xs, [f"{i}\n{summary['labels'][i]}" for i in range(L)] + ["uniform"], fontsize=7)
-    ax1.set_ylabel("attention mass (mean over queries)")
-    ax1.set_xlabel("layer")
-    ax1.set_title(f"where the mass goes (local = within {summary['window']} px)", fontsize=9)
-    ax1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    s = np.asarray(summary["in_strided"]).mean(1)
-    f = np.asarray(summary["in_fixed"]).mean(1)
-    strided, fixed = style.color("strided"), style.color("fixed")
-    ax2.plot(range(L), s, "o-", color=strided, label="inside strided (l=16)")
-    ax2.plot(range(L), f, "s-", color=fixed, label="inside fixed (l=16, c=4)")
-    ax2.axhline(summary["uniform"]["in_strided"], color=strided, ls=":", label="uniform, strided")
-    ax2.axhline(summary["uniform"]["in_fixed"], color=fixed, ls=":", label="uniform, fixed")
-    ax2.set_ylim(0, 1.02)
-    ax2.set_xlabel("layer")
-    ax2.set_ylabel("mass inside the pattern")
-    ax2.set_title("does the sparse pattern cover what was learned?", fontsize=9)
-    ax2.legend(fontsize=7)
-    ax2.grid(alpha=0.3)
+    ax.set_xticks(xs, [str(i) for i in range(L)] + ["uniform"], fontsize=7.5)
+    ax.set_xlabel("layer (mean over heads)")
+    ax.set_ylabel("attention mass")
+    ax.set_title("where the mass goes", fontsize=9)
+    ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+    ax = axes[0, 1]
+    layers = summary["layers"]
+    ax.plot(range(L), [r["local_x"] for r in layers], "o-", color=style.BLUE,
+            label="local share, most local head")
+    ax.plot(range(L), [r["rowcol_x"] for r in layers], "s-", color=style.ORANGE,
+            label="row+column share, most row/column head")
+    ax.axhline(1.0, color="black", lw=0.8, ls=":", label="uniform attention")
+    ax.set_ylim(0, None)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("share of pixel mass / uniform's")
+    ax.set_title("how far the best head beats uniform", fontsize=9)
+    ax.legend(fontsize=6.5)
+    ax.grid(alpha=0.3)
+
+    ax = axes[0, 2]
+    _per_head(ax, np.asarray(summary["image_entropy"]), 1.0, "uniform = 1")
+    ax.axhline(SPREAD, color=style.GREEN, lw=0.8, ls="--", label=f"global at {SPREAD} or above")
+    ax.axhline(CONCENTRATED, color=style.RED, lw=0.8, ls="--",
+               label=f"concentrated at {CONCENTRATED} or below")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("image entropy / uniform's")
+    ax.set_title("how spread the pixel mass is", fontsize=9)
+    ax.legend(fontsize=6.5, loc="lower left")
+
+    ax = axes[1, 0]
+    _per_head(ax, np.asarray(summary["data_dependence"]), 0.0, "uniform (or any fixed pattern) = 0")
+    ax.set_ylim(0, 1.0)
+    ax.set_ylabel("mean total-variation distance")
+    ax.set_title("how much the weights change from image to image", fontsize=9)
+    ax.legend(fontsize=6.5, loc="upper left")
+
+    ax = axes[1, 1]
+    for name, marker in (("strided", "o-"), ("fixed", "s-")):
+        if f"in_{name}" not in summary:
+            continue
+        ax.plot(range(L), np.asarray(summary[f"in_{name}"]).mean(1), marker,
+                color=style.color(name), label=f"inside {name}")
+        ax.axhline(uni[f"in_{name}"], color=style.color(name), ls=":",
+                   label=f"uniform, {name}")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("layer (mean over heads)")
+    ax.set_ylabel("mass inside the pattern (l = 16)")
+    ax.set_title("would the sparse pattern hold it?", fontsize=9)
+    ax.legend(fontsize=6.5)
+    ax.grid(alpha=0.3)
+
+    ax = axes[1, 2]
+    ax.axis("off")
+    lines = [f"layer {i}: " + ", ".join(labels) for i, labels in enumerate(summary["labels"])]
+    ax.text(0.0, 1.0, "head labels (h0, h1, ...)\n\n" + "\n".join(lines), va="top",
+            fontsize=7.5, family="monospace", transform=ax.transAxes)
+    fig.suptitle("dense model, per layer, against uniform attention over the same positions",
+                 fontsize=10)
     fig.tight_layout()
     return style.save(fig, path)
 
 
-def make_all(maps: np.ndarray, image: np.ndarray, summary: dict, image_shape,
-             figdir) -> list[Path]:
-    """maps: (L, H, n, n) of ``image`` (shape ``image_shape`` = (H, W, C)). Writes the
-    three figures into ``figdir``; returns their paths."""
+def _per_head(ax, values: np.ndarray, uniform: float, uniform_label: str):
+    """values (L, H): every head a dot, the mean over heads a line, uniform dotted."""
+    L = len(values)
+    for layer in range(L):
+        ax.plot(np.full(values.shape[1], layer), values[layer], "o", ms=4, color=style.GREY,
+                alpha=0.7)
+    ax.plot(range(L), values.mean(1), "-", color=style.GREY, label="heads (dots), mean (line)")
+    ax.axhline(uniform, color="black", lw=0.8, ls=":", label=uniform_label)
+    ax.set_xlabel("layer")
+    ax.grid(alpha=0.3)
+
+
+def draw_parts(summaries: dict, path):
+    """summaries: {pattern: summary} of trained sparse models. Per layer, stacked: start
+    token and each part's mass; beside it uniform attention inside the pattern."""
+    fig, axes = plt.subplots(1, len(summaries), figsize=(5.0 * len(summaries), 3.6),
+                             squeeze=False)
+    for ax, (pattern, s) in zip(axes[0], summaries.items()):
+        part = np.asarray(s["part_mass"]).mean(1)                        # (L, 2)
+        start = np.asarray(s["start"]).mean(1)
+        L = len(part)
+        xs = list(range(L)) + [L + 0.6]
+        bottom = np.zeros(L + 1)
+        cols = [(np.append(start, s["uniform"]["start"]), "start token", style.BLACK)]
+        cols += [(np.append(part[:, k], s["uniform"]["part_mass"][k]), s["parts"][k], color)
+                 for k, color in ((0, style.color(pattern)), (1, style.LIGHT_GREY))]
+        for vals, name, color in cols:
+            ax.bar(xs, vals, bottom=bottom, color=color, width=0.75, label=name)
+            bottom += vals
+        ax.set_xticks(xs, [f"{i}\n{_majority(s['labels'][i])}" for i in range(L)]
+                      + ["uniform\nin pattern"], fontsize=7)
+        ax.set_ylabel("attention mass")
+        ax.set_title(f"trained {pattern} model: mass per part of the pattern", fontsize=9)
+        ax.legend(fontsize=7, loc="lower left", framealpha=0.9)
+    fig.tight_layout()
+    return style.save(fig, path)
+
+
+def _majority(labels) -> str:
+    return max(dict.fromkeys(labels), key=list(labels).count)
+
+
+def make_all(maps: dict, image: np.ndarray, result: dict, image_shape, figdir,
+             readable: dict | None = None) -> list[Path]:
+    """maps: {pattern: (L, H, n, n) of ``image``}; result: the learned_attention JSON;
+    readable: {pattern: bool (n, n)} positions each sparse model may read. Writes the
+    figures the data allow into ``figdir``; returns their paths."""
     figdir = Path(figdir)
-    # position p predicts pixel p (it reads the start token and pixels 0..p-1)
-    queries = [pixel_position(r, c, image_shape) for r, c in summary["query_pixels"]]
-    return [
-        draw_heads(maps, image, queries[0], image_shape, summary["head_labels"],
-                   figdir / "fig2_learned_attention.png"),
-        draw_layers(maps, image, queries, image_shape, summary["labels"],
-                    figdir / "fig2_layers.png"),
-        draw_mass(summary, figdir / "attention_mass.png"),
-    ]
+    readable = readable or {}
+    queries = [pixel_position(r, c, image_shape) for r, c in result["query_pixels"]]
+    models = result["models"]
+    paths = []
+    if "full" in maps:
+        s = models["full"]
+        paths += [draw_heads(maps["full"], image, queries[0], image_shape, s["labels"],
+                             figdir / "fig2_learned_attention.png"),
+                  draw_layers(maps["full"], image, queries, image_shape, s["labels"],
+                              figdir / "fig2_layers.png"),
+                  draw_mass(s, figdir / "attention_mass.png")]
+    for pattern in ("strided", "fixed"):
+        if pattern in maps:
+            paths.append(draw_heads(maps[pattern], image, queries[0], image_shape,
+                                    models[pattern]["labels"], figdir / f"fig2_{pattern}.png",
+                                    pattern=pattern, readable=readable.get(pattern)))
+    sparse = {p: models[p] for p in ("strided", "fixed") if p in models}
+    if sparse:
+        paths.append(draw_parts(sparse, figdir / "attention_parts.png"))
+    return paths

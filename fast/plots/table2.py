@@ -1,12 +1,14 @@
 """Figures of the dense / fixed / strided comparison (Child et al., 2019, Table 2).
 
-From figures/data/table2.json (``python -m fast table2``):
+From figures/data/table2.json (``python -m fast table2``), every cell trained
+with several seeds:
 
-* ``plot_curves``  -- learning curves: training bits (thin) and validation bits
-  (markers) against step, one panel per modality, one colour per pattern;
-* ``plot_timing``  -- time per iteration relative to dense, ours at n = 3072 and
-  n = 12288 beside the paper's Table 2 ratios;
-* ``plot_samples`` -- the images each image model drew (``fast.transformer.sample``).
+* ``plot_bits``    -- held-out test bits per pattern, mean and standard deviation
+  over seeds with every seed as a dot, beside the paper's numbers;
+* ``plot_curves``  -- learning curves: validation bits against step, the mean
+  over seeds as a line and the range over seeds as a band;
+* ``plot_timing``  -- time per iteration relative to dense: the Table 2 runs
+  themselves, the same architecture at the paper's lengths, and the paper's ratios.
 """
 
 from __future__ import annotations
@@ -17,81 +19,121 @@ import numpy as np
 
 from fast.plots import style
 from fast.plots.style import PATTERN_ORDER, display_name, plt
-from fast.transformer.sample import image_grid
+
+MODALITY_TITLES = {"text": "stdlib bytes, n = 512 (bits per byte)",
+                   "image": "16x16 grey photo crops, n = 256 (bits per dim)"}
+
+
+def _seeds(data: dict, key: str) -> list[dict]:
+    return list(data["runs"].get(key, {}).values())
+
+
+def plot_bits(data: dict, path) -> Path:
+    """Test bits per pattern: every seed (dots), mean +/- std (bar), paper beside (text)."""
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6))
+    for ax, modality in zip(axes, ("text", "image")):
+        lows = []
+        for x, pattern in enumerate(PATTERN_ORDER):
+            bits = [r["test_bits"] for r in _seeds(data, f"{modality}/{pattern}")]
+            if not bits:
+                continue
+            mean, std = np.mean(bits), (np.std(bits, ddof=1) if len(bits) > 1 else 0.0)
+            ax.errorbar(x, mean, yerr=std, fmt="s", ms=8, capsize=6, color=style.color(pattern))
+            ax.plot(np.full(len(bits), x + 0.18), bits, "o", ms=4, alpha=0.6,
+                    color=style.color(pattern))
+            ax.annotate(f"{mean:.3f} ± {std:.3f}\npaper {data['paper'][modality][pattern][0]:.2f}",
+                        (x, mean), xytext=(-58, 0), textcoords="offset points", fontsize=7.5,
+                        va="center")
+            lows.append(mean - std)
+        ax.set_xticks(range(len(PATTERN_ORDER)), [display_name(p) for p in PATTERN_ORDER])
+        ax.set_xlim(-0.9, len(PATTERN_ORDER) - 0.5)
+        ax.set_title(MODALITY_TITLES[modality], fontsize=9)
+        ax.set_ylabel("held-out test bits (lower is better)")
+        ax.grid(alpha=0.3, axis="y")
+    seeds = max(len(v) for v in data["runs"].values())
+    fig.suptitle(f"Table 2 at CPU scale: test bits, {seeds} seeds per pattern "
+                 f"(square: mean ± std; dots: seeds)", fontsize=10)
+    fig.tight_layout()
+    return style.save(fig, path)
 
 
 def plot_curves(data: dict, path) -> Path:
-    """Learning curves: training bits (thin line) and validation bits (markers) per step."""
+    """Validation bits against step: mean over seeds (line), range over seeds (band)."""
     fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.8))
     for ax, modality in zip(axes, ("text", "image")):
+        firsts, lasts = [], []
         for pattern in PATTERN_ORDER:
-            run = data["runs"].get(f"{modality}/{pattern}")
-            if run is None:
+            runs = _seeds(data, f"{modality}/{pattern}")
+            if not runs:
                 continue
-            h = run["history"]
-            ax.plot(h["step"], h["bits"], color=style.color(pattern), alpha=0.35, lw=1)
-            ev = run["evals"]
-            ax.plot([e["step"] for e in ev], [e["val"] for e in ev], "o-", ms=3,
-                    color=style.color(pattern),
-                    label=f"{display_name(pattern)} (test {run['test_bits']:.2f})")
-        unit = "bits per byte" if modality == "text" else "bits per dim"
-        title = "stdlib bytes, n=512" if modality == "text" else "16x16 grey photo crops, n=256"
-        ax.set_title(title, fontsize=9.5)
-        ax.set_xlabel("step")
-        ax.set_ylabel(unit)
+            steps = [e["step"] for e in runs[0]["evals"]]
+            vals = np.array([[e["val"] for e in r["evals"]] for r in runs])    # (seeds, evals)
+            ax.plot(steps, vals.mean(0), "o-", ms=3, color=style.color(pattern),
+                    label=f"{display_name(pattern)} ({len(runs)} seeds)")
+            ax.fill_between(steps, vals.min(0), vals.max(0), color=style.color(pattern),
+                            alpha=0.2, lw=0)
+            firsts.append(vals[:, 0].max())
+            lasts.append(vals[:, -1].min())
+        ax.set_title(MODALITY_TITLES[modality], fontsize=9)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("validation bits (evenly spread sample)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        runs = [run for k, run in data["runs"].items() if k.startswith(modality)]
-        if runs:   # from the lowest training bits to a little above the first evaluation
-            lo = min(min(r["history"]["bits"]) for r in runs)
-            hi = max(r["evals"][0]["val"] for r in runs)
-            ax.set_ylim(lo - 0.2, hi + 0.5)
-    fig.suptitle("Table 2 at CPU scale: training (line) and validation (markers) bits",
-                 fontsize=10.5)
+        if firsts:
+            ax.set_ylim(min(lasts) - 0.1, min(firsts, default=0) + 0.1)
+    fig.suptitle("Table 2 at CPU scale: learning curves (line: mean over seeds; band: range)",
+                 fontsize=10)
     fig.tight_layout()
     return style.save(fig, path)
+
+
+def _bars(ax, groups: list[tuple[str, dict, dict]]):
+    """groups: (label, {pattern: time}, {pattern: std}); bars relative to dense."""
+    width = 0.26
+    for g, (_, times, stds) in enumerate(groups):
+        dense = times["full"]
+        for i, pattern in enumerate(PATTERN_ORDER):
+            x, ratio = g + (i - 1) * width, times[pattern] / dense
+            ax.bar(x, ratio, width, yerr=stds.get(pattern, 0.0) / dense, capsize=2,
+                   color=style.color(pattern), label=display_name(pattern) if g == 0 else None)
+            ax.text(x, ratio + 0.04, f"{ratio:.2f}", ha="center", fontsize=6.5, rotation=90,
+                    va="bottom")
+    ax.set_xticks(range(len(groups)), [g[0] for g in groups], fontsize=7.5)
+    ax.axhline(1.0, color="black", lw=0.6)
+    ax.set_ylim(0, 1.7)
 
 
 def plot_timing(data: dict, path) -> Path:
-    """Time per iteration relative to dense: ours at each n, beside the paper's Table 2."""
-    rows = data["timing"]
-    lengths = sorted({r["n"] for r in rows})
-    fig, ax = plt.subplots(figsize=(7.2, 3.8))
-    groups = [(f"ours n={n}", {r["pattern"]: r["time_per_iter"] for r in rows if r["n"] == n})
-              for n in lengths]
-    groups += [(f"paper {m}\n(n={n})", {p: data["paper"][m][p][1] for p in PATTERN_ORDER})
-               for m, n in (("text", 12288), ("image", 3072))]
-    width = 0.26
-    for g, (_, times) in enumerate(groups):
-        dense = times["full"]
-        for i, pattern in enumerate(PATTERN_ORDER):
-            ax.bar(g + (i - 1) * width, times[pattern] / dense, width, color=style.color(pattern),
-                   label=display_name(pattern) if g == 0 else None)
-            ax.text(g + (i - 1) * width, times[pattern] / dense + 0.02, f"{times[pattern]:.2f}s",
-                    ha="center", fontsize=6.5, rotation=90, va="bottom")
-    ax.set_xticks(range(len(groups)), [g[0] for g in groups], fontsize=8)
-    ax.set_ylabel("time per iteration / dense")
-    ax.set_ylim(0, 1.6)
-    ax.axhline(1.0, color="black", lw=0.6)
-    ax.legend(fontsize=8, loc="upper right")
-    ax.set_title("time per training step, relative to dense (ours: 2-core CPU, batch 1)",
-                 fontsize=9.5)
-    fig.tight_layout()
-    return style.save(fig, path)
-
-
-def plot_samples(data: dict, path) -> Path:
-    """The images each image model drew, one panel per pattern."""
-    runs = [(p, data["runs"][f"image/{p}"]) for p in PATTERN_ORDER
-            if f"image/{p}" in data["runs"]]
-    fig, axes = plt.subplots(1, len(runs), figsize=(3.2 * len(runs), 3.0), squeeze=False)
-    for ax, (pattern, run) in zip(axes[0], runs):
-        grid = image_grid(np.asarray(run["samples"]), run["model_cfg"]["image_shape"],
-                          levels=run["model_cfg"]["vocab_size"])
-        ax.imshow(grid, interpolation="nearest")
-        ax.set_title(f"{display_name(pattern)} ({run['test_bits']:.2f} bits/dim)", fontsize=9)
-        ax.axis("off")
-    fig.suptitle("samples of the image models (fast.transformer.sample, seed 0)", fontsize=10)
+    """Time per iteration relative to dense: the Table 2 runs, the paper's lengths, the paper."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10.0, 3.8), gridspec_kw={"width_ratios": [2, 3]})
+    summary = data.get("summary", {})
+    groups = []
+    for modality in ("text", "image"):
+        cells = {p: summary.get(f"{modality}/{p}") for p in PATTERN_ORDER}
+        if all(cells.values()):
+            n = _seeds(data, f"{modality}/full")[0]["model_cfg"]["n_ctx"]
+            groups.append((f"{modality}, n={n}", {p: c["time_per_iter"] for p, c in cells.items()},
+                           {p: c["time_per_iter_std"] for p, c in cells.items()}))
+    if groups:
+        _bars(ax1, groups)
+        ax1.legend(fontsize=7.5, loc="upper right")
+    ax1.set_ylabel("time per iteration / dense")
+    ax1.set_title("the Table 2 runs (mean ± std over seeds)", fontsize=9)
+    rows = data.get("timing", [])
+    groups = []
+    for modality in ("text", "image"):
+        mine = {r["pattern"]: r["time_per_iter"] for r in rows if r["modality"] == modality}
+        if len(mine) == len(PATTERN_ORDER):
+            n = next(r["n"] for r in rows if r["modality"] == modality)
+            groups.append((f"ours, n={n}", mine, {}))
+        paper = data["paper"][modality]
+        groups.append((f"paper {paper['dataset'].split()[0]}\nn={paper['n']}",
+                       {p: paper[p][1] for p in PATTERN_ORDER}, {}))
+    _bars(ax2, groups)
+    ax2.set_title("same architecture at the paper's lengths (batch 1), and the paper",
+                  fontsize=9)
+    fig.suptitle("time per training step relative to dense (ours: one CPU thread per run)",
+                 fontsize=10)
     fig.tight_layout()
     return style.save(fig, path)
 
@@ -101,9 +143,8 @@ def make_all(data: dict, figdir) -> list[Path]:
     figdir = Path(figdir)
     paths = []
     if data.get("runs"):
+        paths.append(plot_bits(data, figdir / "table2_bits.png"))
         paths.append(plot_curves(data, figdir / "table2_curves.png"))
-        if any(k.startswith("image/") for k in data["runs"]):
-            paths.append(plot_samples(data, figdir / "samples_images.png"))
-    if data.get("timing"):
+    if data.get("runs") or data.get("timing"):
         paths.append(plot_timing(data, figdir / "table2_timing.png"))
     return paths

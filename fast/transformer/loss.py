@@ -36,10 +36,11 @@ def evaluate(model: torch.nn.Module, dataset: Dataset, split: str = "val", *,
              device=None) -> float:
     """Bits per byte (text) or bits per dim (images) of ``model`` on ``split``.
 
-    Deterministic: reads the split from its start (consecutive windows of
-    n_ctx bytes, or images in order), at most ``max_batches`` batches; the mean
-    is over every predicted position. The model is put back in its previous
-    train/eval mode.
+    Deterministic: reads every evaluation item of the split (the non-overlapping
+    windows of n_ctx bytes that tile a text split, or its images), or, with
+    ``max_batches``, an evenly spread sample of max_batches * batch_size of them
+    (``Dataset.eval_items``); the mean is over every predicted position. The
+    model is put back in its previous train/eval mode.
     """
     model = getattr(model, "module", model)
     device = next(model.parameters()).device if device is None else torch.device(device)

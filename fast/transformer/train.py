@@ -168,12 +168,13 @@ def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world) -> dict:
             world=world, model_cfg=model_cfg, train_cfg=train_cfg, history=history,
             evals=evals, rng=rng))
 
-    def run_eval() -> dict:
+    def run_eval(record: bool = True) -> dict:
         row = {"step": step}
         for split in train_cfg.eval_splits:
             row[split] = evaluate(model, dataset, split, batch_size=local_batch,
                                   max_batches=train_cfg.eval_batches, precision=precision)
-        evals.append(row)
+        if record:
+            evals.append(row)
         return row
 
     end = train_cfg.max_iters if train_cfg.stop_iter is None else min(train_cfg.stop_iter,
@@ -194,7 +195,9 @@ def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world) -> dict:
         step += 1
         clock.stop()
 
-        logged = step % train_cfg.log_interval == 0 or step == end
+        # the last step of the whole run is logged, not the step a stopped run ends on
+        # (a stop and resume must give the same learning curve as one run)
+        logged = step % train_cfg.log_interval == 0 or step == train_cfg.max_iters
         if logged:
             value = loss.item()
             history["step"].append(step)
@@ -216,7 +219,11 @@ def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world) -> dict:
             checkpoint_path = save()
     if bar is not None:
         bar.close()
-    final = run_eval()
+    # The final evaluation joins the learning curve at the run's last step, or at a
+    # stop that falls on the eval interval; a run stopped elsewhere (stop_iter) reports
+    # it without recording it, so that stop + resume gives one run's curve.
+    on_interval = bool(train_cfg.eval_interval) and step % train_cfg.eval_interval == 0
+    final = run_eval(record=step == train_cfg.max_iters or on_interval)
     if train_cfg.save_checkpoint:
         checkpoint_path = save()
     if world > 1:
