@@ -194,7 +194,7 @@ def test_graph_saved_lists_what_count_saved_counts():
 
 
 def test_strided_keeps_one_block_input_more_than_dense_the_heads_copy():
-    # What memory_length.png and notebook 06 say, measured live: per block, strided attention
+    # What memory_length.png and notebook 07 say, measured live: per block, strided attention
     # keeps exactly one n x d fp32 tensor more than dense (W_p keeps the copy made when the
     # structured path's (B, H, n, d) output is put side by side). At an n that is not a
     # multiple of the stride, the structured path also keeps q, k, v, out (B, H, n', d) and

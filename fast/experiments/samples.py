@@ -15,7 +15,7 @@ and prints a continuation of a line of Python by every text model. Every model
 draws with the same generator seed, so the models consume the same uniform
 numbers (``fast.transformer.sample.draw``): where two models' distributions
 agree they draw the same token, and their samples share stretches of text or
-pixels. Notebook 08 calls the same functions and writes into
+pixels. Notebook 09 calls the same functions and writes into
 ``figures_out()``.
 
     python -m fast samples

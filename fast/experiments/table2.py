@@ -35,8 +35,8 @@ does not depend on them), batch 1, one thread, alone.
 Results go to figures/data/table2.json (written after each run; a run already
 there is skipped unless --force, so the script resumes). The seed-0 weights of
 every cell are kept (fp16, model only, about 0.5 MB each) in figures/data/models/
-as {modality}_{pattern}.pt: notebook 05 reads the image ones (Figure 2 for
-trained sparse models) and notebook 08 samples from them.
+as {modality}_{pattern}.pt: notebook 06 reads the image ones (Figure 2 for
+trained sparse models) and notebook 09 samples from them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What samples show, in numbers: image completions and text against baselines.
 
 Child et al., 2019, section 7 judges models by held-out bits and shows samples;
-a sample's look is easy to over-read. These functions turn what notebook 08 says
+a sample's look is easy to over-read. These functions turn what notebook 09 says
 about its samples into numbers that can be checked:
 
 * ``brightness_agreement``  does a completion keep the brightness of the image it
