@@ -72,13 +72,11 @@ def command(name: str, quick: bool, resume: bool) -> list[str] | None:
 
 def parser() -> cli.Parser:
     """The options of ``python -m fast figures`` (builds the parser, does no work)."""
-    one_step = cli.choice(STEPS)
     p = cli.Parser("python -m fast figures", description=__doc__.splitlines()[0])
     p.add_argument("--resume", action="store_true", help="keep cached results, do the rest")
     p.add_argument("--quick", action="store_true", help="tiny versions under runs/quick/")
-    p.add_argument("--only", default=[], metavar="STEP,STEP",
-                   type=lambda text: [one_step(s) for s in text.split(",") if s],
-                   help=f"comma list of {', '.join(STEPS)} (default: all, in that order)")
+    p.add_argument("--only", default=[], type=cli.names(STEPS),
+                   help="the steps to run (default: all, in the order listed)")
     return p
 
 

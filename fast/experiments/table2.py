@@ -237,13 +237,11 @@ def summarise(runs: dict) -> dict:
 def parser() -> cli.Parser:
     """The options of ``python -m fast table2`` (builds the parser, does no work)."""
     keys = cell_keys() + ["timing"]
-    one_key = cli.choice(keys)
     p = cli.Parser("python -m fast table2", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny runs, for development")
     p.add_argument("--force", action="store_true", help="redo runs whose results exist")
-    p.add_argument("--only", default=[], metavar="KEY,KEY",
-                   type=lambda text: [one_key(k) for k in text.split(",") if k],
-                   help=f"comma list of {', '.join(keys)}")
+    p.add_argument("--only", default=[], type=cli.names(keys),
+                   help="the cells (and the timing runs) to run (default: all)")
     p.add_argument("--seeds", type=cli.integer(1, 100), default=3,
                    help="seeds per cell (default 3)")
     p.add_argument("--jobs", type=cli.integer(1, 256), default=min(2, os.cpu_count() or 1),
