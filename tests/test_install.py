@@ -156,7 +156,10 @@ def test_the_install_stamp_follows_the_torch_build(tmp_path):
 @pytest.mark.skipif(MAKE is None or sys.platform == "win32", reason="needs make and sh")
 def test_make_lab_installs_jupyterlab_and_opens_the_notebooks(tmp_path):
     _fake_venv(tmp_path)
-    plan = subprocess.run([MAKE, "-n", "lab", "VENV=venv"], cwd=tmp_path, check=True,
+    # --no-print-directory: under `make test` this make is a sub-make and would add
+    # "Entering/Leaving directory" lines around the plan
+    plan = subprocess.run([MAKE, "--no-print-directory", "-n", "lab", "VENV=venv"],
+                          cwd=tmp_path, check=True,
                           capture_output=True, text=True).stdout.splitlines()
     assert 'venv/bin/python -m pip install --quiet -e ".[dev,lab]"' in plan
     assert plan[-1] == "venv/bin/jupyter lab notebooks"

@@ -207,8 +207,12 @@ def names(options):
 
     def parse(value: str) -> list[str]:
         given = [s.strip() for s in value.split(",") if s.strip()]
-        if not given or any(g not in options for g in given):
-            raise _bad(value, f"names from {', '.join(options)}, separated by commas")
+        unknown = [g for g in given if g not in options]
+        if not given or unknown:
+            said = f" (not one: {', '.join(map(repr, unknown))})" if unknown else ""
+            raise argparse.ArgumentTypeError(
+                f"got {value!r}{said}; allowed: names from {', '.join(options)}, "
+                f"separated by commas")
         return list(dict.fromkeys(given))
 
     parse.__name__, parse.options, parse.more = "names", options, "[,...]"
