@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
+from fast.transformer.config import preset
+
 settings.register_profile(
     "ci",
     deadline=None,
@@ -68,3 +70,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def tiny_digits(out_dir, **kw):
+    """A small digits model and its training config (CPU, fp32, no periodic evaluation):
+    the run the training tests share; keywords override any field."""
+    base = dict(d_model=32, n_heads=2, n_layers=2, batch_size=8, max_iters=6, warmup_iters=2,
+                eval_batches=1, eval_interval=0, precision="fp32", device="cpu",
+                out_dir=str(out_dir))
+    return preset("digits", **{**base, **kw})

@@ -14,6 +14,7 @@ import torch
 from triton_helpers import gpu
 
 from fast.experiments import gpu_iteration_time as it
+from tests.conftest import tiny_digits
 
 TINY = {"tiny": dict(n=48, d=32, heads=2, layers=2, stride=8, c=4, image=None)}
 
@@ -70,15 +71,13 @@ def test_training_loop_waits_for_the_device_at_most_once_per_step(tmp_path):
 
     from fast.data import load
     from fast.transformer import train as training
-    from fast.transformer.config import preset
 
     data = load("digits")
 
     def waits(steps: int) -> int:
-        m, t = preset("digits", d_model=64, n_heads=2, n_layers=2, batch_size=8,
-                      max_iters=steps, warmup_iters=1, eval_batches=1, eval_interval=0,
-                      log_interval=10_000, precision="fp16", device="cuda",
-                      save_checkpoint=False, out_dir=str(tmp_path / str(steps)))
+        m, t = tiny_digits(tmp_path / str(steps), d_model=64, max_iters=steps, warmup_iters=1,
+                           log_interval=10_000, precision="fp16", device="cuda",
+                           save_checkpoint=False)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")

@@ -33,19 +33,12 @@ from fast.transformer.devices import StepClock
 from fast.transformer.model import SparseTransformer
 from fast.transformer.optim import lr_factor
 from fast.transformer.sample import image_grid
+from tests.conftest import tiny_digits
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def tiny_digits(tmp_path, **kw):
-    base = dict(d_model=32, n_heads=2, n_layers=2, batch_size=8, max_iters=6, warmup_iters=2,
-                eval_batches=1, eval_interval=0, precision="fp32", device="cpu",
-                out_dir=str(tmp_path))
-    base.update(kw)
-    return preset("digits", **base)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from fast.transformer import cli
 from fast.transformer import train as training
 from fast.transformer.config import TrainConfig, preset
 from fast.transformer.optim import make_optimizer, make_scheduler
+from tests.conftest import tiny_digits
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -33,11 +34,9 @@ def digits():
 
 
 def tiny(out_dir, **kw):
-    base = dict(d_model=16, n_heads=2, n_layers=1, batch_size=8, max_iters=3, warmup_iters=1,
-                eval_batches=1, eval_interval=0, precision="fp32", device="cpu",
-                out_dir=str(out_dir))
-    base.update(kw)
-    return preset("digits", **base)
+    """The shared tiny digits run, smaller still: the checks come before any step."""
+    return tiny_digits(out_dir, **{**dict(d_model=16, n_layers=1, max_iters=3,
+                                          warmup_iters=1), **kw})
 
 
 @pytest.fixture

@@ -111,7 +111,8 @@ class StepClock:
     ``torch.cuda.synchronize`` per step, which timing by wall clock would need, is a
     wait the loss scaler's one per step does not make necessary). ``seconds()``
     waits for the last recorded event and returns every step's seconds, in order;
-    call it where the host waits anyway. A CUDA step's seconds are the GPU's time
+    ``collect()`` reads the events so far without returning them. Call both where the
+    host waits anyway. A CUDA step's seconds are the GPU's time
     from its start event to its stop event (host time between steps not included).
     """
 
@@ -137,9 +138,15 @@ class StepClock:
         else:
             self._done.append(time.perf_counter() - self._t0)
 
-    def seconds(self) -> list[float]:
+    def collect(self) -> None:
+        """Read the CUDA events recorded so far (waits for the last one) and let them go;
+        the training loop calls it at its logging steps, where ``loss.item()`` waits
+        anyway, so that a long run does not hold two events per step."""
         if self._pending:
             self._pending[-1][1].synchronize()
             self._done += [a.elapsed_time(b) / 1e3 for a, b in self._pending]
             self._pending = []
+
+    def seconds(self) -> list[float]:
+        self.collect()
         return list(self._done)

@@ -200,6 +200,7 @@ def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world) -> dict:
         logged = step % train_cfg.log_interval == 0 or step == train_cfg.max_iters
         if logged:
             value = loss.item()
+            clock.collect()                   # the host waited for this step already
             history["step"].append(step)
             history["loss"].append(value)
             history["bits"].append(value / LN2)
