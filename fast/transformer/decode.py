@@ -71,24 +71,29 @@ class Decoder:
         self.t = 0
         with torch.no_grad():
             self.positions = model.embed.positions(capacity)             # (capacity, d)
+            self.tokens = model.embed.tok.weight                         # (vocab, d)
             self.blocks = [self._weights(block, H, self.scale) for block in model.blocks]
-            self.head = (model.ln_f, model.head.bias, model.head.weight.t().contiguous())
+            self.head = (*_norm(model.ln_f), model.head.bias,
+                         model.head.weight.t().contiguous())
 
     @staticmethod
     def _weights(block, H: int, scale: float) -> tuple:
-        """One block's weights as a step uses them, transposed once here, not per step:
-        LayerNorm 1; the fused [scale W_q; W_k, W_v of head 0; ...; of head H-1]^T,
-        with the attention's 1/sqrt(d) in W_q and each head's key and value side by
-        side as the caches store them; W_p^T; LayerNorm 2; W_1^T and W_2^T with the
-        GeLU's 1.702 moved into them, f(x) = x sigmoid(1.702 x) = silu(1.702 x) / 1.702
-        (sec. 5.2). (Float32 rounding aside, the same products as the module's.)"""
+        """One block's weights as a step uses them, plain tensors read once here, not
+        per step (a step is ~15 small products per block: Python and module
+        attribute look-ups would cost as much as the arithmetic): LayerNorm 1's
+        (shape, weight, bias, eps); the fused [scale W_q; W_k, W_v of head 0; ...;
+        of head H-1]^T, with the attention's 1/sqrt(d) in W_q and each head's key
+        and value side by side as the caches store them; W_p^T; LayerNorm 2; W_1^T
+        and W_2^T with the GeLU's 1.702 moved into them, f(x) = x sigmoid(1.702 x)
+        = silu(1.702 x) / 1.702 (sec. 5.2). (Float32 rounding aside, the same
+        products as the module's.)"""
         a, ff = block.attn, block.ff
         w = [a.q.weight * scale] + [torch.cat(kv) for kv in zip(a.k.weight.chunk(H),
                                                                 a.v.weight.chunk(H))]
         b = [a.q.bias * scale] + [torch.cat(kv) for kv in zip(a.k.bias.chunk(H),
                                                               a.v.bias.chunk(H))]
-        return (block.ln1, torch.cat(b), torch.cat(w).t().contiguous(), a.proj.bias,
-                a.proj.weight.t().contiguous(), block.ln2, ff.fc1.bias * 1.702,
+        return (*_norm(block.ln1), torch.cat(b), torch.cat(w).t().contiguous(), a.proj.bias,
+                a.proj.weight.t().contiguous(), *_norm(block.ln2), ff.fc1.bias * 1.702,
                 (ff.fc1.weight * 1.702).t().contiguous(), ff.fc2.bias,
                 (ff.fc2.weight / 1.702).t().contiguous())
 
@@ -130,27 +135,31 @@ class Decoder:
                              f"not fit")
         if t == 0:
             raise ValueError("step continues a sequence: call prefill first")
-        cfg, model = self.cfg, self.model
-        B, H, d, dq = tokens.shape[0], cfg.n_heads, cfg.d_model, self.dq
-        h = model.embed.tok.weight[tokens] + self.positions[t]           # (B, d)
+        B, H, d, dq = tokens.shape[0], self.cfg.n_heads, self.cfg.d_model, self.dq
+        h = self.tokens[tokens] + self.positions[t]                      # (B, d)
         autocast_on = _autocast_on(h.device)
-        masks: dict = {}                                                 # row masks of step t
-        for (ln1, b_qkv, w_qkv, b_p, w_p, ln2, b_1, w_1, b_2, w_2), cache in zip(self.blocks,
-                                                                               self.caches):
-            x = torch.layer_norm(h, ln1.normalized_shape, ln1.weight, ln1.bias, ln1.eps)
+        reads: dict = {}                    # what step t reads, shared by the blocks' caches
+        for (s1, w1, b1, e1, b_qkv, w_qkv, b_p, w_p, s2, w2, b2, e2, b_1, w_1, b_2, w_2), \
+                cache in zip(self.blocks, self.caches):
+            x = torch.layer_norm(h, s1, w1, b1, e1)
             qkv = torch.addmm(b_qkv, x, w_qkv)                           # (B, 2 dq + d)
-            cache.append(t, qkv.narrow(1, dq, qkv.shape[1] - dq).view(B, H, 1, -1))
-            q = qkv.narrow(1, 0, dq).view(B, H, 1, -1)                   # (B, H, 1, dqk), scaled
+            cache.append(t, qkv[:, dq:].view(B, H, 1, -1))               # (B, H, 1, dk + dv)
+            q = qkv[:, :dq].view(B, H, 1, -1)                            # (B, H, 1, dk), scaled
             if autocast_on:                                  # q.k, softmax, sum in float32
                 with torch.autocast(h.device.type, enabled=False):
-                    o = cache.attend(q, t, 1.0, masks)                   # (B, H, 1, dh)
+                    o = cache.attend(q, t, 1.0, reads)                   # (B, H, 1, dv)
             else:
-                o = cache.attend(q, t, 1.0, masks)
-            o = o if o.dtype == x.dtype else o.to(x.dtype)
-            ha = h + torch.addmm(b_p, o.view(B, d), w_p)                 # (B, d)
-            y = torch.layer_norm(ha, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps)
-            h = ha + torch.addmm(b_2, F.silu(torch.addmm(b_1, y, w_1)), w_2)
+                o = cache.attend(q, t, 1.0, reads)
+            o = o.view(B, d) if o.dtype == x.dtype else o.view(B, d).to(x.dtype)
+            h = h + torch.addmm(b_p, o, w_p)                             # (B, d)
+            y = torch.layer_norm(h, s2, w2, b2, e2)
+            h = h + torch.addmm(b_2, F.silu(torch.addmm(b_1, y, w_1)), w_2)
         self.t = t + 1
-        ln_f, b_out, w_out = self.head
-        h = torch.layer_norm(h, ln_f.normalized_shape, ln_f.weight, ln_f.bias, ln_f.eps)
+        s_f, w_f, b_f, e_f, b_out, w_out = self.head
+        h = torch.layer_norm(h, s_f, w_f, b_f, e_f)
         return torch.addmm(b_out, h, w_out).float()                      # (B, vocab)
+
+
+def _norm(ln: torch.nn.LayerNorm) -> tuple:
+    """A LayerNorm as torch.layer_norm's (normalized_shape, weight, bias, eps)."""
+    return ln.normalized_shape, ln.weight, ln.bias, ln.eps

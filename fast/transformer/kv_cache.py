@@ -90,6 +90,10 @@ class LayerCache:
         w = torch.softmax(scores, dim=-1)
         if empty_rows:                                                   # rows that read nothing
             w = w.masked_fill(torch.isneginf(scores.amax(-1, keepdim=True)), 0.0)
+        if len(pieces) == 1:                                             # the common case
+            v = pieces[0][1]
+            out = torch.bmm(w, v if v.dtype == dtype else v.to(dtype))   # (B Hg, 1, dv)
+            return out.view(B, Hg, 1, -1)
         out, start = None, 0
         for kt, v, _ in pieces:
             m = kt.shape[2]
@@ -151,6 +155,8 @@ class SparseCache(LayerCache):
         self.drops = [{} for _ in self.groups]                # residue -> ~summary_mask
         self.views: dict = {}                                 # group -> (flat, K^T, V) views
         self.kinds = [g.store() for g in self.groups]         # each group's store
+        # only a head that reads the fixed summaries alone has rows that read nothing
+        self.empty = [g.parts == ("summary",) for g in self.groups]
         self.device = "cpu"                                   # the stores' (set on allocation)
 
     def _summary_writes(self, group) -> list:
@@ -193,16 +199,18 @@ class SparseCache(LayerCache):
         for g, group in enumerate(self.groups):
             kvg, buf, store = (kv if self.whole else kv[:, group.heads]), self.stores[g], \
                 self.kinds[g]
+            if store == "all":
+                buf.select(2, t).copy_(kvg.select(2, 0))
+                continue
             if store != "summary":
-                buf.narrow(2, t if store == "all" else t % self.l, 1).copy_(kvg)
-            if store in ("summary", "joint"):
-                where = self._summary_row(g, t)
-                if where is not None:
-                    idx, row = where
-                    if idx is None:
-                        buf[:, :, row].copy_(kvg[:, :, 0])
-                    else:
-                        buf[:, :, row].index_copy_(1, idx.to(buf.device), kvg[:, idx, 0])
+                buf.select(2, t % self.l).copy_(kvg.select(2, 0))
+            where = self._summary_row(g, t) if store in ("summary", "joint") else None
+            if where is not None:
+                idx, row = where
+                if idx is None:
+                    buf.select(2, row).copy_(kvg.select(2, 0))
+                else:
+                    buf[:, :, row].index_copy_(1, idx.to(buf.device), kvg[:, idx, 0])
 
     def extend(self, kv: torch.Tensor) -> None:
         """Store positions 0..p-1 at once (the prompt): kv (B, H, p, dk + dv)."""
@@ -226,23 +234,37 @@ class SparseCache(LayerCache):
                     rows = offset + (pos // l) * self.c + pos % l - lo
                     buf[:, heads, rows[None, :]] = kvg[:, heads, pos[None, :]]
 
-    def pieces(self, t: int, masks: dict | None = None) -> list[tuple[slice, list]]:
-        """[(heads, [(K^T, V, drop)])] per group: the keys row t reads (``step_pieces``);
-        K^T (B Hg, dk, m), V (B Hg, m, dv), drop as ``LayerCache._attend`` takes it."""
-        out = []
-        for g, group in enumerate(self.groups):
-            flat, kt, v = self.views[g]
-            pieces = []
+    def _reads(self, g: int, t: int, shared: dict) -> list[tuple]:
+        """Group g's ``step_pieces`` at step t, a summary drop as its (Hg, 1, c) mask on
+        the stores' device. Blocks whose groups read alike share one list through
+        ``shared`` (the step's dict), so a step works out its reads once, not per block."""
+        group = self.groups[g]
+        key = ("reads", group.parts, group.summaries, self.l, self.c, t)
+        if key not in shared:
+            reads = []
             for rows, drop in step_pieces(group, t, self.l, self.c, self.device):
                 if isinstance(drop, tuple):                      # (Hg, 1, c), per residue
                     if drop[1] not in self.drops[g]:
                         self.drops[g][drop[1]] = ~summary_mask(group, self.l, self.c,
-                                                               drop[1]).to(flat.device)
+                                                               drop[1]).to(self.device)
                     drop = self.drops[g][drop[1]]
+                reads.append((rows, drop))
+            shared[key] = reads
+        return shared[key]
+
+    def pieces(self, t: int, masks: dict | None = None) -> list[tuple[slice, list]]:
+        """[(heads, [(K^T, V, drop)])] per group: the keys row t reads (``step_pieces``);
+        K^T (B Hg, dk, m), V (B Hg, m, dv), drop as ``LayerCache._attend`` takes it.
+        ``masks`` shares the step's reads between the blocks of one step."""
+        masks = {} if masks is None else masks
+        out = []
+        for g, group in enumerate(self.groups):
+            flat, kt, v = self.views[g]
+            pieces = []
+            for rows, drop in self._reads(g, t, masks):
                 if isinstance(rows, torch.Tensor):               # gathered into one piece
                     kv = flat.index_select(1, rows)                  # (B Hg, m, dk + dv)
-                    pieces.append((kv.narrow(2, 0, self.dk).transpose(1, 2),
-                                   kv.narrow(2, self.dk, kv.shape[2] - self.dk), drop))
+                    pieces.append((kv[..., :self.dk].transpose(1, 2), kv[..., self.dk:], drop))
                 else:
                     pieces.append((kt[..., rows], v[:, rows], drop))
             out.append((group.heads, pieces))
@@ -250,18 +272,17 @@ class SparseCache(LayerCache):
 
     def attend(self, q: torch.Tensor, t: int, scale: float,
                masks: dict | None = None) -> torch.Tensor:
-        """Row t of attention: q (B, H, 1, dk) -> (B, H, 1, dv)."""
-        groups = self.pieces(t)
-        # only a head that reads the fixed summaries alone has rows that read nothing
-        empty = [group.parts == ("summary",) for group in self.groups]
+        """Row t of attention: q (B, H, 1, dk) -> (B, H, 1, dv). ``masks`` shares
+        the reads of step t between the blocks of one step."""
+        groups = self.pieces(t, masks)
         if self.whole:
-            out = self._attend(q, scale, groups[0][1], empty[0])
+            out = self._attend(q, scale, groups[0][1], self.empty[0])
             if out is not None:
                 return out
         B, H = q.shape[:2]
         dv = self.stores[0].shape[-1] - self.dk
         out = q.new_zeros(B, H, 1, dv, dtype=acc_dtype(q.dtype))
-        for (heads, pieces), empty_rows in zip(groups, empty):
+        for (heads, pieces), empty_rows in zip(groups, self.empty):
             part = self._attend(q[:, heads], scale, pieces, empty_rows)
             if part is not None:
                 out[:, heads] = part
