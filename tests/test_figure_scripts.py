@@ -3,6 +3,7 @@ summaries, the Figure 2 summaries, make_figures' command lines, and that every
 plot draws from plain data into a file."""
 
 import dataclasses
+import json
 import sys
 
 import numpy as np
@@ -135,7 +136,9 @@ def test_make_figures_commands():
     assert command("experiments", quick=False, resume=False)[3] == "table2"
     assert command("learned_attention", quick=False, resume=False)[3] == "fig2"
     assert command("bench", quick=False, resume=False) == [sys.executable, "-m", "fast", "bench"]
-    assert all(fast_command in COMMANDS for fast_command, _, _, _ in STEPS.values())
+    assert all(fast_command.split()[0] in COMMANDS for fast_command, _, _, _ in STEPS.values())
+    # the long Fig. 2 run is redrawn from its kept weights: make figures never retrains it
+    assert command("learned_attention_long", quick=False, resume=False)[3:] == ["fig2", "--long"]
     assert "--force" not in command("experiments", quick=False, resume=True)
     assert "--quick" in command("learned_attention", quick=True, resume=False)
     assert command("bench", quick=True, resume=False) is None
@@ -213,3 +216,24 @@ def test_table2_figures_draw_from_plain_data(tmp_path):
     paths = plot_table2.make_all(data, tmp_path)
     assert [p.name for p in paths] == ["table2_bits.png", "table2_curves.png", "table2_timing.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_fig2_long_run_is_kept_and_redrawn_from_its_weights(tmp_path, monkeypatch, capsys):
+    """``fig2 --long`` keeps its weights in models/, records the machine, draws only the
+    dense model's figures with a _long suffix, and a second call redraws from the kept
+    weights instead of training again (what ``make figures`` does)."""
+    monkeypatch.setattr(LA, "QUICK", tmp_path)
+    weights, summary, models, figdir = LA.paths(quick=True, long=True)
+    assert weights == tmp_path / "models" / "fig2_dense_long.pt"
+    assert LA.paths(quick=False, long=True)[0].name == "fig2_dense_long.pt"
+    assert LA.main(["--long", "--quick", "--threads", "1"]) == 0
+    record = json.loads(summary.read_text())
+    assert weights.exists() and record["train"]["threads"] == 1
+    assert record["train"]["machine"]["cpu_count"] >= 1
+    assert set(record["models"]) == {"full"}                 # the sparse models are not redrawn
+    assert sorted(p.name for p in figdir.iterdir()) == [
+        "attention_mass_long.png", "fig2_layers_long.png", "fig2_learned_attention_long.png"]
+    capsys.readouterr()
+    stamp = weights.stat().st_mtime_ns
+    assert LA.main(["--long", "--quick"]) == 0
+    assert "using cached" in capsys.readouterr().out and weights.stat().st_mtime_ns == stamp

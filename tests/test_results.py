@@ -49,3 +49,13 @@ def test_table2_section_states_spread_ordering_and_paper(tmp_path, capsys):
     assert "fixed below strided by 0.017 on average, in 2 of 3 seeds" in out
     assert "(the paper's order)" not in out.split("Ordering on images")[0]
     assert "0.50 s (0.25x)" in out and "0.35 s (0.27x)" in out                 # ours and paper's
+
+
+def test_drift_section_sets_the_move_beside_the_seed_spread():
+    """``table2 --drift``: how far the bits moved when only the thread count changed, beside
+    the spread over seeds (the yardstick), and nothing is claimed when it was not measured."""
+    runs = {"image/full": {"0": {"test_bits": 6.50}, "1": {"test_bits": 6.30},
+                           "2": {"test_bits": 6.40}}}
+    assert not any("summation order" in line for line in results.drift_section({"runs": runs}))
+    lines = results.drift_section({"runs": runs, "drift": {"image/full": {"test_bits": 6.52}}})
+    assert "image/full 0.02, seed std 0.1 (bits)" in lines[-1]

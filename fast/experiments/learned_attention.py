@@ -22,9 +22,17 @@ Here, on the 16x16 greyscale photo crops ("grey16", n = 256):
   (l = 16, c = 4) patterns; for a sparse model, the mass on each of its two parts.
 
     python -m fast fig2 [--quick] [--force] [--iters N] [--layers L] [--threads T]
+    python -m fast fig2 --long [--force]
 
 writes figures/data/learned_attention.json and the figures (fast.plots.attention).
 The dense model is trained only when its cached weights are missing (or --force).
+
+``--long`` is the heavier run behind a flag: the same dense model trained for
+``LONG_ITERS`` steps on one thread (about an hour of a 2-core CPU, too long for
+``make figures``' budget). Its weights are kept in figures/data/models/ and its
+numbers, with the machine that trained it, in figures/data/learned_attention_long.json;
+``make figures`` redraws its figures (fig2_*_long.png) from the kept weights and
+retrains it only when they are missing.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from fast.core.files import write_json
 from fast.data import load
 from fast.experiments.paths import DATA, FIGURES, QUICK, ROOT
 from fast.measure import attention_stats as stats
+from fast.measure.bench import machine_info
 from fast.plots import attention as plot_attention
 from fast.transformer import checkpoint
 from fast.transformer.checkpoint import as_dict, save_weights
@@ -59,6 +68,7 @@ THREADS = 2                      # intra-op threads of the dense run: fixed, so 
                                  # not depend on the machine's core count (on a busy machine,
                                  # --threads 1 is faster; the weights then differ in the last bits)
 ITERS = 600                      # training steps of the dense run: about 6 minutes of 2 cores
+LONG_ITERS, LONG_THREADS = 3000, 1   # --long: five times the steps, one thread (about an hour)
 SPARSE = ("strided", "fixed")    # the trained sparse models drawn beside the dense one
 PARTS = {"strided": ("band (last l positions)", "column (every l-th)"),
          "fixed": ("own block", "summaries (last c of each block)")}
@@ -80,12 +90,13 @@ def configs(quick: bool = False, iters: int | None = None, layers: int | None = 
     return model_cfg, train_cfg
 
 
-def paths(quick: bool) -> tuple[Path, Path, Path, Path]:
+def paths(quick: bool, long: bool = False) -> tuple[Path, Path, Path, Path]:
     """(dense weights, summary JSON, kept sparse models folder, figures folder)."""
-    if quick:
-        return (QUICK / "learned_attention.pt", QUICK / "learned_attention.json",
-                QUICK / "models", QUICK / "figures")
-    return DATA / "learned_attention.pt", DATA / "learned_attention.json", DATA / "models", FIGURES
+    root, figures = (QUICK, QUICK / "figures") if quick else (DATA, FIGURES)
+    if long:
+        return (root / "models" / "fig2_dense_long.pt", root / "learned_attention_long.json",
+                root / "models", figures)
+    return root / "learned_attention.pt", root / "learned_attention.json", root / "models", figures
 
 
 def train_model(quick: bool = False, iters: int | None = None, layers: int | None = None,
@@ -101,7 +112,8 @@ def train_model(quick: bool = False, iters: int | None = None, layers: int | Non
                    "test_bits": evaluate(model, dataset, "test", max_batches=None),
                    "time_per_iter": rec["time_per_iter"], "steps": rec["step"],
                    "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-                   "threads": threads, "n_params": rec["n_params"],
+                   "threads": threads, "machine": machine_info("cpu"),
+                   "n_params": rec["n_params"],
                    "model_cfg": as_dict(model_cfg), "train_cfg": as_dict(train_cfg),
                    "data": dataset.fingerprint()}
 
@@ -247,30 +259,37 @@ def parser() -> cli.Parser:
     p.add_argument("--force", action="store_true", help="retrain even if cached")
     p.add_argument("--iters", type=cli.integer(1), default=None,
                    help=f"training steps (default {ITERS}; retrains over the cache)")
-    p.add_argument("--threads", type=cli.integer(1, 256), default=THREADS,
-                   help=f"intra-op threads of the training (default {THREADS}; the weights "
-                        f"depend on it in the last bits)")
+    p.add_argument("--threads", type=cli.integer(1, 256), default=None,
+                   help=f"intra-op threads of the training (default {THREADS}, --long "
+                        f"{LONG_THREADS}; the weights depend on it in the last bits)")
     p.add_argument("--layers", type=cli.integer(1, 64), default=None,
                    help="layers of the dense model (default 6; retrains over the cache)")
+    p.add_argument("--long", action="store_true",
+                   help=f"the heavier run: {LONG_ITERS} steps on {LONG_THREADS} thread, kept in "
+                        f"figures/data/models/ (trained only when missing or with --force); "
+                        f"draws the dense model's figures as fig2_*_long.png")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_or_exit(argv)
-    weights, summary_path, models, figdir = paths(args.quick)
+    weights, summary_path, models, figdir = paths(args.quick, args.long)
     weights.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     if weights.exists() and "train" in old and not (args.force or args.iters or args.layers):
         print(f"learned_attention: using cached {weights}", flush=True)
         record = old["train"]
     else:
-        model, record = train_model(args.quick, args.iters, args.layers, args.threads)
+        iters = args.iters or (LONG_ITERS if args.long and not args.quick else None)
+        threads = args.threads or (LONG_THREADS if args.long else THREADS)
+        model, record = train_model(args.quick, iters, args.layers, threads)
         save_weights(weights, model)
     images = test_images()
     result = {"train": record, "query_pixels": [list(p) for p in QUERY_PIXELS],
               "images": f"{len(images)} test images of grey16, evenly spread", "models": {}}
     drawn, readable = {}, {}
-    for name, path in [("full", weights)] + [(p, models / f"image_{p}.pt") for p in SPARSE]:
+    sparse = [] if args.long else [(p, models / f"image_{p}.pt") for p in SPARSE]
+    for name, path in [("full", weights)] + sparse:
         if not path.exists():
             print(f"learned_attention: {path} missing (run python -m fast table2); "
                   f"{name} skipped", flush=True)
@@ -279,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         maps = attention_maps(model, images)
         summary = summarise(maps, model.cfg.pattern)
         summary["layers"] = beats_uniform(summary)
-        summary["weights"] = path.resolve().relative_to(ROOT).as_posix()
+        path = path.resolve()                   # named from the repository root when inside it
+        summary["weights"] = (path.relative_to(ROOT) if path.is_relative_to(ROOT)
+                              else path).as_posix()
         result["models"][name] = summary
         drawn[name] = maps
         if name != "full":
@@ -291,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     result["shown_image"] = shown
     write_json(summary_path, result)
     drawn = {name: maps[:, shown] for name, maps in drawn.items()}
-    for path in plot_attention.make_all(drawn, images[shown], result, SHAPE, figdir, readable):
+    for path in plot_attention.make_all(drawn, images[shown], result, SHAPE, figdir, readable,
+                                        suffix="_long" if args.long else ""):
         print(f"learned_attention: wrote {path}", flush=True)
     return 0
 

@@ -4,7 +4,8 @@ Child et al., 2019 -- the commands below run in this order (``STEPS``), each in 
 own process with its own progress bar: the CPU attention benchmark (``python -m fast
 bench``), Figure 4 and the blog's memory table (recomputation, ``python -m fast
 memory``), Table 2 (dense / fixed / strided, ``python -m fast table2``), Figure 2
-(learned attention, ``python -m fast fig2``), the samples of Table 2's kept models
+(learned attention, ``python -m fast fig2``; the heavier ``--long`` run redrawn from
+its kept weights), the samples of Table 2's kept models
 (``python -m fast samples``) and the decoding speed (``python -m fast generate``);
 ``make figures`` then re-executes the notebooks (``python -m fast notebooks
 notebooks/*.ipynb``), which read the caches these commands write under figures/data/.
@@ -30,7 +31,7 @@ from tqdm import tqdm
 
 from fast.core import cli
 from fast.core.files import write_json
-from fast.experiments.paths import DATA
+from fast.experiments.paths import DATA, FIGURES
 
 # step -> (command of python -m fast, the flags it takes of --quick/--force, rough minutes on
 # an idle 2-core CPU, the output whose presence skips it under --resume when it takes no
@@ -48,6 +49,9 @@ STEPS = {
     "memory": ("memory", ("--quick", "--force"), 9, None),
     "experiments": ("table2", ("--quick", "--force"), 13, None),
     "learned_attention": ("fig2", ("--quick", "--force"), 6, None),
+    # the heavier Fig. 2 run (python -m fast fig2 --long, about an hour): redrawn from its
+    # kept weights, never retrained here (no --force), trained only if they are missing
+    "learned_attention_long": ("fig2 --long", ("--quick",), 0.5, FIGURES / "fig2_layers_long.png"),
     "samples": ("samples", (), 1, None),
     "generate": ("generate", ("--quick",), 4, DATA / "generation.json"),
 }
@@ -62,7 +66,7 @@ def command(name: str, quick: bool, resume: bool) -> list[str] | None:
     if (quick and "--quick" not in flags) or (resume and "--force" not in flags
                                               and output is not None and output.exists()):
         return None
-    cmd = [sys.executable, "-m", "fast", fast_command]
+    cmd = [sys.executable, "-m", "fast", *fast_command.split()]
     if quick:
         cmd.append("--quick")
     if not resume and "--force" in flags:

@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from fast.core import cli
 from fast.experiments.paths import DATA
 from fast.plots.style import PATTERN_ORDER, display_name
@@ -193,10 +195,12 @@ def drift_section(t2: dict) -> list[str]:
     if drift:
         moves = []
         for key, d in sorted(drift.items()):
-            one = t2["runs"][key]["0"]
-            moves.append(f"{key} {abs(d['test_bits'] - one['test_bits']):.4f}")
+            seeds = [r["test_bits"] for r in t2["runs"][key].values()]
+            move = abs(d["test_bits"] - t2["runs"][key]["0"]["test_bits"])
+            spread = f", seed std {np.std(seeds, ddof=1):.2g}" if len(seeds) > 1 else ""
+            moves.append(f"{key} {move:.2g}{spread}")
         out.append(f"Changing only the summation order (seed 0 retrained with 2 threads instead of "
-                   f"1, `--drift`) moved the test bits by: {', '.join(moves)} (bits); a different "
+                   f"1, `--drift`) moved the test bits by: {'; '.join(moves)} (bits). A different "
                    f"CPU or library version changes the order the same way, so read differences "
                    f"between patterns against this and against the spread over seeds.")
     return out

@@ -269,10 +269,11 @@ def _majority(labels) -> str:
 
 
 def make_all(maps: dict, image: np.ndarray, result: dict, image_shape, figdir,
-             readable: dict | None = None) -> list[Path]:
+             readable: dict | None = None, suffix: str = "") -> list[Path]:
     """maps: {pattern: (L, H, n, n) of ``image``}; result: the learned_attention JSON;
     readable: {pattern: bool (n, n)} positions each sparse model may read. Writes the
-    figures the data allow into ``figdir``; returns their paths."""
+    figures the data allow into ``figdir``, ``suffix`` before each file's extension
+    (``python -m fast fig2 --long``: "_long"); returns their paths."""
     figdir = Path(figdir)
     readable = readable or {}
     queries = [pixel_position(r, c, image_shape) for r, c in result["query_pixels"]]
@@ -281,16 +282,17 @@ def make_all(maps: dict, image: np.ndarray, result: dict, image_shape, figdir,
     if "full" in maps:
         s = models["full"]
         paths += [draw_heads(maps["full"], image, queries[0], image_shape, s["labels"],
-                             figdir / "fig2_learned_attention.png"),
+                             figdir / f"fig2_learned_attention{suffix}.png"),
                   draw_layers(maps["full"], image, queries, image_shape, s["labels"],
-                              figdir / "fig2_layers.png"),
-                  draw_mass(s, figdir / "attention_mass.png")]
+                              figdir / f"fig2_layers{suffix}.png"),
+                  draw_mass(s, figdir / f"attention_mass{suffix}.png")]
     for pattern in ("strided", "fixed"):
         if pattern in maps:
             paths.append(draw_heads(maps[pattern], image, queries[0], image_shape,
-                                    models[pattern]["labels"], figdir / f"fig2_{pattern}.png",
+                                    models[pattern]["labels"],
+                                    figdir / f"fig2_{pattern}{suffix}.png",
                                     pattern=pattern, readable=readable.get(pattern)))
     sparse = {p: models[p] for p in ("strided", "fixed") if p in models}
     if sparse:
-        paths.append(draw_parts(sparse, figdir / "attention_parts.png"))
+        paths.append(draw_parts(sparse, figdir / f"attention_parts{suffix}.png"))
     return paths
