@@ -206,15 +206,22 @@ def drift_section(t2: dict) -> list[str]:
     return out
 
 
-def fig2_section(la: dict) -> list[str]:
+def fig2_section(la: dict, long: bool = False) -> list[str]:
     dense = la["models"]["full"]
     train = la["train"]
     cfg = train["model_cfg"]
-    out = [f"Figure 2, `python -m fast fig2`: a dense model ({cfg['n_layers']} layers, "
+    where = ""
+    if "machine" in train:                 # a run behind a flag says where and how long it ran
+        m = train["machine"]
+        where = (f"; trained on {m['cpu']} ({m['cpu_count']} cores, {train['threads']} "
+                 f"thread{'s' if train['threads'] > 1 else ''}, torch {m['torch']}) in "
+                 f"{train['wall_s'] / 60:.0f} min wall, {train['cpu_s'] / 60:.0f} CPU min")
+    command = "python -m fast fig2 --long" if long else "python -m fast fig2"
+    out = [f"Figure 2, `{command}`: a dense model ({cfg['n_layers']} layers, "
            f"d={cfg['d_model']}, {cfg['n_heads']} heads, {train['steps']} steps, "
-           f"{train['test_bits']:.3f} test bits/dim) on {la['images']}; per layer, the head that "
-           f"departs most from uniform attention (local within {dense['window']} px and "
-           f"row+column: share of the pixel mass as a multiple of uniform's; image entropy: "
+           f"{train['test_bits']:.3f} test bits/dim{where}) on {la['images']}; per layer, "
+           f"the head that departs most from uniform attention (local within {dense['window']} px "
+           f"and row+column: share of the pixel mass as a multiple of uniform's; image entropy: "
            f"1 = uniform; data dependence: 0 = the same weights for every image):", "",
            "| layer | head labels | local | row+column | lowest entropy | start token, max "
            "| data dependence, max |", "|---|---|---|---|---|---|---|"]
@@ -251,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_or_exit(argv)
     sections = [("bench_cpu.json", bench_section), ("memory.json", memory_section),
                 ("table2.json", table2_section), ("learned_attention.json", fig2_section),
+                ("learned_attention_long.json", lambda la: fig2_section(la, long=True)),
                 ("make_figures.json", figures_section)]
     missing = []
     for name, section in sections:
