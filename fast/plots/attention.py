@@ -136,8 +136,8 @@ def draw_layers(maps: np.ndarray, image: np.ndarray, queries, image_shape, label
         _show_image(axes[row, 0], image, q, image_shape, "image so far")
         for layer in range(L):
             counts = {lab: labels[layer].count(lab) for lab in dict.fromkeys(labels[layer])}
-            text = ", ".join(f"{k} x{v}" if v > 1 else k for k, v in counts.items())
-            _panel(axes[row, layer + 1], avg[layer, q], q, image_shape, None,
+            text = "\n".join(f"{k} x{v}" if v > 1 else k for k, v in counts.items())
+            _panel(axes[row, layer + 1], avg[layer, q], q, image_shape, None,   # a label a line
                    f"layer {layer}" + (f"\n{text}" if row == 0 else ""))
     fig.suptitle("dense model, head-averaged attention of every layer for three query pixels "
                  "(one shared log scale; square = start token)", fontsize=8.5)
