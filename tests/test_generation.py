@@ -42,6 +42,16 @@ def test_window_rate_takes_the_median_step():
     assert ends == [3, 6] and rates == pytest.approx([10.0, 5.0])
 
 
+def test_decode_timeline_keeps_the_fastest_repetition(monkeypatch):
+    """Whole samples are repeated like the re-run steps, and the fastest one counts."""
+    totals = iter([3.0, 2.0, 4.0])
+    monkeypatch.setattr(gen, "_timeline", lambda *a: {"total_s": next(totals), "seconds": []})
+    out = gen.decode_timeline(None, "sparse", repeats=3)
+    assert out["total_s"] == 2.0 and out["totals_s"] == [3.0, 2.0, 4.0]
+    plans = [plan for _, plan in experiment.model_configs(quick=False).values()]
+    assert [plan["repeats"] for plan in plans] == [3, 1]       # photos32, enwik8
+
+
 def test_pattern_costs_of_a_fixed_model():
     cfg = ModelConfig(vocab_size=16, n_ctx=100, d_model=16, n_heads=2, n_layers=2,
                       pattern="fixed", stride=10, c=5)
@@ -65,6 +75,7 @@ def test_quick_benchmark_writes_json_and_figure(tmp_path, monkeypatch):
             assert len(m[kind]["t"]) == len(m[kind]["tokens_per_s"]) > 0
             assert all(r > 0 and math.isfinite(r) for r in m[kind]["tokens_per_s"])
         assert m["rerun"]["total_s_estimated"] > 0 and m["sparse"]["total_s"] > 0
+        assert m["sparse"]["total_s"] == min(m["sparse"]["totals_s"])
         assert m["cache_bytes"]["sparse"][-1] <= m["cache_bytes"]["dense"][-1]
     enwik = data["models"]["enwik8"]                        # fixed: the sparse cache is smaller
     assert enwik["cache_bytes"]["sparse"][-1] < enwik["cache_bytes"]["dense"][-1] / 2

@@ -9,8 +9,9 @@ models, random weights (speed does not depend on them), batch 1, float32:
 * enwik8   -- Enwik8-shaped: n = 12,288 bytes, fixed l = 128, c = 32, 8 heads
   merged as the paper's Enwik8 model; d = 128 and 4 layers (the paper: 512, 30).
 
-For each: every step of a whole sample with the sparse cache; the dense cache
-the same way (photos32) or in windows of steps at a few positions (enwik8, where
+For each: every step of a whole sample with the sparse cache (photos32: the
+fastest of three samples, as each re-run step is the fastest of its repetitions);
+the dense cache the same way (photos32) or in windows of steps at a few positions (enwik8, where
 a whole dense sample is slow); the re-run sampler's step -- a forward pass over
 the prefix -- at a few prefix lengths, summed over t = 1..n by linear
 interpolation (a whole re-run sample would take many minutes), and checked
@@ -52,7 +53,9 @@ COMMAND = "python -m fast generate"
 
 def model_configs(quick: bool) -> dict:
     """name -> (ModelConfig, {"dense_full": whole dense sample?, "window": steps
-    per measured window, "rerun_ts": prefix lengths of the re-run steps})."""
+    per measured window, "rerun_ts": prefix lengths of the re-run steps, "repeats":
+    whole samples per cache, the fastest counting -- three for photos32, like the
+    re-run steps' two or three repetitions; one for enwik8, whose goal is minutes})."""
     photos = preset("photos32")[0]
     text = ModelConfig(vocab_size=256, n_ctx=12288, d_model=128, n_heads=8, n_layers=4,
                        pattern="fixed", combine="merged", stride=128, c=32, embedding="text")
@@ -64,9 +67,11 @@ def model_configs(quick: bool) -> dict:
     return {
         "photos32": (photos, {"dense_full": True, "window": 16 if quick else 64,
                               "rerun_ts": sorted({1, *range(0, photos.n_ctx + 1,
-                                                            photos.n_ctx // 6)} - {0})}),
+                                                            photos.n_ctx // 6)} - {0}),
+                              "repeats": 3}),
         "enwik8": (text, {"dense_full": False, "window": 16 if quick else 128,
-                          "rerun_ts": [1, *(text.n_ctx * k // 12 for k in (1, 4, 8, 12))]}),
+                          "rerun_ts": [1, *(text.n_ctx * k // 12 for k in (1, 4, 8, 12))],
+                          "repeats": 1}),
     }
 
 
@@ -81,13 +86,14 @@ def measure_model(name: str, cfg: ModelConfig, plan: dict, prefix: int) -> dict:
                                                   for m in lengths] for kind in ("dense",
                                                                                  "sparse")}}
     print(f"{name}: sparse cache, a whole sample of {n} tokens ...", flush=True)
-    sparse = gen.decode_timeline(model, "sparse")
-    out["sparse"] = {k: sparse[k] for k in ("total_s", "total_cpu_s", "cache_bytes")}
+    sparse = gen.decode_timeline(model, "sparse", repeats=plan["repeats"])
+    out["sparse"] = {k: sparse[k] for k in ("total_s", "total_cpu_s", "cache_bytes", "totals_s")}
     out["sparse"].update(zip(("t", "tokens_per_s"), gen.window_rate(sparse["seconds"], w)))
     if plan["dense_full"]:
         print(f"{name}: dense cache, a whole sample ...", flush=True)
-        dense = gen.decode_timeline(model, "dense")
-        out["dense"] = {k: dense[k] for k in ("total_s", "total_cpu_s", "cache_bytes")}
+        dense = gen.decode_timeline(model, "dense", repeats=plan["repeats"])
+        out["dense"] = {k: dense[k] for k in ("total_s", "total_cpu_s", "cache_bytes",
+                                              "totals_s")}
         out["dense"].update(zip(("t", "tokens_per_s"), gen.window_rate(dense["seconds"], w)))
     else:
         points = [n * k // 8 - w for k in (1, 2, 4, 6, 8)]
