@@ -52,6 +52,17 @@ def test_decode_timeline_keeps_the_fastest_repetition(monkeypatch):
     assert [plan["repeats"] for plan in plans] == [3, 1]       # photos32, enwik8
 
 
+def test_median_run_keeps_the_middle_speedup_and_lists_every_run():
+    def record(sparse, rerun):
+        return {"sparse": {"total_s": sparse, "total_cpu_s": sparse},
+                "rerun": {"total_s_estimated": rerun, "total_cpu_s_estimated": 2 * rerun}}
+    runs = [record(2.0, 140.0), record(3.0, 120.0), record(2.5, 150.0)]   # 70x, 40x, 60x
+    middle = experiment.median_run(runs)
+    assert experiment.speedup(middle) == (60.0, 120.0)
+    assert [r["speedup"] for r in middle["runs"]] == [70.0, 40.0, 60.0]   # in run order
+    assert experiment.median_run(runs[:2])["sparse"]["total_s"] == 3.0  # the lower middle
+
+
 def test_pattern_costs_of_a_fixed_model():
     cfg = ModelConfig(vocab_size=16, n_ctx=100, d_model=16, n_heads=2, n_layers=2,
                       pattern="fixed", stride=10, c=5)
@@ -80,6 +91,7 @@ def test_quick_benchmark_writes_json_and_figure(tmp_path, monkeypatch):
     enwik = data["models"]["enwik8"]                        # fixed: the sparse cache is smaller
     assert enwik["cache_bytes"]["sparse"][-1] < enwik["cache_bytes"]["dense"][-1] / 2
     assert [t["goal"] for t in data["targets"]] == [">= 50x", "minutes", ">= 2x"]
+    assert len(data["targets"][0]["runs"]) == 1                          # --quick: one run
 
 
 # ----------------------------------------------------------------------------
