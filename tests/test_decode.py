@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
 import reference.patterns as P
+from fast.transformer import decode
 from fast.transformer.config import ModelConfig
 from fast.transformer.decode import Decoder
 from fast.transformer.devices import autocast
@@ -103,6 +105,40 @@ def test_cache_reads_exactly_row_t(kind, pattern, combine, heads):
                 assert sorted(got) == want, (layer, prompt, t, h, sorted(got), want)
 
 
+@pytest.mark.parametrize("kind", ["sparse", "dense"])
+@pytest.mark.parametrize("pattern,combine,heads",
+                         [(p, c, h) for p in ("full", "strided", "fixed") for c in COMBINES
+                          for h in (1, 3, 4)])
+def test_kernel_plan_writes_and_reads_what_the_cache_does(kind, pattern, combine, heads):
+    """The CPU kernel's plan (``LayerCache.plan``): writing position t where it
+    says leaves the stores equal to ``append``'s, and the rows it reads, with the
+    keep flags, are row t of the contract -- each key once."""
+    n, dk, dv = 29, 3, 2
+    params = model_params(pattern, heads)
+    for layer, prompt in itertools.product((0, 1), (1, 8, 13)):
+        masks = P.head_masks(pattern, n, heads, combine, layer, **params)
+        cache, planned = (layer_cache(kind, n, heads, dk, pattern, combine, layer, params)
+                          for _ in range(2))
+        code = torch.arange(n, dtype=torch.float32)[None, None, :, None].expand(1, heads, n,
+                                                                                 dk + dv)
+        cache.extend(code[:, :, :prompt].contiguous())
+        planned.extend(code[:, :, :prompt].contiguous())
+        for t in range(prompt, n):
+            cache.append(t, code[:, :, t:t + 1].contiguous())
+            for g, (members, key, _) in enumerate(planned.plan_groups()):
+                writes, rows, keep = planned.plan(g, t, {})
+                store = planned.stores[key]                           # (1, Hg, rows, dk + dv)
+                assert writes.shape == (len(members), 2) and rows.dtype == np.int64
+                for i, h in enumerate(members):
+                    for row in writes[i][writes[i] >= 0]:
+                        store[0, i, row] = t
+                    read = store[0, i, rows[keep[i]] if keep is not None else rows, 0]
+                    want = masks[h, t].nonzero()[0].tolist()
+                    assert sorted(read.long().tolist()) == want, (layer, prompt, t, h)
+            for key, store in cache.stores.items():
+                assert torch.equal(planned.stores[key], store), (layer, prompt, t, key)
+
+
 def test_sparse_cache_memory():
     """Fixed keeps ceil(n/l) c + l keys per head; strided every key; dense n."""
     n, l, c, H, dk, dv = 1000, 16, 4, 4, 8, 8
@@ -161,6 +197,7 @@ def tiny_model(pattern: str, combine: str, heads: int, image: bool, seed: int = 
 def decode_all(model, idx: torch.Tensor, prompt: int, kind: str, **kw) -> torch.Tensor:
     """Logits of positions prompt-1 .. n-1 through a Decoder: (B, n - prompt + 1, V)."""
     dec = Decoder(model, idx.shape[1], kind, **kw)
+    assert dec.engine == kw.get("engine", dec.engine)
     out = [dec.prefill(idx[:, :prompt])]
     for t in range(prompt, idx.shape[1]):
         out.append(dec.step(idx[:, t]))
@@ -178,10 +215,11 @@ def test_decoder_logits_equal_rerun(pattern, combine, heads, image):
         idx[:, 0] = 13                                                    # the start token
     with torch.no_grad():
         want = model(idx)                                                 # (2, 28, 13)
-    for kind, prompt in itertools.product(("sparse", "dense"), (1, 11)):
-        got = decode_all(model, idx, prompt, kind)
+    for kind, prompt, engine in itertools.product(("sparse", "dense"), (1, 11),
+                                                  ("torch", "numba")):
+        got = decode_all(model, idx, prompt, kind, engine=engine)
         err = (got - want[:, prompt - 1:]).abs().max().item()
-        assert err < 1e-5, (kind, prompt, err)
+        assert err < 1e-5, (kind, prompt, engine, err)
 
 
 def test_decoder_checks():
@@ -200,6 +238,48 @@ def test_decoder_checks():
     model.train()
     with pytest.raises(ValueError, match="eval mode"):
         Decoder(model, 4)
+
+
+def test_decoder_engines():
+    """"auto" takes the compiled CPU step for a float32 model on the CPU and the
+    PyTorch one under autocast or in float64; asking for "numba" where it cannot
+    run, or feeding its step bad tokens, is a clear error, and without Numba
+    "auto" falls back to PyTorch."""
+    model = tiny_model("fixed", "multihead", 4, True)
+    assert Decoder(model, 10).engine == "numba" and Decoder(model, 10, engine="torch").engine \
+        == "torch"
+    with pytest.raises(ValueError, match="engine must be one of .*'auto', 'numba', 'torch'"):
+        Decoder(model, 10, engine="gpu")
+    dec = Decoder(model, 10, engine="numba")
+    dec.prefill(torch.full((2, 1), 13))
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 14\), got values in "
+                                         r"\[3, 99\]"):
+        dec.step(torch.tensor([3, 99]))
+    with pytest.raises(ValueError, match=r"tokens must be \(2,\), one per sequence"):
+        dec.step(torch.tensor([3]))
+    with autocast("bf16", torch.device("cpu")), \
+            pytest.raises(ValueError, match="engine 'numba' computes in float32"):
+        dec.step(torch.tensor([3, 4]))
+    assert dec.t == 1                                                # nothing was decoded
+    auto = Decoder(model, 10)
+    auto.prefill(torch.full((2, 1), 13))
+    with autocast("bf16", torch.device("cpu")):
+        assert torch.isfinite(auto.step(torch.tensor([3, 4]))).all()  # the PyTorch step
+    double = tiny_model("fixed", "multihead", 4, True).double()
+    assert Decoder(double, 10).engine == "torch"
+    with pytest.raises(ValueError, match="engine 'numba' computes in float32, and the model "
+                                         "is torch.float64; use engine='torch'"):
+        Decoder(double, 10, engine="numba")
+
+
+def test_decoder_without_numba(monkeypatch):
+    real = decode.importlib.util.find_spec
+    monkeypatch.setattr(decode.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "numba" else real(name, *a))
+    model = tiny_model("strided", "merged", 2, False)
+    assert Decoder(model, 10).engine == "torch"
+    with pytest.raises(ValueError, match=r"engine 'numba' needs Numba \(pip install numba\)"):
+        Decoder(model, 10, engine="numba")
 
 
 @pytest.mark.parametrize("pattern,combine", [("strided", "merged"), ("fixed", "merged"),

@@ -88,6 +88,11 @@ def test_quick_benchmark_writes_json_and_figure(tmp_path, monkeypatch):
         assert m["rerun"]["total_s_estimated"] > 0 and m["sparse"]["total_s"] > 0
         assert m["sparse"]["total_s"] == min(m["sparse"]["totals_s"])
         assert m["cache_bytes"]["sparse"][-1] <= m["cache_bytes"]["dense"][-1]
+        assert m["sparse"]["engine"] == m["dense"]["engine"] == "numba"    # float32, CPU
+        assert set(m["warm_up_s"]) == {"sparse", "dense"}
+    photos = data["models"]["photos32"]                     # and once on the PyTorch step
+    assert photos["sparse_torch"]["engine"] == "torch" and photos["sparse_torch"]["total_s"] > 0
+    assert "sparse_torch" not in data["models"]["enwik8"]
     enwik = data["models"]["enwik8"]                        # fixed: the sparse cache is smaller
     assert enwik["cache_bytes"]["sparse"][-1] < enwik["cache_bytes"]["dense"][-1] / 2
     assert [t["goal"] for t in data["targets"]] == [">= 50x", "minutes", ">= 2x"]

@@ -50,10 +50,14 @@ def test_cached_sampler_draws_the_rerun_tokens(pattern, combine, image):
         if prompt is None and not image:
             prompt = torch.tensor([3])                     # text needs one token to start
         kw = dict(prompt=prompt, temperature=1.3, top_k=7, top_p=0.95, batch_size=2)
-        runs = {cache: sample(model, 3, cache=cache, generator=torch.Generator().manual_seed(5),
-                              **kw) for cache in (False, True, "dense")}
+        runs = {(cache, engine): sample(model, 3, cache=cache, engine=engine, **kw,
+                                       generator=torch.Generator().manual_seed(5))
+                for cache in (True, "dense") for engine in ("numba", "torch")}
+        runs = {False: sample(model, 3, cache=False, generator=torch.Generator().manual_seed(5),
+                              **kw), True: runs[True, "numba"], **runs}
         assert runs[False].shape == (3, 26)
-        assert torch.equal(runs[True], runs[False]) and torch.equal(runs["dense"], runs[False])
+        for key, tokens in runs.items():
+            assert torch.equal(tokens, runs[False]), key
         if prompt is not None:
             p = prompt.shape[-1]
             assert torch.equal(runs[True][:, :p], prompt.expand(3, p))
@@ -69,6 +73,7 @@ def test_sampler_restores_state_and_reports_stats():
     assert model.training and not model.blocks[0].attn.qk_fp32
     assert torch.get_num_threads() == threads
     assert stats["tokens"] == 2 * 26 and stats["cache"] == "sparse" and stats["seconds"] > 0
+    assert stats["engine"] == "numba"                      # float32 on the CPU
     # keys and values side by side: (B=2) x heads x (ceil(26/6) c + l rows) x (dk + dv) x 4 bytes
     per_layer = 2 * 2 * (5 * 3 + 6) * (8 + 8) * 4
     assert stats["cache_bytes"] == 2 * per_layer
@@ -119,6 +124,7 @@ BAD = [
     (dict(batch_size=0), "batch_size must be an integer >= 1, got 0"),
     (dict(start_token=False), "nothing to condition on"),
     (dict(threads=0), "threads must be None or an integer >= 1, got 0"),
+    (dict(engine="jax"), "engine must be one of \\('auto', 'numba', 'torch'\\), got 'jax'"),
 ]
 
 
@@ -194,6 +200,7 @@ def test_cli_completes_images_and_continues_text(checkpoints, tmp_path, capsys, 
     (["--num", "x"], "argument --num: got 'x'; allowed: an integer in"),
     (["--num", str(2**63)], "argument --num: got '9223372036854775808'; allowed: an integer"),
     (["--cache", "paged"], "argument --cache: got 'paged'; allowed: one of sparse, dense, none"),
+    (["--engine", "jax"], "argument --engine: got 'jax'; allowed: one of auto, numba, torch"),
     (["--device", "tpu"], "argument --device: got 'tpu'; allowed: the devices of this machine"),
 ])
 def test_cli_bad_values_exit_2_with_one_line(checkpoints, args, message, capsys, monkeypatch):

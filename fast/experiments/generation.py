@@ -12,7 +12,11 @@ models, random weights (speed does not depend on them), batch 1, float32:
 For each: every step of a whole sample with the sparse cache (photos32: the
 fastest of three samples, as each re-run step is the fastest of its repetitions);
 one whole sample with the dense cache (photos32) or windows of steps at a few
-positions (enwik8, where a whole dense sample is slow); the re-run sampler's
+positions (enwik8, where a whole dense sample is slow). Both caches step on the
+decoder's compiled CPU engine ("numba", ``fast.kernels.cpu_decode``), after a
+warm-up that compiles it (its seconds are recorded, not counted: once per
+process); photos32 is also sampled once with the sparse cache on the PyTorch
+step, to show what the compiled step buys. Then the re-run sampler's
 step -- a forward pass over the prefix -- at a few prefix lengths, summed over t = 1..n by linear
 interpolation (a whole re-run sample would take many minutes), and checked
 against a re-run sample of the first tokens measured directly; the cache's bytes
@@ -34,6 +38,8 @@ dense cache's.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import time
 
@@ -59,7 +65,7 @@ def model_configs(quick: bool) -> dict:
     per measured window, "rerun_ts": prefix lengths of the re-run steps, "repeats":
     whole samples with the sparse cache, the fastest counting -- three for photos32,
     like the re-run steps' two or three repetitions; one for enwik8, whose goal is
-    minutes})."""
+    minutes; "torch_step": also a whole sample on the PyTorch step})."""
     photos = preset("photos32")[0]
     text = ModelConfig(vocab_size=256, n_ctx=12288, d_model=128, n_heads=8, n_layers=4,
                        pattern="fixed", combine="merged", stride=128, c=32, embedding="text")
@@ -72,10 +78,10 @@ def model_configs(quick: bool) -> dict:
         "photos32": (photos, {"dense_full": True, "window": 16 if quick else 64,
                               "rerun_ts": sorted({1, *range(0, photos.n_ctx + 1,
                                                             photos.n_ctx // 6)} - {0}),
-                              "repeats": 3}),
+                              "repeats": 3, "torch_step": True}),
         "enwik8": (text, {"dense_full": False, "window": 16 if quick else 128,
                           "rerun_ts": [1, *(text.n_ctx * k // 12 for k in (1, 4, 8, 12))],
-                          "repeats": 1}),
+                          "repeats": 1, "torch_step": False}),
     }
 
 
@@ -89,15 +95,22 @@ def measure_model(name: str, cfg: ModelConfig, plan: dict, prefix: int) -> dict:
     out["cache_bytes"] = {"n": lengths, **{kind: [gen.cache_bytes(model, kind, m)
                                                   for m in lengths] for kind in ("dense",
                                                                                  "sparse")}}
+    out["warm_up_s"] = {kind: gen.warm_up(model, kind) for kind in ("sparse", "dense")}
+    keep = ("total_s", "total_cpu_s", "cache_bytes", "totals_s", "engine")
     print(f"{name}: sparse cache, a whole sample of {n} tokens ...", flush=True)
     sparse = gen.decode_timeline(model, "sparse", repeats=plan["repeats"])
-    out["sparse"] = {k: sparse[k] for k in ("total_s", "total_cpu_s", "cache_bytes", "totals_s")}
+    out["sparse"] = {k: sparse[k] for k in keep}
     out["sparse"].update(zip(("t", "tokens_per_s"), gen.window_rate(sparse["seconds"], w)))
+    if plan["torch_step"]:
+        print(f"{name}: sparse cache on the PyTorch step, a whole sample ...", flush=True)
+        step = gen.decode_timeline(model, "sparse", engine="torch")   # shown, no target
+        out["sparse_torch"] = {k: step[k] for k in keep}
+        out["sparse_torch"].update(zip(("t", "tokens_per_s"),
+                                       gen.window_rate(step["seconds"], w)))
     if plan["dense_full"]:
         print(f"{name}: dense cache, a whole sample ...", flush=True)
         dense = gen.decode_timeline(model, "dense")     # no target rests on its total
-        out["dense"] = {k: dense[k] for k in ("total_s", "total_cpu_s", "cache_bytes",
-                                              "totals_s")}
+        out["dense"] = {k: dense[k] for k in keep}
         out["dense"].update(zip(("t", "tokens_per_s"), gen.window_rate(dense["seconds"], w)))
     else:
         points = [n * k // 8 - w for k in (1, 2, 4, 6, 8)]
@@ -105,7 +118,8 @@ def measure_model(name: str, cfg: ModelConfig, plan: dict, prefix: int) -> dict:
         rates = [1.0 / float(np.median(gen.decode_window(model, "dense", t, w)))
                  for t in points]
         out["dense"] = {"t": [t + w for t in points], "tokens_per_s": rates,
-                        "cache_bytes": out["cache_bytes"]["dense"][-1]}
+                        "cache_bytes": out["cache_bytes"]["dense"][-1],
+                        "engine": out["sparse"]["engine"]}
     print(f"{name}: re-run sampler at t = {plan['rerun_ts']} ...", flush=True)
     counts = sorted({1, torch.get_num_threads(), os.cpu_count() or 1})
     steps = [gen.rerun_seconds(model, t, repeats=2 if t > n // 3 else 3, threads=counts)
@@ -140,6 +154,7 @@ def median_run(records: list[dict]) -> dict:
     middle = dict(ranked[(len(ranked) - 1) // 2])
     middle["runs"] = [{"speedup": speedup(m)[0], "cpu_ratio": speedup(m)[1],
                        "sparse_total_s": m["sparse"]["total_s"],
+                       "sparse_torch_total_s": m.get("sparse_torch", {}).get("total_s"),
                        "rerun_total_s_estimated": m["rerun"]["total_s_estimated"]}
                       for m in records]
     return middle
@@ -174,6 +189,8 @@ def run(quick: bool, threads: int = 1, runs: int = 1) -> dict:
         start = time.perf_counter()
         info = machine_info("cpu")
         info["load_average"] = os.getloadavg()
+        info["numba"] = importlib.metadata.version("numba") \
+            if importlib.util.find_spec("numba") else None
         models = {name: median_run([measure_model(name, cfg, plan, prefix=16 if quick else 64)
                                     for _ in range(runs if name == "photos32" else 1)])
                   for name, (cfg, plan) in model_configs(quick).items()}
@@ -187,6 +204,10 @@ def run(quick: bool, threads: int = 1, runs: int = 1) -> dict:
 def print_summary(data: dict) -> None:
     for name, m in data["models"].items():
         r = m["rerun"]
+        if "sparse_torch" in m:
+            print(f"{name}: sparse cache on the PyTorch step {m['sparse_torch']['total_s']:.1f} s,"
+                  f" on the {m['sparse']['engine']} step {m['sparse']['total_s']:.1f} s "
+                  f"(warm-up once per process: {m['warm_up_s']['sparse']:.1f} s)")
         print(f"{name} (n={m['n']}): sparse {m['sparse']['total_s']:.1f} s whole sample, "
               f"cache {m['sparse']['cache_bytes'] / 2**20:.1f} MiB vs dense "
               f"{m['dense']['cache_bytes'] / 2**20:.1f} MiB; re-run estimated "

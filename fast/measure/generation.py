@@ -8,7 +8,12 @@ one token at a time; what a step costs is the question:
                         forward pass over t tokens and a draw -- O(t) layers' work;
 * ``decode_timeline``   a whole sample through a ``fast.transformer.decode.Decoder``
                         with the sparse or the dense cache, every step timed (the
-                        fastest of ``repeats`` samples, as the re-run steps are);
+                        fastest of ``repeats`` samples, as the re-run steps are),
+                        on the decoder's ``engine`` ("auto": the compiled step for
+                        float32 on the CPU; "torch": the PyTorch step);
+* ``warm_up``           the seconds of a decoder's first steps, which compile the
+                        compiled step (or load it from Numba's disk cache): paid
+                        once per process, and kept out of the timings above;
 * ``decode_window``     ``steps`` decoding steps starting at position t (after a
                         prefill of t positions), for points of a long run that are
                         too slow to reach step by step;
@@ -84,25 +89,39 @@ def rerun_total(ts, seconds, n: int) -> float:
 
 
 @torch.no_grad()
+def warm_up(model, kind: str, engine: str = "auto", steps: int = 4) -> float:
+    """Seconds of a decoder's prefill and first ``steps`` steps in a fresh process
+    state: for the "numba" engine, mostly compiling its step (or loading it from
+    the disk cache) -- once per process, after which every decoder reuses it."""
+    gen = torch.Generator().manual_seed(0)
+    start = time.perf_counter()
+    dec = Decoder(model, steps + 1, kind, engine=engine)
+    logits = dec.prefill(_prompt(model, 1, gen))
+    for _ in range(steps):
+        logits = dec.step(draw(logits, generator=gen))
+    return time.perf_counter() - start
+
+
+@torch.no_grad()
 def decode_timeline(model, kind: str, length: int | None = None, seed: int = 0,
-                    repeats: int = 1) -> dict:
+                    repeats: int = 1, engine: str = "auto") -> dict:
     """Sample ``length`` positions (default n_ctx) with a ``kind`` cache, timing
     every step; ``repeats`` whole samples, the fastest kept -- as the re-run
     sampler's steps are credited with the fastest of their repetitions. Returns
     {"t": positions decoded, "seconds": each step's wall time (a draw and a
     decoder step), "total_s" (wall, prefill included), "total_cpu_s" (the
-    process's CPU time), "prefill_s", "cache_bytes", "totals_s": every
-    repetition's total}."""
-    runs = [_timeline(model, kind, length, seed) for _ in range(repeats)]
+    process's CPU time), "prefill_s", "cache_bytes", "engine": the decoder's,
+    "totals_s": every repetition's total}."""
+    runs = [_timeline(model, kind, length, seed, engine) for _ in range(repeats)]
     best = min(runs, key=lambda r: r["total_s"])
     return {**best, "totals_s": [r["total_s"] for r in runs]}
 
 
-def _timeline(model, kind: str, length: int | None, seed: int) -> dict:
+def _timeline(model, kind: str, length: int | None, seed: int, engine: str) -> dict:
     length = model.cfg.n_ctx if length is None else length
     gen = torch.Generator().manual_seed(seed)
     start, cpu = time.perf_counter(), time.process_time()
-    dec = Decoder(model, length, kind)
+    dec = Decoder(model, length, kind, engine=engine)
     logits = dec.prefill(_prompt(model, 1, gen))
     prefill = time.perf_counter() - start
     stamps = np.empty(length)
@@ -114,15 +133,16 @@ def _timeline(model, kind: str, length: int | None, seed: int) -> dict:
     stamps[0] = start + prefill
     return {"t": list(range(1, length)), "seconds": np.diff(stamps).tolist(),
             "total_s": total, "total_cpu_s": cpu, "prefill_s": prefill,
-            "cache_bytes": dec.nbytes()}
+            "cache_bytes": dec.nbytes(), "engine": dec.engine}
 
 
 @torch.no_grad()
-def decode_window(model, kind: str, t: int, steps: int, seed: int = 0) -> list[float]:
+def decode_window(model, kind: str, t: int, steps: int, seed: int = 0,
+                  engine: str = "auto") -> list[float]:
     """Seconds of each of ``steps`` decoding steps from position t on, after a
     prefill of positions 0..t-1 (not timed)."""
     gen = torch.Generator().manual_seed(seed)
-    dec = Decoder(model, t + steps, kind)
+    dec = Decoder(model, t + steps, kind, engine=engine)
     logits = dec.prefill(_prompt(model, t, gen))
     out = []
     for _ in range(steps):

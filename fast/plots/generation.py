@@ -5,8 +5,9 @@ a step of a sparse cache reads l + t / l keys, or block + t c / l, instead of t)
 and section 7 (3072-byte images, 12,288-byte texts). From
 figures/data/generation.json (``python -m fast generate``): one row per model;
 left, tokens per second at position t for the re-run sampler (a forward pass
-over the prefix per token), a dense key/value cache and the sparse cache; right,
-the bytes each cache holds for a sample of length n.
+over the prefix per token), a dense key/value cache and the sparse cache (both
+on the decoder's compiled CPU step; photos32 also the sparse cache on the
+PyTorch step); right, the bytes each cache holds for a sample of length n.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from fast.plots.style import plt
 
 # contender -> (label, colour, line style)
 LINES = {"sparse": ("sparse cache (ours)", style.PURPLE, "-"),
+         "sparse_torch": ("sparse cache, PyTorch step", style.PURPLE, "-."),
          "dense": ("dense cache", style.GREY, "--"),
          "rerun": ("re-run sampler", style.RED, ":")}
-
 
 
 def _title(name: str, m: dict) -> str:
@@ -35,11 +36,14 @@ def plot_generation(data: dict, path) -> Path:
     models = data["models"]
     fig, axes = plt.subplots(len(models), 2, figsize=(10.0, 3.4 * len(models)), squeeze=False)
     for (ax_speed, ax_mem), (name, m) in zip(axes, models.items()):
-        for kind in ("sparse", "dense", "rerun"):
+        for kind in [k for k in LINES if k in m]:
             label, colour, ls = LINES[kind]
             marker = "o" if kind == "rerun" or len(m[kind]["t"]) < 10 else None
+            engine = f" ({m[kind]['engine']} step)" if kind in ("sparse", "dense") \
+                and m[kind].get("engine") else ""
             ax_speed.plot(m[kind]["t"], m[kind]["tokens_per_s"], ls, color=colour,
-                          marker=marker, ms=4, label=label)
+                          marker=marker, ms=4, label=label + engine,
+                          alpha=0.55 if kind == "sparse_torch" else 1.0)
         r = m["rerun"]
         speedup = r["total_s_estimated"] / m["sparse"]["total_s"]
         ax_speed.set_yscale("log")

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from fast.transformer.config import PRECISIONS
+from fast.transformer.decode import ENGINES
 
 # The smallest temperature: logits are divided by it in float32, and below about 1e-30 a
 # logit of 10 overflows to inf and the softmax to NaN (a silently wrong draw). At 1e-6
@@ -37,7 +38,7 @@ def _is_real(x) -> bool:
 
 
 def check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision, start_token,
-                  cache, batch_size, threads=None) -> dict:
+                  cache, batch_size, threads=None, engine="auto") -> dict:
     """Every argument of ``sample`` checked against the model's config ``cfg``;
     returns them normalised (prompt a LongTensor (num, p) on the CPU). Raises
     ValueError saying what was given and what is allowed."""
@@ -66,6 +67,8 @@ def check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision
         raise ValueError(f"threads must be None or an integer >= 1, got {threads!r}")
     if not any(cache is key for key in CACHE_FLAGS) and cache not in ("sparse", "dense", "none"):
         raise ValueError(f"cache must be True, False, 'sparse', 'dense' or 'none', got {cache!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if start_token is None:
         start_token = cfg.embedding == "image"
     if not isinstance(start_token, bool):
@@ -97,7 +100,7 @@ def check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision
     return dict(num=int(num), batch_size=int(batch_size), length=int(length),
                 temperature=float(temperature), top_k=top_k, top_p=top_p, precision=precision,
                 start_token=start_token, cache=CACHE_FLAGS[cache], prompt=prompt,
-                threads=threads)
+                threads=threads, engine=engine)
 
 
 def draw(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,

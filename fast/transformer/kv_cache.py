@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from fast.core.precision import acc_dtype
@@ -52,6 +53,20 @@ class LayerCache:
     def nbytes(self) -> int:
         """Bytes held by the stored keys and values."""
         return sum(kv.nbytes for kv in self.stores.values())
+
+    def plan_groups(self) -> list[tuple]:
+        """For ``fast.transformer.cpu_step``: per group of heads, (the heads as a list,
+        the key of their store in ``stores``, a signature: caches whose groups share
+        one read alike at every step, so a step works out their ``plan`` once)."""
+        raise NotImplementedError
+
+    def plan(self, g: int, t: int, shared: dict) -> tuple:
+        """Group g at step t as ``fast.kernels.cpu_decode`` takes it: (writes, rows,
+        keep) -- writes (Hg, 2) int64, the store rows that receive position t's key and
+        value (-1: none); rows (m,) int64, the store rows read; keep (Hg, m) bool,
+        which of those each head reads, or None for all of them. ``shared`` is the
+        step's dict, as for ``attend``."""
+        raise NotImplementedError
 
     def _empty(self, kv: torch.Tensor, heads: int, rows: int) -> torch.Tensor:
         return kv.new_zeros(kv.shape[0], heads, rows, kv.shape[-1])     # (B, Hg, rows, dk+dv)
@@ -117,19 +132,38 @@ class DenseCache(LayerCache):
             self.kt, self.v = self._views(self.stores["all"])
         self.stores["all"].narrow(2, start, kv.shape[2]).copy_(kv)
 
+    def _drop(self, t: int, masks: dict | None) -> torch.Tensor | None:
+        """Row t of every head's mask, negated: (H, 1, t + 1) True where a head does
+        not read; None for full. ``masks`` shares it between the blocks of a step."""
+        if self.pattern == "full":
+            return None
+        key = (self.layer % 2 if self.combine == "interleaved" else 0, t)
+        masks = {} if masks is None else masks
+        if key not in masks:
+            rows = row_mask(self.pattern, self.capacity, self.n_heads, self.combine,
+                            self.layer, t, device=self.v.device, **self.params)
+            masks[key] = ~rows[:, None, :]                               # (H, 1, t + 1)
+        return masks[key]
+
     def pieces(self, t: int, masks: dict | None = None) -> list[tuple[slice, list]]:
         """[(heads, [(K^T, V, drop)])]: one group, keys 0..t, row t of every head's mask."""
-        drop = None
-        if self.pattern != "full":
-            key = (self.layer % 2 if self.combine == "interleaved" else 0, t)
-            masks = {} if masks is None else masks
-            if key not in masks:
-                rows = row_mask(self.pattern, self.capacity, self.n_heads, self.combine,
-                                self.layer, t, device=self.v.device, **self.params)
-                masks[key] = ~rows[:, None, :]                           # (H, 1, t + 1)
-            drop = masks[key]
         return [(slice(0, self.n_heads), [(self.kt.narrow(2, 0, t + 1),
-                                           self.v.narrow(1, 0, t + 1), drop)])]
+                                           self.v.narrow(1, 0, t + 1), self._drop(t, masks))])]
+
+    def plan_groups(self) -> list[tuple]:
+        """[(heads, store, signature)]: every head reads the one store "all", and
+        layers whose masks agree share a signature (``LayerCache.plan_groups``)."""
+        mask = self.layer % 2 if self.combine == "interleaved" else 0
+        return [(list(range(self.n_heads)), "all", ("dense", self.pattern, mask))]
+
+    def plan(self, g: int, t: int, shared: dict) -> tuple:
+        """Step t for the CPU kernel (``LayerCache.plan``): write row t, read rows 0..t
+        and keep row t of each head's mask -- O(t), as this cache's steps are."""
+        drop = self._drop(t, shared)
+        keep = None if drop is None else (~drop[:, 0]).cpu().numpy()     # (H, t + 1)
+        writes = np.full((self.n_heads, 2), -1, dtype=np.int64)
+        writes[:, 0] = t
+        return writes, np.arange(t + 1), keep
 
     def attend(self, q: torch.Tensor, t: int, scale: float,
                masks: dict | None = None) -> torch.Tensor:
@@ -250,6 +284,47 @@ class SparseCache(LayerCache):
                     drop = self.drops[g][drop[1]]
                 reads.append((rows, drop))
             shared[key] = reads
+        return shared[key]
+
+    def plan_groups(self) -> list[tuple]:
+        """[(heads, store, signature)] per group (``LayerCache.plan_groups``)."""
+        return [(list(range(self.n_heads))[group.heads], g,
+                 ("sparse", group.parts, group.summaries, self.kinds[g]))
+                for g, group in enumerate(self.groups)]
+
+    def plan(self, g: int, t: int, shared: dict) -> tuple:
+        """Group g at step t for the CPU kernel (``LayerCache.plan``): position t goes
+        where ``append`` puts it, and the rows read are ``step_pieces``'."""
+        group, store = self.groups[g], self.kinds[g]
+        key = ("plan", group.parts, group.summaries, store, t)
+        if key not in shared:
+            heads = len(range(self.n_heads)[group.heads])
+            writes = np.full((heads, 2), -1, dtype=np.int64)
+            if store != "summary":
+                writes[:, 0] = t if store == "all" else t % self.l
+            where = self._summary_row(g, t) if store in ("summary", "joint") else None
+            if where is not None:
+                writes[slice(None) if where[0] is None else where[0].numpy(), 1] = where[1]
+            rows, keep = [], []
+            for piece, drop in self._reads(g, t, shared):
+                piece = np.arange(piece.start, piece.stop, piece.step or 1) \
+                    if isinstance(piece, slice) else piece.cpu().numpy()
+                flags = None                                             # every head reads
+                if isinstance(drop, slice):
+                    flags = np.ones((heads, len(piece)), dtype=bool)
+                    flags[:, drop] = False
+                elif drop is not None:                                   # (Hg, 1, c)
+                    flags = ~drop[:, 0].cpu().numpy()
+                rows.append(piece)
+                keep.append(flags)
+            if any(flags is not None for flags in keep):
+                keep = np.concatenate([np.ones((heads, len(r)), dtype=bool) if f is None else f
+                                       for r, f in zip(rows, keep)], axis=1)
+            else:
+                keep = None
+            rows = rows[0] if len(rows) == 1 else \
+                np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+            shared[key] = writes, rows.astype(np.int64, copy=False), keep
         return shared[key]
 
     def pieces(self, t: int, masks: dict | None = None) -> list[tuple[slice, list]]:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from reference.heads import head_roles
@@ -179,8 +180,8 @@ def local_and_column(t: int, l: int, device: str = "cpu") -> torch.Tensor:
     """Positions a merged strided head reads at step t: t-l+1..t, then the column
     s, s + l, ..., t - l. A LongTensor, built once per step for all blocks."""
     first = max(0, t - l + 1)
-    column = torch.arange(t % l, max(first, t % l), l)                  # j <= t - l
-    return torch.cat([torch.arange(first, t + 1), column]).to(device)
+    column = np.arange(t % l, max(first, t % l), l)                     # j <= t - l
+    return torch.from_numpy(np.concatenate([np.arange(first, t + 1), column])).to(device)
 
 
 def step_pieces(group: Group, t: int, stride: int | None, c: int | None,

@@ -16,6 +16,10 @@ Two ways to compute each next distribution, one flag:
   reference the tests compare the caches with. With the same generator all
   three draw the same tokens.
 
+A cached step runs on one of the decoder's engines (``engine``): "numba", one
+compiled call per step, for float32 models on the CPU, and "torch" otherwise;
+"auto" (the default) picks (``fast.transformer.decode``).
+
 Every argument is checked before any work starts (``check_request``). Batches:
 ``num`` sequences are drawn ``batch_size`` at a time.
 
@@ -48,7 +52,7 @@ from fast.core import cli
 from fast.data import DATASETS, SPLITS, load
 from fast.transformer.checkpoint import load_model
 from fast.transformer.config import DEVICE, MAX_THREADS, PRECISIONS
-from fast.transformer.decode import Decoder
+from fast.transformer.decode import ENGINES, Decoder
 from fast.transformer.devices import autocast, resolve_device, resolve_precision
 from fast.transformer.draw import MIN_TEMPERATURE, check_request, draw
 
@@ -64,7 +68,7 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
            generator: torch.Generator | None = None, precision: str = "fp32",
            start_token: bool | None = None, cache=True, batch_size: int | None = None,
            threads: int | None = None, progress: bool = False,
-           stats: dict | None = None) -> torch.Tensor:
+           stats: dict | None = None, engine: str = "auto") -> torch.Tensor:
     """Draw ``num`` sequences of ``length`` tokens (default n_ctx) -> LongTensor (num, length).
 
     prompt: token ids (num, p) or (p,) to continue; they are the first p tokens
@@ -81,12 +85,13 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
     grey16 samples: 72 s with 2 threads, 4 s with 1, on this project's 2-core
     machine under load) -- and torch's setting otherwise.
     progress: a progress bar counting tokens (and tokens per second). stats: a
-    dict to fill with seconds, tokens drawn and the cache's bytes.
+    dict to fill with seconds, tokens drawn, the cache's bytes and the engine that
+    ran the steps. engine: "auto", "numba" or "torch" (``Decoder``).
     """
     model = getattr(model, "module", model)
     cfg = model.cfg
     req = check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision,
-                        start_token, cache, batch_size, threads)
+                        start_token, cache, batch_size, threads, engine)
     device = next(model.parameters()).device
     precision = resolve_precision(req["precision"], device)
     num, length, prompt = req["num"], req["length"], req["prompt"]
@@ -99,7 +104,7 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
     model.eval()
     model.set_qk_fp32(True)
     bar = tqdm(total=num * (length - p), unit="tok", desc="sample", disable=not progress)
-    start, cache_bytes = time.perf_counter(), 0
+    start, cache_bytes, engines = time.perf_counter(), 0, set()
     try:
         if threads:
             torch.set_num_threads(threads)
@@ -108,8 +113,9 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
             prefix = torch.full((rows.shape[0], int(req["start_token"])), cfg.vocab_size,
                                 dtype=torch.long, device=device)          # (b, 0 or 1)
             with autocast(precision, device):
-                cache_bytes = max(cache_bytes, _fill(model, rows, prefix, p, req, generator,
-                                                     bar))
+                nbytes, used = _fill(model, rows, prefix, p, req, generator, bar)
+                cache_bytes = max(cache_bytes, nbytes)
+                engines.add(used)
     finally:
         torch.set_num_threads(threads_before)
         bar.close()
@@ -117,16 +123,18 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
         model.train(was_training)
     if stats is not None:
         stats.update(seconds=time.perf_counter() - start, tokens=num * (length - p),
-                     cache=req["cache"], cache_bytes=cache_bytes)
+                     cache=req["cache"], cache_bytes=cache_bytes,
+                     engine="+".join(sorted(engines - {None})) or None)
     return out
 
 
 def _fill(model, rows: torch.Tensor, prefix: torch.Tensor, p: int, req: dict, generator,
-          bar) -> int:
-    """Sample rows[:, p:] in place after the prompt rows[:, :p]; returns cache bytes."""
+          bar) -> tuple[int, str | None]:
+    """Sample rows[:, p:] in place after the prompt rows[:, :p]; returns the cache's
+    bytes and the engine of its steps (None: no cache)."""
     length = rows.shape[1]
     if p == length:
-        return 0
+        return 0, None
     pick = dict(temperature=req["temperature"], top_k=req["top_k"], top_p=req["top_p"],
                 generator=generator)
     if req["cache"] is None:                                             # the reference
@@ -134,15 +142,15 @@ def _fill(model, rows: torch.Tensor, prefix: torch.Tensor, p: int, req: dict, ge
             x = torch.cat([prefix, rows[:, :i]], dim=1)                  # (b, prefix + i)
             rows[:, i] = draw(model(x)[:, -1], **pick)
             bar.update(rows.shape[0])
-        return 0
-    decoder = Decoder(model, prefix.shape[1] + length - 1, req["cache"])
+        return 0, None
+    decoder = Decoder(model, prefix.shape[1] + length - 1, req["cache"], engine=req["engine"])
     logits = decoder.prefill(torch.cat([prefix, rows[:, :p]], dim=1))   # (b, vocab)
     for i in range(p, length):
         rows[:, i] = draw(logits, **pick)
         bar.update(rows.shape[0])
         if i + 1 < length:
             logits = decoder.step(rows[:, i])
-    return decoder.nbytes()
+    return decoder.nbytes(), decoder.engine
 
 
 # ----------------------------------------------------------------------------
@@ -245,6 +253,9 @@ def parser() -> cli.Parser:
                    help="autocast of the network (q.k stays float32); default fp32")
     p.add_argument("--cache", default="sparse", type=cli.choice(("sparse", "dense", "none")),
                    help="key/value cache: sparse (default), dense, none (re-run per token)")
+    p.add_argument("--engine", default="auto", type=cli.choice(ENGINES),
+                   help="what runs a cached step: auto (default: numba for float32 on the "
+                        "CPU, else torch), numba, torch")
     p.add_argument("--prompt", default=None, type=prompt_bytes, help="text models: the start "
                    "of every sample (UTF-8, backslash escapes such as \\n understood)")
     p.add_argument("--prompt-file", default=None, type=cli.existing_file,
@@ -336,7 +347,8 @@ def prepare(args):
                              f"allowed: a prompt no longer than the length")
     request = dict(length=args.length, prompt=prompt, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, precision=args.precision,
-                   cache=args.cache, batch_size=args.batch_size, threads=args.threads)
+                   cache=args.cache, batch_size=args.batch_size, threads=args.threads,
+                   engine=args.engine)
     try:
         check_request(model_cfg, args.num, start_token=None, **request)
     except ValueError as err:
@@ -368,7 +380,8 @@ def main(argv=None) -> int:
         print(Path(path).read_text(encoding="utf-8"))
     rate = stats["tokens"] / max(stats["seconds"], 1e-9)
     print(f"sampled {stats['tokens']} tokens in {stats['seconds']:.1f} s ({rate:.0f} tokens/s, "
-          f"cache {args.cache}: {stats['cache_bytes'] / 2**20:.1f} MiB); wrote {path}")
+          f"cache {args.cache}: {stats['cache_bytes'] / 2**20:.1f} MiB"
+          + (f", engine {stats['engine']}" if stats["engine"] else "") + f"); wrote {path}")
     return 0
 
 

@@ -1,0 +1,104 @@
+"""A decoder's step on the CPU as one compiled call: ``fast.kernels.cpu_decode``.
+
+Child et al., 2019, sections 5.2-5.6 (the network) and 4.3 (which keys a head
+reads). ``fast.transformer.decode.Decoder`` uses this for float32 models on the
+CPU (its ``engine`` "numba"); the arithmetic is the kernel's, the bookkeeping is
+here:
+
+* once: every block's weights, as the PyTorch step uses them
+  (``Decoder._weights``), stacked over the blocks into NumPy arrays; after the
+  prefill, every cache's stores as NumPy views of the same memory (the kernel
+  writes position t into them, so the caches stay whole: ``nbytes``, the PyTorch
+  step and the tests read the same stores); and per block and head, its store
+  and slot;
+* per step: each cache's ``plan`` (which rows receive position t, which rows each
+  head reads), worked out once per signature -- blocks whose heads read alike
+  share one -- and laid out in the flat tables the kernel takes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fast.kernels import cpu_decode
+
+NO_FLAGS = np.zeros(0, dtype=bool)                   # every head reads every row
+
+
+def _numpy(x: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(x.detach().cpu().numpy())
+
+
+class CpuStep:
+    """``step(tokens, t)`` for ``decoder``'s weights and caches (module docstring)."""
+
+    def __init__(self, decoder):
+        if cpu_decode.MISSING:
+            raise ValueError(cpu_decode.MISSING)
+        self.decoder = decoder
+        blocks = decoder.blocks                 # Decoder._weights' tuples, one per block
+        # (s1, w1, b1, e1, b_qkv, w_qkv, b_p, w_p, s2, w2, b2, e2, b_1, w_1, b_2, w_2)
+        order = (1, 2, 5, 4, 7, 6, 9, 10, 13, 12, 15, 14)              # as cpu_decode.WEIGHTS
+        self.weights = tuple(np.stack([_numpy(b[i]) for b in blocks]) for i in order)
+        s_f, w_f, b_f, e_f, b_out, w_out = decoder.head
+        self.eps = np.array([[b[3], b[11]] for b in blocks] + [[e_f, e_f]], dtype=np.float64)
+        self.head = (_numpy(w_f), _numpy(b_f), _numpy(w_out), _numpy(b_out))
+        self.embed, self.positions = _numpy(decoder.tokens), _numpy(decoder.positions)
+        self.stores = None                      # after the prefill, at the first step
+
+    def _bind(self) -> None:
+        """The stores as one list of NumPy views, each block and head's place in it,
+        and one cache and group per signature to plan the steps with."""
+        from numba.typed import List
+
+        caches, H = self.decoder.caches, self.decoder.cfg.n_heads
+        stores, self.reps = [], {}
+        self.table = np.zeros((len(caches), H, 7), np.int64)   # cpu_decode's table
+        self.where = np.zeros((len(caches), H), np.int64)      # block, head -> plan row
+        for layer, cache in enumerate(caches):
+            for g, (heads, key, signature) in enumerate(cache.plan_groups()):
+                if signature not in self.reps:                  # (cache, group, first row)
+                    self.reps[signature] = (cache, g, sum(len(cache.plan_groups()[h][0])
+                                                          for c, h, _ in self.reps.values()))
+                self.table[layer, heads, 0] = len(stores)
+                self.table[layer, heads, 1] = np.arange(len(heads))
+                self.where[layer, heads] = self.reps[signature][2] + np.arange(len(heads))
+                stores.append(cache.stores[key].numpy())
+        self.batch = stores[0].shape[0]
+        self.plans = np.zeros((int(self.where.max()) + 1, 5), np.int64)  # per plan row
+        self.stores = List(stores)
+
+    def __call__(self, tokens: torch.Tensor, t: int) -> torch.Tensor:
+        """Position t: tokens (B,) -> logits (B, vocab), float32."""
+        if self.stores is None:
+            self._bind()
+        ids = np.ascontiguousarray(tokens.numpy(), dtype=np.int64)    # checked: the kernel
+        vocab = self.embed.shape[0]                                   # does not bound-check
+        if ids.shape != (self.batch,):
+            raise ValueError(f"tokens must be ({self.batch},), one per sequence of the "
+                             f"prefill, got shape {tuple(tokens.shape)}")
+        if ids.min() < 0 or ids.max() >= vocab:
+            raise ValueError(f"token ids must lie in [0, {vocab}), got values in "
+                             f"[{ids.min()}, {ids.max()}]")
+        shared: dict = {}
+        rows, keep, n_rows, n_keep = [], [], 0, 0
+        for cache, g, first in self.reps.values():     # one plan per signature
+            writes, r, k = cache.plan(g, t, shared)
+            heads, m = writes.shape[0], len(r)
+            plan = self.plans[first:first + heads]     # w0, w1, lo, hi, first keep flag
+            plan[:, :2], plan[:, 2], plan[:, 3] = writes, n_rows, n_rows + m
+            if k is None:
+                plan[:, 4] = -1
+            else:
+                plan[:, 4] = n_keep + m * np.arange(heads)
+                keep.append(k.ravel())
+                n_keep += k.size
+            rows.append(r)
+            n_rows += m
+        self.table[:, :, 2:] = self.plans[self.where]
+        logits = cpu_decode.decode_step(
+            ids, self.embed, self.positions[t], *self.weights, self.eps, *self.head,
+            self.stores, self.table, rows[0] if len(rows) == 1 else np.concatenate(rows),
+            keep[0] if len(keep) == 1 else np.concatenate(keep) if keep else NO_FLAGS)
+        return torch.from_numpy(logits)                                   # (B, vocab)
