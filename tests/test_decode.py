@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import reference.patterns as P
-from fast.transformer import decode
+from fast.transformer import cpu_step, decode
 from fast.transformer.config import ModelConfig
 from fast.transformer.decode import Decoder
 from fast.transformer.devices import autocast
@@ -270,6 +270,27 @@ def test_decoder_engines():
     with pytest.raises(ValueError, match="engine 'numba' computes in float32, and the model "
                                          "is torch.float64; use engine='torch'"):
         Decoder(double, 10, engine="numba")
+
+
+def test_auto_engine_hands_long_reads_to_pytorch(monkeypatch):
+    """"auto" runs a step whose heads read more than AUTO_MAX_KEYS keys in PyTorch,
+    the others compiled; the logits stay those of the re-run model either way."""
+    monkeypatch.setattr(cpu_step, "AUTO_MAX_KEYS", 8)
+    model = tiny_model("fixed", "merged", 4, False)
+    idx = torch.randint(0, 13, (2, 28), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = model(idx)
+    dec = Decoder(model, 28)
+    got = [dec.prefill(idx[:, :1])] + [dec.step(idx[:, t]) for t in range(1, 28)]
+    assert (torch.stack(got, 1) - want).abs().max().item() < 1e-5
+    # fixed l = 6, c = 2: t - (t mod 6) + 2 (t // 6) + ... keys; more than 8 from t = 8 on
+    assert 0 < dec.steps["numba"] < 27 and dec.steps["torch"] > 0
+    assert dec.steps["numba"] + dec.steps["torch"] == 27
+    forced = Decoder(model, 28, engine="numba")
+    forced.prefill(idx[:, :1])
+    for t in range(1, 28):
+        forced.step(idx[:, t])
+    assert forced.steps == {"numba": 27, "torch": 0}
 
 
 def test_decoder_without_numba(monkeypatch):

@@ -89,6 +89,7 @@ def test_quick_benchmark_writes_json_and_figure(tmp_path, monkeypatch):
         assert m["sparse"]["total_s"] == min(m["sparse"]["totals_s"])
         assert m["cache_bytes"]["sparse"][-1] <= m["cache_bytes"]["dense"][-1]
         assert m["sparse"]["engine"] == m["dense"]["engine"] == "numba"    # float32, CPU
+        assert sum(m["sparse"]["steps"].values()) == m["n"] - 1 and m["sparse"]["steps"]["numba"]
         assert set(m["warm_up_s"]) == {"sparse", "dense"}
     photos = data["models"]["photos32"]                     # and once on the PyTorch step
     assert photos["sparse_torch"]["engine"] == "torch" and photos["sparse_torch"]["total_s"] > 0

@@ -74,6 +74,7 @@ def test_sampler_restores_state_and_reports_stats():
     assert torch.get_num_threads() == threads
     assert stats["tokens"] == 2 * 26 and stats["cache"] == "sparse" and stats["seconds"] > 0
     assert stats["engine"] == "numba"                      # float32 on the CPU
+    assert stats["steps"] == {"numba": 25, "torch": 0}     # one batch: 25 steps after the prefill
     # keys and values side by side: (B=2) x heads x (ceil(26/6) c + l rows) x (dk + dv) x 4 bytes
     per_layer = 2 * 2 * (5 * 3 + 6) * (8 + 8) * 4
     assert stats["cache_bytes"] == 2 * per_layer

@@ -12,11 +12,13 @@ models, random weights (speed does not depend on them), batch 1, float32:
 For each: every step of a whole sample with the sparse cache (photos32: the
 fastest of three samples, as each re-run step is the fastest of its repetitions);
 one whole sample with the dense cache (photos32) or windows of steps at a few
-positions (enwik8, where a whole dense sample is slow). Both caches step on the
-decoder's compiled CPU engine ("numba", ``fast.kernels.cpu_decode``), after a
-warm-up that compiles it (its seconds are recorded, not counted: once per
-process); photos32 is also sampled once with the sparse cache on the PyTorch
-step, to show what the compiled step buys. Then the re-run sampler's
+positions (enwik8, where a whole dense sample is slow). Both caches step as
+``sample`` does by default (engine "auto": the compiled CPU step of
+``fast.kernels.cpu_decode``, and the PyTorch step for steps that read more than
+``AUTO_MAX_KEYS`` keys per head; each record counts the steps of each), after a
+warm-up that compiles the kernel (its seconds are recorded, not counted: once
+per process); photos32 is also sampled once with the sparse cache on the
+PyTorch step alone, to show what the compiled step buys. Then the re-run sampler's
 step -- a forward pass over the prefix -- at a few prefix lengths, summed over t = 1..n by linear
 interpolation (a whole re-run sample would take many minutes), and checked
 against a re-run sample of the first tokens measured directly; the cache's bytes
@@ -96,7 +98,7 @@ def measure_model(name: str, cfg: ModelConfig, plan: dict, prefix: int) -> dict:
                                                   for m in lengths] for kind in ("dense",
                                                                                  "sparse")}}
     out["warm_up_s"] = {kind: gen.warm_up(model, kind) for kind in ("sparse", "dense")}
-    keep = ("total_s", "total_cpu_s", "cache_bytes", "totals_s", "engine")
+    keep = ("total_s", "total_cpu_s", "cache_bytes", "totals_s", "engine", "steps")
     print(f"{name}: sparse cache, a whole sample of {n} tokens ...", flush=True)
     sparse = gen.decode_timeline(model, "sparse", repeats=plan["repeats"])
     out["sparse"] = {k: sparse[k] for k in keep}
@@ -115,11 +117,12 @@ def measure_model(name: str, cfg: ModelConfig, plan: dict, prefix: int) -> dict:
     else:
         points = [n * k // 8 - w for k in (1, 2, 4, 6, 8)]
         print(f"{name}: dense cache, windows of {w} steps from t = {points} ...", flush=True)
-        rates = [1.0 / float(np.median(gen.decode_window(model, "dense", t, w)))
+        counts: dict = {}
+        rates = [1.0 / float(np.median(gen.decode_window(model, "dense", t, w, counts=counts)))
                  for t in points]
         out["dense"] = {"t": [t + w for t in points], "tokens_per_s": rates,
                         "cache_bytes": out["cache_bytes"]["dense"][-1],
-                        "engine": out["sparse"]["engine"]}
+                        "engine": out["sparse"]["engine"], "steps": counts}
     print(f"{name}: re-run sampler at t = {plan['rerun_ts']} ...", flush=True)
     counts = sorted({1, torch.get_num_threads(), os.cpu_count() or 1})
     steps = [gen.rerun_seconds(model, t, repeats=2 if t > n // 3 else 3, threads=counts)
@@ -204,10 +207,13 @@ def run(quick: bool, threads: int = 1, runs: int = 1) -> dict:
 def print_summary(data: dict) -> None:
     for name, m in data["models"].items():
         r = m["rerun"]
+        for kind in ("sparse", "dense"):
+            print(f"{name}: {kind} cache, steps per engine: {m[kind]['steps']}")
         if "sparse_torch" in m:
-            print(f"{name}: sparse cache on the PyTorch step {m['sparse_torch']['total_s']:.1f} s,"
-                  f" on the {m['sparse']['engine']} step {m['sparse']['total_s']:.1f} s "
-                  f"(warm-up once per process: {m['warm_up_s']['sparse']:.1f} s)")
+            print(f"{name}: sparse cache on the PyTorch step alone "
+                  f"{m['sparse_torch']['total_s']:.1f} s, engine {m['sparse']['engine']} "
+                  f"{m['sparse']['total_s']:.1f} s (warm-up once per process: "
+                  f"{m['warm_up_s']['sparse']:.1f} s)")
         print(f"{name} (n={m['n']}): sparse {m['sparse']['total_s']:.1f} s whole sample, "
               f"cache {m['sparse']['cache_bytes'] / 2**20:.1f} MiB vs dense "
               f"{m['dense']['cache_bytes'] / 2**20:.1f} MiB; re-run estimated "

@@ -92,38 +92,61 @@ def _linear(x, w, b, out):
 
 
 @_jit
-def _attend(q, store, rows, keep, scores, out):
+def _attend(q, store, rows, keep, scores, picked, out):
     """One head's row of attention: softmax(q . k_j) v_j over the store rows j in
     ``rows`` whose keep flag is set (``keep`` empty: all). q (dk,), already scaled;
-    store (rows, dk + dv); out (dv,). No kept row: out = 0."""
-    dk, dv = q.shape[0], out.shape[0]
+    store (rows, dk + dv); out (dv,); scores and picked: scratch of len(rows) at
+    least. No kept row: out = 0. Every row's score is computed (a dense cache's
+    step costs O(t), as it should), the weighted sum runs over the kept rows
+    only. Rows go four at a time, so that four sums are in flight instead of one
+    chain of dependent additions (a third faster for long reads: a fixed-pattern
+    head at t = 12,288 reads 3,104 keys)."""
+    dk, dv, m = q.shape[0], out.shape[0], rows.shape[0]
+    four = m - m % 4
+    for a in range(0, four, 4):                                  # scores: q . k
+        j0, j1, j2, j3 = rows[a], rows[a + 1], rows[a + 2], rows[a + 3]
+        s0 = s1 = s2 = s3 = np.float32(0.0)
+        for i in range(dk):
+            s0 += q[i] * store[j0, i]
+            s1 += q[i] * store[j1, i]
+            s2 += q[i] * store[j2, i]
+            s3 += q[i] * store[j3, i]
+        scores[a], scores[a + 1], scores[a + 2], scores[a + 3] = s0, s1, s2, s3
+    for a in range(four, m):
+        j0, s0 = rows[a], np.float32(0.0)
+        for i in range(dk):
+            s0 += q[i] * store[j0, i]
+        scores[a] = s0
     top = -np.inf
-    for a in range(rows.shape[0]):
+    for a in range(m):
         if keep.shape[0] and not keep[a]:
             scores[a] = -np.inf
-            continue
-        j = rows[a]
-        acc = np.float32(0.0)
-        for i in range(dk):
-            acc += q[i] * store[j, i]
-        scores[a] = acc
-        if acc > top or acc != acc:                 # NaN wins, as in torch.softmax
-            top = acc
+        elif scores[a] > top or scores[a] != scores[a]:      # NaN wins, as in torch.softmax
+            top = scores[a]
     for i in range(dv):
         out[i] = 0.0
-    if top == -np.inf:                              # reads nothing (or only masked keys)
+    if top == -np.inf:                                       # reads nothing
         return
     total = np.float32(0.0)
-    for a in range(rows.shape[0]):
-        scores[a] = np.exp(scores[a] - top)
-        total += scores[a]
-    for a in range(rows.shape[0]):
-        if keep.shape[0] and not keep[a]:
-            continue
-        p = scores[a] / total
-        j = rows[a]
+    kept = 0                                                 # softmax, kept rows packed
+    for a in range(m):
+        p = np.exp(scores[a] - top)                          # a dropped row: exp(-inf) = 0
+        total += p
+        if p != 0.0 or p != p:
+            scores[kept], picked[kept] = p, rows[a]
+            kept += 1
+    four = kept - kept % 4
+    for a in range(0, four, 4):                              # out = sum_j p_j v_j
+        j0, j1, j2, j3 = picked[a], picked[a + 1], picked[a + 2], picked[a + 3]
+        p0, p1, p2, p3 = scores[a] / total, scores[a + 1] / total, scores[a + 2] / total, \
+            scores[a + 3] / total
         for i in range(dv):
-            out[i] += p * store[j, dk + i]
+            out[i] += p0 * store[j0, dk + i] + p1 * store[j1, dk + i] + \
+                p2 * store[j2, dk + i] + p3 * store[j3, dk + i]
+    for a in range(four, kept):
+        j0, p0 = picked[a], scores[a] / total
+        for i in range(dv):
+            out[i] += p0 * store[j0, dk + i]
 
 
 @_jit
@@ -147,6 +170,7 @@ def decode_step(tokens, embed, pos, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, 
     qkv = np.empty((B, qkv_w.shape[2]), np.float32)
     f = np.empty((B, fc1_w.shape[2]), np.float32)
     scores = np.empty(max(rows.shape[0], 1), np.float32)
+    picked = np.empty(max(rows.shape[0], 1), np.int64)
     for layer in range(L):
         _layer_norm(h, ln1_w[layer], ln1_b[layer], eps[layer, 0], x)
         _linear(x, qkv_w[layer], qkv_b[layer], qkv)
@@ -162,7 +186,7 @@ def decode_step(tokens, embed, pos, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, 
                     buf[r, slot, w1] = kv
                 flags = keep[k0:k0 + hi - lo] if k0 >= 0 else keep[:0]
                 _attend(qkv[r, head * dk:(head + 1) * dk], buf[r, slot], rows[lo:hi], flags,
-                        scores, o[r, head * dv:(head + 1) * dv])
+                        scores, picked, o[r, head * dv:(head + 1) * dv])
         _linear(o, proj_w[layer], proj_b[layer], y)
         h += y
         _layer_norm(h, ln2_w[layer], ln2_b[layer], eps[layer, 1], x)

@@ -111,7 +111,7 @@ def decode_timeline(model, kind: str, length: int | None = None, seed: int = 0,
     {"t": positions decoded, "seconds": each step's wall time (a draw and a
     decoder step), "total_s" (wall, prefill included), "total_cpu_s" (the
     process's CPU time), "prefill_s", "cache_bytes", "engine": the decoder's,
-    "totals_s": every repetition's total}."""
+    "steps": the steps each engine ran, "totals_s": every repetition's total}."""
     runs = [_timeline(model, kind, length, seed, engine) for _ in range(repeats)]
     best = min(runs, key=lambda r: r["total_s"])
     return {**best, "totals_s": [r["total_s"] for r in runs]}
@@ -133,14 +133,15 @@ def _timeline(model, kind: str, length: int | None, seed: int, engine: str) -> d
     stamps[0] = start + prefill
     return {"t": list(range(1, length)), "seconds": np.diff(stamps).tolist(),
             "total_s": total, "total_cpu_s": cpu, "prefill_s": prefill,
-            "cache_bytes": dec.nbytes(), "engine": dec.engine}
+            "cache_bytes": dec.nbytes(), "engine": dec.engine, "steps": dict(dec.steps)}
 
 
 @torch.no_grad()
 def decode_window(model, kind: str, t: int, steps: int, seed: int = 0,
-                  engine: str = "auto") -> list[float]:
+                  engine: str = "auto", counts: dict | None = None) -> list[float]:
     """Seconds of each of ``steps`` decoding steps from position t on, after a
-    prefill of positions 0..t-1 (not timed)."""
+    prefill of positions 0..t-1 (not timed); ``counts`` (a dict) adds up the
+    steps each engine ran."""
     gen = torch.Generator().manual_seed(seed)
     dec = Decoder(model, t + steps, kind, engine=engine)
     logits = dec.prefill(_prompt(model, t, gen))
@@ -149,6 +150,9 @@ def decode_window(model, kind: str, t: int, steps: int, seed: int = 0,
         start = time.perf_counter()
         logits = dec.step(draw(logits, generator=gen))
         out.append(time.perf_counter() - start)
+    if counts is not None:
+        for name, n in dec.steps.items():
+            counts[name] = counts.get(name, 0) + n
     return out
 
 

@@ -24,6 +24,16 @@ LINES = {"sparse": ("sparse cache (ours)", style.PURPLE, "-"),
          "rerun": ("re-run sampler", style.RED, ":")}
 
 
+def _steps(record: dict) -> str:
+    """", compiled step" / ", compiled: 80% of steps" from a record's step counts."""
+    steps = record.get("steps") or {}
+    total = sum(steps.values())
+    if not total or not steps.get("numba"):
+        return ""
+    share = steps["numba"] / total
+    return ", compiled step" if share == 1 else f", compiled: {share:.0%} of steps"
+
+
 def _title(name: str, m: dict) -> str:
     """"photos32: n=3072, strided l=96" from the model's stored config."""
     cfg = m["config"]
@@ -39,10 +49,8 @@ def plot_generation(data: dict, path) -> Path:
         for kind in [k for k in LINES if k in m]:
             label, colour, ls = LINES[kind]
             marker = "o" if kind == "rerun" or len(m[kind]["t"]) < 10 else None
-            engine = f" ({m[kind]['engine']} step)" if kind in ("sparse", "dense") \
-                and m[kind].get("engine") else ""
             ax_speed.plot(m[kind]["t"], m[kind]["tokens_per_s"], ls, color=colour,
-                          marker=marker, ms=4, label=label + engine,
+                          marker=marker, ms=4, label=label + _steps(m[kind]),
                           alpha=0.55 if kind == "sparse_torch" else 1.0)
         r = m["rerun"]
         speedup = r["total_s_estimated"] / m["sparse"]["total_s"]

@@ -33,7 +33,10 @@ Two engines run a step (``engine``):
   tests hold both engines to the re-run model.
 
 "auto" (the default) takes "numba" where it applies (a float32 model on the CPU,
-Numba installed), and "torch" otherwise and for any step under autocast.
+Numba installed), and "torch" otherwise, for any step under autocast, and for a
+step whose heads read more than ``cpu_step.AUTO_MAX_KEYS`` keys (there the
+PyTorch step's vectorised products over many keys are faster). ``steps`` counts
+the steps each engine ran.
 
 Decoding needs eval mode (dropout off), as sampling does.
 """
@@ -111,9 +114,10 @@ class Decoder:
             self.head = (*_norm(model.ln_f), model.head.bias,
                          model.head.weight.t().contiguous())
         self.requested, self.cpu_step = engine, None
+        self.steps = {"numba": 0, "torch": 0}                          # steps each engine ran
         if engine != "torch" and not why:
-            from fast.transformer.cpu_step import CpuStep  # imports Numba
-            self.cpu_step = CpuStep(self)
+            from fast.transformer.cpu_step import AUTO_MAX_KEYS, CpuStep  # imports Numba
+            self.cpu_step = CpuStep(self, AUTO_MAX_KEYS if engine == "auto" else None)
 
     @property
     def engine(self) -> str:
@@ -181,9 +185,10 @@ class Decoder:
             raise ValueError("step continues a sequence: call prefill first")
         autocast_on = _autocast_on(tokens.device)
         if self.cpu_step is not None:
-            if not autocast_on:
-                logits = self.cpu_step(tokens, t)                        # (B, vocab)
+            logits = None if autocast_on else self.cpu_step(tokens, t)  # (B, vocab)
+            if logits is not None:
                 self.t = t + 1
+                self.steps["numba"] += 1
                 return logits
             if self.requested == "numba":
                 raise ValueError("engine 'numba' computes in float32: decode under autocast "
@@ -207,6 +212,7 @@ class Decoder:
             y = torch.layer_norm(h, s2, w2, b2, e2)
             h = h + torch.addmm(b_2, F.silu(torch.addmm(b_1, y, w_1)), w_2)
         self.t = t + 1
+        self.steps["torch"] += 1
         s_f, w_f, b_f, e_f, b_out, w_out = self.head
         h = torch.layer_norm(h, s_f, w_f, b_f, e_f)
         return torch.addmm(b_out, h, w_out).float()                      # (B, vocab)

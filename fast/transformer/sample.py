@@ -85,8 +85,8 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
     grey16 samples: 72 s with 2 threads, 4 s with 1, on this project's 2-core
     machine under load) -- and torch's setting otherwise.
     progress: a progress bar counting tokens (and tokens per second). stats: a
-    dict to fill with seconds, tokens drawn, the cache's bytes and the engine that
-    ran the steps. engine: "auto", "numba" or "torch" (``Decoder``).
+    dict to fill with seconds, tokens drawn, the cache's bytes, the decoder's engine
+    and the steps each engine ran. engine: "auto", "numba" or "torch" (``Decoder``).
     """
     model = getattr(model, "module", model)
     cfg = model.cfg
@@ -105,6 +105,7 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
     model.set_qk_fp32(True)
     bar = tqdm(total=num * (length - p), unit="tok", desc="sample", disable=not progress)
     start, cache_bytes, engines = time.perf_counter(), 0, set()
+    steps = {"numba": 0, "torch": 0}
     try:
         if threads:
             torch.set_num_threads(threads)
@@ -113,9 +114,11 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
             prefix = torch.full((rows.shape[0], int(req["start_token"])), cfg.vocab_size,
                                 dtype=torch.long, device=device)          # (b, 0 or 1)
             with autocast(precision, device):
-                nbytes, used = _fill(model, rows, prefix, p, req, generator, bar)
-                cache_bytes = max(cache_bytes, nbytes)
-                engines.add(used)
+                decoder = _fill(model, rows, prefix, p, req, generator, bar)
+                if decoder is not None:
+                    cache_bytes = max(cache_bytes, decoder.nbytes())
+                    engines.add(decoder.engine)
+                    steps = {k: steps[k] + n for k, n in decoder.steps.items()}
     finally:
         torch.set_num_threads(threads_before)
         bar.close()
@@ -124,17 +127,17 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
     if stats is not None:
         stats.update(seconds=time.perf_counter() - start, tokens=num * (length - p),
                      cache=req["cache"], cache_bytes=cache_bytes,
-                     engine="+".join(sorted(engines - {None})) or None)
+                     engine="+".join(sorted(engines)) or None, steps=steps)
     return out
 
 
 def _fill(model, rows: torch.Tensor, prefix: torch.Tensor, p: int, req: dict, generator,
-          bar) -> tuple[int, str | None]:
-    """Sample rows[:, p:] in place after the prompt rows[:, :p]; returns the cache's
-    bytes and the engine of its steps (None: no cache)."""
+          bar) -> Decoder | None:
+    """Sample rows[:, p:] in place after the prompt rows[:, :p]; returns the decoder
+    (None: no cache, or nothing to draw)."""
     length = rows.shape[1]
     if p == length:
-        return 0, None
+        return None
     pick = dict(temperature=req["temperature"], top_k=req["top_k"], top_p=req["top_p"],
                 generator=generator)
     if req["cache"] is None:                                             # the reference
@@ -142,7 +145,7 @@ def _fill(model, rows: torch.Tensor, prefix: torch.Tensor, p: int, req: dict, ge
             x = torch.cat([prefix, rows[:, :i]], dim=1)                  # (b, prefix + i)
             rows[:, i] = draw(model(x)[:, -1], **pick)
             bar.update(rows.shape[0])
-        return 0, None
+        return None
     decoder = Decoder(model, prefix.shape[1] + length - 1, req["cache"], engine=req["engine"])
     logits = decoder.prefill(torch.cat([prefix, rows[:, :p]], dim=1))   # (b, vocab)
     for i in range(p, length):
@@ -150,7 +153,7 @@ def _fill(model, rows: torch.Tensor, prefix: torch.Tensor, p: int, req: dict, ge
         bar.update(rows.shape[0])
         if i + 1 < length:
             logits = decoder.step(rows[:, i])
-    return decoder.nbytes(), decoder.engine
+    return decoder
 
 
 # ----------------------------------------------------------------------------
