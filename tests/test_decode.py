@@ -32,6 +32,7 @@ from fast.transformer.devices import autocast
 from fast.transformer.kv_cache import DenseCache, SparseCache, layer_cache
 from fast.transformer.kv_reads import head_groups, row_mask
 from fast.transformer.model import SparseTransformer
+from reference import model as ref_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -220,6 +221,34 @@ def test_decoder_logits_equal_rerun(pattern, combine, heads, image):
         got = decode_all(model, idx, prompt, kind, engine=engine)
         err = (got - want[:, prompt - 1:]).abs().max().item()
         assert err < 1e-5, (kind, prompt, engine, err)
+
+
+@pytest.mark.parametrize("engine", ["numba", "torch"])
+@pytest.mark.parametrize("pattern,combine,heads", [("strided", "merged", 1), ("full", "merged", 2),
+                                                   ("fixed", "multihead", 2),
+                                                   ("fixed", "interleaved", 2)])
+def test_decoder_against_the_numpy_reference(engine, pattern, combine, heads):
+    """The reference is truth: decoded float32 logits against reference/model.py in
+    float64 (n = 23, not a multiple of l = 6; d = 48 with two heads), held to the
+    rule for low precision: at most twice the float32 model's own error, plus 1e-6."""
+    cfg = ModelConfig(vocab_size=11, n_ctx=23, d_model=24 * heads, n_heads=heads, n_layers=3,
+                      pattern=pattern, combine=combine, stride=6,
+                      c=2 if pattern == "fixed" else None, embedding="text")
+    torch.manual_seed(0)
+    model = SparseTransformer(cfg).eval()
+    with torch.no_grad():                                   # non-trivial norms and biases
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "ln" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    idx = torch.randint(0, 11, (2, 23), generator=torch.Generator().manual_seed(3))
+    weights = {k: v.double().numpy() for k, v in model.state_dict().items()}
+    truth = ref_model.forward(weights, cfg, idx.numpy())                  # (2, 23, 11)
+    with torch.no_grad():
+        own = np.abs(model(idx).double().numpy() - truth).max()
+    got = decode_all(model, idx, 5, "sparse", engine=engine).double().numpy()  # positions 4..
+    err = np.abs(got - truth[:, 4:]).max()
+    print(f"{pattern} {combine} {engine}: decoder {err:.2e}, float32 model {own:.2e}")
+    assert err <= 2 * own + 1e-6
 
 
 def test_decoder_checks():

@@ -28,8 +28,8 @@ Two engines run a step (``engine``):
 * "numba" -- the same step compiled for the CPU (``fast.transformer.cpu_step``,
   ``fast.kernels.cpu_decode``): float32 only, without autocast. For small models
   PyTorch's per-operation dispatch, not the arithmetic, sets the pace of a step
-  (about a hundred one-row products); one compiled call is about six times
-  faster for the photos32 model. The caches and their reads are the same; the
+  (about a hundred one-row products); one compiled call is 3-4x faster for
+  the photos32 model. The caches and their reads are the same; the
   tests hold both engines to the re-run model.
 
 "auto" (the default) takes "numba" where it applies (a float32 model on the CPU,
