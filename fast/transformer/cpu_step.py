@@ -65,14 +65,14 @@ class CpuStep:
         from numba.typed import List
 
         caches, H = self.decoder.caches, self.decoder.cfg.n_heads
-        stores, self.reps = [], {}
+        stores, self.reps, n_rows = [], {}, 0
         self.table = np.zeros((len(caches), H, 7), np.int64)   # cpu_decode's table
         self.where = np.zeros((len(caches), H), np.int64)      # block, head -> plan row
         for layer, cache in enumerate(caches):
             for g, (heads, key, signature) in enumerate(cache.plan_groups()):
                 if signature not in self.reps:                  # (cache, group, first row)
-                    self.reps[signature] = (cache, g, sum(len(cache.plan_groups()[h][0])
-                                                          for c, h, _ in self.reps.values()))
+                    self.reps[signature] = (cache, g, n_rows)
+                    n_rows += len(heads)
                 self.table[layer, heads, 0] = len(stores)
                 self.table[layer, heads, 1] = np.arange(len(heads))
                 self.where[layer, heads] = self.reps[signature][2] + np.arange(len(heads))
