@@ -52,6 +52,15 @@ def test_decode_timeline_keeps_the_fastest_repetition(monkeypatch):
     assert [plan["repeats"] for plan in plans] == [3, 1]       # photos32, enwik8
 
 
+def test_engine_steps_alternate_the_engines():
+    cfg = ModelConfig(vocab_size=16, n_ctx=40, d_model=16, n_heads=2, n_layers=1,
+                      pattern="fixed", stride=8, c=2)
+    model = SparseTransformer(cfg).eval()
+    out = gen.engine_steps(model, "sparse", 10, 12, rounds=3)
+    assert set(out) == {"numba", "torch"} and all(len(s) == 12 for s in out.values())
+    assert gen.keys_read(cfg, 9) == 4      # own block 8, 9 and two summaries of block 0
+
+
 def test_median_run_keeps_the_middle_speedup_and_lists_every_run():
     def record(sparse, rerun):
         return {"sparse": {"total_s": sparse, "total_cpu_s": sparse},
@@ -91,9 +100,15 @@ def test_quick_benchmark_writes_json_and_figure(tmp_path, monkeypatch):
         assert m["sparse"]["engine"] == m["dense"]["engine"] == "numba"    # float32, CPU
         assert sum(m["sparse"]["steps"].values()) == m["n"] - 1 and m["sparse"]["steps"]["numba"]
         assert set(m["warm_up_s"]) == {"sparse", "dense"}
+    assert data["machine"]["first_step_s"] > 0
     photos = data["models"]["photos32"]                     # and once on the PyTorch step
     assert photos["sparse_torch"]["engine"] == "torch" and photos["sparse_torch"]["total_s"] > 0
     assert "sparse_torch" not in data["models"]["enwik8"]
+    engines = data["models"]["enwik8"]["engines"]           # the crossover, each engine alone
+    assert len(engines["t"]) == len(engines["keys_per_head"]) == len(engines["numba"]) \
+        == len(engines["torch"]) == 5 and "engines" not in photos
+    assert all(r > 0 for r in engines["numba"] + engines["torch"])
+    assert engines["keys_per_head"] == sorted(engines["keys_per_head"])  # fixed: grows with t
     enwik = data["models"]["enwik8"]                        # fixed: the sparse cache is smaller
     assert enwik["cache_bytes"]["sparse"][-1] < enwik["cache_bytes"]["dense"][-1] / 2
     assert [t["goal"] for t in data["targets"]] == [">= 50x", "minutes", ">= 2x"]

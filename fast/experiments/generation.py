@@ -18,7 +18,10 @@ positions (enwik8, where a whole dense sample is slow). Both caches step as
 ``AUTO_MAX_KEYS`` keys per head; each record counts the steps of each), after a
 warm-up that compiles the kernel (its seconds are recorded, not counted: once
 per process); photos32 is also sampled once with the sparse cache on the
-PyTorch step alone, to show what the compiled step buys. Then the re-run sampler's
+PyTorch step alone, to show what the compiled step buys; and for enwik8, steps of
+the sparse cache at the dense windows' positions on each engine alone, the two
+alternating in six turns so that both meet the same load ("engines": the
+crossover from which ``AUTO_MAX_KEYS`` is chosen). Then the re-run sampler's
 step -- a forward pass over the prefix -- at a few prefix lengths, summed over t = 1..n by linear
 interpolation (a whole re-run sample would take many minutes), and checked
 against a re-run sample of the first tokens measured directly; the cache's bytes
@@ -67,7 +70,8 @@ def model_configs(quick: bool) -> dict:
     per measured window, "rerun_ts": prefix lengths of the re-run steps, "repeats":
     whole samples with the sparse cache, the fastest counting -- three for photos32,
     like the re-run steps' two or three repetitions; one for enwik8, whose goal is
-    minutes; "torch_step": also a whole sample on the PyTorch step})."""
+    minutes; "torch_step": also a whole sample on the PyTorch step; "engines": windows
+    of steps on each engine alone})."""
     photos = preset("photos32")[0]
     text = ModelConfig(vocab_size=256, n_ctx=12288, d_model=128, n_heads=8, n_layers=4,
                        pattern="fixed", combine="merged", stride=128, c=32, embedding="text")
@@ -80,10 +84,10 @@ def model_configs(quick: bool) -> dict:
         "photos32": (photos, {"dense_full": True, "window": 16 if quick else 64,
                               "rerun_ts": sorted({1, *range(0, photos.n_ctx + 1,
                                                             photos.n_ctx // 6)} - {0}),
-                              "repeats": 3, "torch_step": True}),
+                              "repeats": 3, "torch_step": True, "engines": False}),
         "enwik8": (text, {"dense_full": False, "window": 16 if quick else 128,
                           "rerun_ts": [1, *(text.n_ctx * k // 12 for k in (1, 4, 8, 12))],
-                          "repeats": 1, "torch_step": False}),
+                          "repeats": 1, "torch_step": False, "engines": True}),
     }
 
 
@@ -123,6 +127,15 @@ def measure_model(name: str, cfg: ModelConfig, plan: dict, prefix: int) -> dict:
         out["dense"] = {"t": [t + w for t in points], "tokens_per_s": rates,
                         "cache_bytes": out["cache_bytes"]["dense"][-1],
                         "engine": out["sparse"]["engine"], "steps": counts}
+    if plan["engines"]:
+        points = [n * k // 8 - w for k in (1, 2, 4, 6, 8)]
+        print(f"{name}: sparse cache on each engine, {w} steps from t = {points}, the engines "
+              f"alternating ...", flush=True)
+        steps = [gen.engine_steps(model, "sparse", t, w) for t in points]
+        out["engines"] = {"t": [t + w for t in points],
+                          "keys_per_head": [gen.keys_read(cfg, t + w - 1) for t in points],
+                          **{engine: [1.0 / float(np.median(s[engine])) for s in steps]
+                             for engine in ("numba", "torch")}}
     print(f"{name}: re-run sampler at t = {plan['rerun_ts']} ...", flush=True)
     counts = sorted({1, torch.get_num_threads(), os.cpu_count() or 1})
     steps = [gen.rerun_seconds(model, t, repeats=2 if t > n // 3 else 3, threads=counts)
@@ -194,9 +207,12 @@ def run(quick: bool, threads: int = 1, runs: int = 1) -> dict:
         info["load_average"] = os.getloadavg()
         info["numba"] = importlib.metadata.version("numba") \
             if importlib.util.find_spec("numba") else None
-        models = {name: median_run([measure_model(name, cfg, plan, prefix=16 if quick else 64)
-                                    for _ in range(runs if name == "photos32" else 1)])
-                  for name, (cfg, plan) in model_configs(quick).items()}
+        records = {name: [measure_model(name, cfg, plan, prefix=16 if quick else 64)
+                          for _ in range(runs if name == "photos32" else 1)]
+                   for name, (cfg, plan) in model_configs(quick).items()}
+        # the process's first compiled step: compiling it, or loading Numba's disk cache
+        info["first_step_s"] = records["photos32"][0]["warm_up_s"]["sparse"]
+        models = {name: median_run(record) for name, record in records.items()}
         info["wall_s"] = time.perf_counter() - start
     finally:
         torch.set_num_threads(before)
@@ -205,15 +221,21 @@ def run(quick: bool, threads: int = 1, runs: int = 1) -> dict:
 
 
 def print_summary(data: dict) -> None:
+    print(f"the first compiled step of the run (compiling it, or loading it from Numba's disk "
+          f"cache; not counted): {data['machine']['first_step_s']:.1f} s")
     for name, m in data["models"].items():
         r = m["rerun"]
         for kind in ("sparse", "dense"):
             print(f"{name}: {kind} cache, steps per engine: {m[kind]['steps']}")
+        if "engines" in m:
+            e = m["engines"]
+            print(f"{name}: sparse cache, tokens/s compiled vs PyTorch step at keys per head "
+                  + ", ".join(f"{k:.0f}: {a:.0f} vs {b:.0f}"
+                              for k, a, b in zip(e["keys_per_head"], e["numba"], e["torch"])))
         if "sparse_torch" in m:
             print(f"{name}: sparse cache on the PyTorch step alone "
                   f"{m['sparse_torch']['total_s']:.1f} s, engine {m['sparse']['engine']} "
-                  f"{m['sparse']['total_s']:.1f} s (warm-up once per process: "
-                  f"{m['warm_up_s']['sparse']:.1f} s)")
+                  f"{m['sparse']['total_s']:.1f} s")
         print(f"{name} (n={m['n']}): sparse {m['sparse']['total_s']:.1f} s whole sample, "
               f"cache {m['sparse']['cache_bytes'] / 2**20:.1f} MiB vs dense "
               f"{m['dense']['cache_bytes'] / 2**20:.1f} MiB; re-run estimated "

@@ -18,6 +18,9 @@ one token at a time; what a step costs is the question:
                         prefill of t positions), for points of a long run that are
                         too slow to reach step by step;
 * ``cache_bytes``       the cache's size for a sample of n positions;
+* ``engine_steps``      steps from position t on each decoder engine alone, the
+                        two alternating in turns (the compiled step against PyTorch's);
+* ``keys_read``         keys a step at position t reads per head;
 * ``rerun_total``       the re-run sampler's time for a whole sample, summed from
                         step times measured at a few prefix lengths (linear
                         interpolation between them: the step's cost grows with t);
@@ -157,6 +160,29 @@ def decode_window(model, kind: str, t: int, steps: int, seed: int = 0,
 
 
 @torch.no_grad()
+def engine_steps(model, kind: str, t: int, steps: int, rounds: int = 6,
+                 seed: int = 0) -> dict[str, list[float]]:
+    """Seconds of decoding steps from position t on for each engine alone ("numba",
+    "torch"): two decoders prefilled alike, then ``rounds`` turns of
+    ``steps // rounds`` steps each, the engines alternating, so that both see the same
+    machine load. {engine: every step's seconds}."""
+    gen = torch.Generator().manual_seed(seed)
+    prompt = _prompt(model, t, gen)
+    decoders = {engine: Decoder(model, t + steps, kind, engine=engine)
+                for engine in ("numba", "torch")}
+    logits = {engine: dec.prefill(prompt) for engine, dec in decoders.items()}
+    token = draw(logits["torch"], generator=gen)
+    out: dict = {engine: [] for engine in decoders}
+    for _ in range(rounds):
+        for engine, dec in decoders.items():
+            for _ in range(steps // rounds):
+                start = time.perf_counter()
+                dec.step(token)
+                out[engine].append(time.perf_counter() - start)
+    return out
+
+
+@torch.no_grad()
 def cache_bytes(model, kind: str, n: int) -> int:
     """Bytes of keys and values a ``kind`` cache holds for a sample of n positions."""
     dec = Decoder(model, n, kind)
@@ -172,6 +198,14 @@ def window_rate(seconds, window: int) -> tuple[list[int], list[float]]:
     return ends, [float(1.0 / np.median(s[e - window:e])) for e in ends]
 
 
+def keys_read(cfg, t: int) -> float:
+    """Keys a step at position t reads per head, averaged over heads and blocks
+    (``kv_reads.row_mask``)."""
+    return float(np.mean([row_mask(cfg.pattern, cfg.n_ctx, cfg.n_heads, cfg.combine, layer, t,
+                                   **cfg.pattern_params()).sum(1).float().mean().item()
+                          for layer in range(cfg.n_layers)]))
+
+
 def pattern_costs(cfg, t: int | None = None) -> dict:
     """What a step at position t (default the last, n - 1) of a model shaped like
     ``cfg`` costs with each cache: {"keys_read": mean over heads and blocks of the
@@ -180,9 +214,6 @@ def pattern_costs(cfg, t: int | None = None) -> dict:
     t = cfg.n_ctx - 1 if t is None else t
     torch.manual_seed(0)
     model = SparseTransformer(cfg).eval()
-    reads = [row_mask(cfg.pattern, cfg.n_ctx, cfg.n_heads, cfg.combine, layer, t,
-                      **cfg.pattern_params()).sum(1).float().mean().item()
-             for layer in range(cfg.n_layers)]
-    return {"keys_read": float(np.mean(reads)), "dense_keys": t + 1,
+    return {"keys_read": keys_read(cfg, t), "dense_keys": t + 1,
             "sparse_bytes": cache_bytes(model, "sparse", cfg.n_ctx),
             "dense_bytes": cache_bytes(model, "dense", cfg.n_ctx)}

@@ -19,12 +19,12 @@ With ``max_keys`` set (the decoder's "auto" engine: ``AUTO_MAX_KEYS``), a step
 whose heads read more keys than that is handed back (``None``) to the PyTorch
 step: the kernel wins by skipping PyTorch's per-operation dispatch, which is a
 fixed cost per step, and loses where a step is mostly attention over many keys,
-which PyTorch computes with vectorised matrix products. Measured on this
-project's 2-core machine, batch 1, the two engines interleaved, for the
-Enwik8-shaped model of ``fast.experiments.generation`` (fixed, 8 heads of 16
-features): the kernel's step is 2.4x faster at 352 keys per head, 1.9x at 608,
-1.2-1.6x at 864, and 1.5-2x slower at 3,104 (t = 12,000); for photos32 (at most
-128 keys per head) it is 3-4x faster at every position.
+which PyTorch computes with vectorised matrix products. ``python -m fast
+generate`` times both engines side by side, alternating, on its Enwik8-shaped
+model (fixed, 8 heads of 16 features; figures/data/generation.json, "engines"):
+on this project's 2-core machine the compiled step ran at 2.1x PyTorch's speed
+at 480 keys per head, 1.3x at 864, 0.76x at 1,632 and 0.64x at 3,168; photos32's
+heads read at most 128 keys.
 """
 
 from __future__ import annotations
@@ -49,12 +49,12 @@ class CpuStep:
         if cpu_decode.MISSING:
             raise ValueError(cpu_decode.MISSING)
         self.decoder, self.max_keys = decoder, max_keys
-        blocks = decoder.blocks                 # Decoder._weights' tuples, one per block
-        # (s1, w1, b1, e1, b_qkv, w_qkv, b_p, w_p, s2, w2, b2, e2, b_1, w_1, b_2, w_2)
-        order = (1, 2, 5, 4, 7, 6, 9, 10, 13, 12, 15, 14)              # as cpu_decode.WEIGHTS
-        self.weights = tuple(np.stack([_numpy(b[i]) for b in blocks]) for i in order)
+        blocks = decoder.named_blocks()
+        self.weights = tuple(np.stack([_numpy(b[name]) for b in blocks])
+                             for name in cpu_decode.WEIGHTS)                # (L, ...) each
         s_f, w_f, b_f, e_f, b_out, w_out = decoder.head
-        self.eps = np.array([[b[3], b[11]] for b in blocks] + [[e_f, e_f]], dtype=np.float64)
+        self.eps = np.array([[b["ln1_eps"], b["ln2_eps"]] for b in blocks] + [[e_f, e_f]],
+                            dtype=np.float64)
         self.head = (_numpy(w_f), _numpy(b_f), _numpy(w_out), _numpy(b_out))
         self.embed, self.positions = _numpy(decoder.tokens), _numpy(decoder.positions)
         self.stores = None                      # after the prefill, at the first step

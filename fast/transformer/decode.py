@@ -28,9 +28,9 @@ Two engines run a step (``engine``):
 * "numba" -- the same step compiled for the CPU (``fast.transformer.cpu_step``,
   ``fast.kernels.cpu_decode``): float32 only, without autocast. For small models
   PyTorch's per-operation dispatch, not the arithmetic, sets the pace of a step
-  (about a hundred one-row products); one compiled call is 3-4x faster for
-  the photos32 model. The caches and their reads are the same; the
-  tests hold both engines to the re-run model.
+  (about a hundred one-row products); as one compiled call, a whole photos32
+  sample takes 2.5-3x less time (``python -m fast generate``). The caches and
+  their reads are the same; the tests hold both engines to the re-run model.
 
 "auto" (the default) takes "numba" where it applies (a float32 model on the CPU,
 Numba installed), and "torch" otherwise, for any step under autocast, and for a
@@ -53,6 +53,12 @@ from fast.transformer.kv_cache import CACHES, layer_cache
 from fast.transformer.model import SparseTransformer
 
 ENGINES = ("auto", "numba", "torch")
+
+# What ``Decoder._weights`` holds for one block, in order (the step unpacks it so):
+# LayerNorm 1 as torch.layer_norm takes it, the fused q/k/v product, W_p, LayerNorm 2,
+# the feed-forward's W_1 and W_2 (weights as W^T, (in, out)).
+BLOCK_FIELDS = ("ln1_shape", "ln1_w", "ln1_b", "ln1_eps", "qkv_b", "qkv_w", "proj_b", "proj_w",
+                "ln2_shape", "ln2_w", "ln2_b", "ln2_eps", "fc1_b", "fc1_w", "fc2_b", "fc2_w")
 
 
 def _autocast_on(device: torch.device) -> bool:
@@ -119,6 +125,10 @@ class Decoder:
             from fast.transformer.cpu_step import AUTO_MAX_KEYS, CpuStep  # imports Numba
             self.cpu_step = CpuStep(self, AUTO_MAX_KEYS if engine == "auto" else None)
 
+    def named_blocks(self) -> list[dict]:
+        """Every block's step weights by name (``BLOCK_FIELDS``)."""
+        return [dict(zip(BLOCK_FIELDS, block)) for block in self.blocks]
+
     @property
     def engine(self) -> str:
         """The engine that runs the steps: "numba" or "torch" (module docstring)."""
@@ -126,9 +136,9 @@ class Decoder:
 
     @staticmethod
     def _weights(block, H: int, scale: float) -> tuple:
-        """One block's weights as a step uses them, plain tensors read once here, not
-        per step (a step is ~15 small products per block: Python and module
-        attribute look-ups would cost as much as the arithmetic): LayerNorm 1's
+        """One block's weights as a step uses them (``BLOCK_FIELDS``), plain tensors
+        read once here, not per step (a step is ~15 small products per block: Python
+        and module attribute look-ups would cost as much as the arithmetic): LayerNorm 1's
         (shape, weight, bias, eps); the fused [scale W_q; W_k, W_v of head 0; ...;
         of head H-1]^T, with the attention's 1/sqrt(d) in W_q and each head's key
         and value side by side as the caches store them; W_p^T; LayerNorm 2; W_1^T

@@ -317,9 +317,9 @@ class SparseCache(LayerCache):
                     flags = ~drop[:, 0].cpu().numpy()
                 rows.append(piece)
                 keep.append(flags)
-            if any(flags is not None for flags in keep):
+            if any(f is not None for f in keep):
                 keep = np.concatenate([np.ones((heads, len(r)), dtype=bool) if f is None else f
-                                       for r, f in zip(rows, keep)], axis=1)
+                                       for r, f in zip(rows, keep)], axis=1)    # (Hg, m)
             else:
                 keep = None
             rows = rows[0] if len(rows) == 1 else \
