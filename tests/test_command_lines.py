@@ -1,7 +1,7 @@
 """``python -m fast COMMAND`` under bad input, end to end: one line ``<command>: <what was
 given>; allowed: <what is allowed>``, exit status 2, before any work and with nothing
 written (Child et al., 2019, sec. 5-7: the commands that sample and measure; the rule
-is ``fast.core.cli``'s). The parsers alone are fuzzed in ``tests/test_cli_fuzz.py``.
+is ``fast.commands.cli``'s). The parsers alone are fuzzed in ``tests/test_cli_fuzz.py``.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from fast.__main__ import main as fast_main
+from fast.commands import sample as sampling
 from fast.experiments import samples as samples_cli
-from fast.transformer import sample as sampling
-from fast.transformer.checkpoint import save_weights
 from fast.transformer.config import ModelConfig
-from fast.transformer.model import SparseTransformer
+from fast.transformer.network.checkpoint import save_weights
+from fast.transformer.network.model import SparseTransformer
 
 ROOT = Path(__file__).resolve().parents[1]
 

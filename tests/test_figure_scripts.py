@@ -9,11 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from fast.__main__ import COMMANDS
+from fast.commands import fig2 as fig2_command
+from fast.commands import figures as make_figures
+from fast.commands.figures import STEPS, command
+from fast.commands.registry import COMMANDS
 from fast.experiments import learned_attention as LA
-from fast.experiments import make_figures
 from fast.experiments import table2 as T2
-from fast.experiments.make_figures import STEPS, command
 from fast.experiments.table2 import run_configs, timing_configs
 from fast.plots import attention as plot_attention
 from fast.plots import style
@@ -226,7 +227,7 @@ def test_fig2_long_run_is_kept_and_redrawn_from_its_weights(tmp_path, monkeypatc
     weights, summary, models, figdir = LA.paths(quick=True, long=True)
     assert weights == tmp_path / "models" / "fig2_dense_long.pt"
     assert LA.paths(quick=False, long=True)[0].name == "fig2_dense_long.pt"
-    assert LA.main(["--long", "--quick", "--threads", "1"]) == 0
+    assert fig2_command.main(["--long", "--quick", "--threads", "1"]) == 0
     record = json.loads(summary.read_text())
     assert weights.exists() and record["train"]["threads"] == 1
     assert record["train"]["machine"]["cpu_count"] >= 1
@@ -235,5 +236,5 @@ def test_fig2_long_run_is_kept_and_redrawn_from_its_weights(tmp_path, monkeypatc
         "attention_mass_long.png", "fig2_layers_long.png", "fig2_learned_attention_long.png"]
     capsys.readouterr()
     stamp = weights.stat().st_mtime_ns
-    assert LA.main(["--long", "--quick"]) == 0
+    assert fig2_command.main(["--long", "--quick"]) == 0
     assert "using cached" in capsys.readouterr().out and weights.stat().st_mtime_ns == stamp

@@ -3,6 +3,7 @@ figure scripts' JSON (figures/data)."""
 
 import json
 
+from fast.commands import results as results_command
 from fast.experiments import results
 from fast.experiments.table2 import PAPER, summarise
 
@@ -16,14 +17,14 @@ def test_results_from_minimal_json(tmp_path, capsys):
                                      "strided_fb_slope_4096_65536": 1.1,
                                      "strided_fb_peak_bytes_65536": 1.5e9}}}
     (tmp_path / "bench_cpu.json").write_text(json.dumps(bench))
-    assert results.main(["--data", str(tmp_path)]) == 0
+    assert results_command.main(["--data", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     assert "| 13.0x |" in captured.out and "1.50 GB" in captured.out
     assert "memory.json" in captured.err  # what was not measured is said, not invented
 
 
 def test_results_from_committed_figures(capsys):
-    assert results.main([]) == 0
+    assert results_command.main([]) == 0
     assert "Table 2" in capsys.readouterr().out
 
 
@@ -42,7 +43,7 @@ def test_table2_section_states_spread_ordering_and_paper(tmp_path, capsys):
                      for m in ("text", "image") for p, t in
                      (("full", 2.0), ("fixed", 1.0), ("strided", 0.5))]}
     (tmp_path / "table2.json").write_text(json.dumps(t2))
-    assert results.main(["--data", str(tmp_path)]) == 0
+    assert results_command.main(["--data", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| dense | 3.500 ± 0.020 | 1.00 |" in out
     assert "fixed < strided < dense (paper: fixed < dense < strided)" in out     # text

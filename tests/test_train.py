@@ -17,22 +17,17 @@ import torch
 import torch.multiprocessing as mp
 
 from fast.__main__ import main as fast_main
+from fast.commands import train as cli
 from fast.data import load
-from fast.transformer import cli
-from fast.transformer import sample as sampling
-from fast.transformer import train as training
-from fast.transformer.checkpoint import (
-    load_checkpoint,
-    load_model,
-    restore,
-    save_weights,
-    training_state,
-)
+from fast.plots.samples import image_grid
 from fast.transformer.config import preset
-from fast.transformer.devices import StepClock
-from fast.transformer.model import SparseTransformer
-from fast.transformer.optim import lr_factor
-from fast.transformer.sample import image_grid
+from fast.transformer.decoding import sample as sampling
+from fast.transformer.network.checkpoint import load_checkpoint, load_model, save_weights
+from fast.transformer.network.model import SparseTransformer
+from fast.transformer.training import train as training
+from fast.transformer.training.clock import StepClock
+from fast.transformer.training.optim import lr_factor
+from fast.transformer.training.resume import check_resumable, training_state
 from tests.conftest import tiny_digits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,10 +212,10 @@ def test_text_sampling_continues_a_prompt():
 
 def test_cli_help_and_bad_option(capsys):
     with pytest.raises(SystemExit) as ok:
-        training.main(["--help"])
+        cli.main(["--help"])
     assert ok.value.code == 0 and "presets:" in capsys.readouterr().out
     with pytest.raises(SystemExit) as bad:
-        training.main(["--layers", "2"])
+        cli.main(["--layers", "2"])
     assert bad.value.code == 2                              # a usage error: one line, exit 2
     line = capsys.readouterr().err
     assert "unknown option --layers" in line and "--n_layers" in line and line.count("\n") == 1
@@ -255,8 +250,8 @@ def test_committed_weights_files_load(path):
     x = torch.zeros(1, 8, dtype=torch.long)
     assert torch.isfinite(model(x)).all()
     with pytest.raises(ValueError, match="cannot resume"):
-        restore(load_checkpoint(path), path, model_cfg=model_cfg, train_cfg=None, world=1,
-                model=model, optimizer=None, scheduler=None, scaler=None)
+        check_resumable(load_checkpoint(path), path, model_cfg=model_cfg, train_cfg=None,
+                        world=1)
 
 
 def test_save_weights_round_trip(tmp_path):
@@ -275,7 +270,7 @@ def test_save_weights_round_trip(tmp_path):
 
 
 def test_training_state_holds_the_documented_keys(tmp_path, digits):
-    """The format in fast.transformer.checkpoint's docstring, in that key order."""
+    """The format in fast.transformer.training.resume's docstring, in that key order."""
     m, t = tiny_digits(tmp_path, max_iters=1)
     out = training.train(m, t, progress=False, dataset=digits)
     state = load_checkpoint(out["checkpoint"])
@@ -293,7 +288,7 @@ def test_training_state_holds_the_documented_keys(tmp_path, digits):
 
 
 def test_step_clock_times_every_step(tmp_path, digits):
-    """The loop's clock (devices.StepClock) keeps one positive time per step, in order."""
+    """The loop's clock (training.clock.StepClock) keeps one positive time per step, in order."""
     clock = StepClock(torch.device("cpu"))
     for _ in range(3):
         clock.start()

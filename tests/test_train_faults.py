@@ -32,9 +32,9 @@ try:
 except ImportError:                               # Windows
     resource = None
 from fast.data import load
-from fast.transformer import train as training
-from fast.transformer.checkpoint import CheckpointWriteError, load_checkpoint, load_model
 from fast.transformer.config import preset
+from fast.transformer.network.checkpoint import CheckpointWriteError, load_checkpoint, load_model
+from fast.transformer.training import train as training
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -65,9 +65,9 @@ def same_weights(a, b) -> bool:
 CHILD = """
 import json, os, sys, time, torch
 from fast.data import load
-from fast.transformer import train as training
+from fast.transformer.training import train as training
 from fast.transformer.config import preset
-step, save = training._step, torch.save
+step, save = training.train_step, torch.save
 def slow_step(*a, **k):
     out = step(*a, **k)
     time.sleep(float(os.environ.get("SLOW_STEP", "0")))
@@ -78,7 +78,7 @@ def stalling_save(obj, f):
         open(sys.argv[2], "w").close()
         time.sleep(600)
     return save(obj, f)
-training._step, torch.save = slow_step, stalling_save
+training.train_step, torch.save = slow_step, stalling_save
 training.train(*preset("digits", **json.loads(sys.argv[1])), progress=False,
                dataset=load("digits"))
 """

@@ -3,8 +3,9 @@
 Child et al., 2019, section 6 trains for days: a run must survive being killed at
 any moment, and so must every cache the figure scripts write (sec. 7's results
 are recomputed from them). Everything the project writes to disk goes through
-``atomic_write``: checkpoints (``fast.transformer.checkpoint``), the JSON caches
-of ``fast.experiments`` and the benchmark results.
+``atomic_write``: checkpoints (``fast.transformer.network.checkpoint``), the JSON caches
+of ``fast.experiments``, the benchmark results and the notebooks a command re-executes.
+``check_writable`` tells, before any work, whether a folder takes a file.
 
 What happens on a fault:
 
@@ -20,8 +21,10 @@ What happens on a fault:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -73,3 +76,13 @@ def write_json(path, data, indent=None) -> str:
     """``json.dumps(data)`` to ``path`` atomically (the figure scripts' caches)."""
     text = json.dumps(data, indent=indent).encode()
     return atomic_write(path, lambda f: f.write(text))
+
+
+def check_writable(folder: Path) -> None:
+    """Make ``folder`` if needed and create (then remove) a file in it; OSError if not."""
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "a file, not a folder", str(folder))
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=folder)
+    os.close(fd)
+    os.unlink(probe)

@@ -18,8 +18,9 @@ Evaluation (``eval_batches``) reads every item of a split, or, when capped at
 k = 0..m-1 -- never just the first ones, so a capped number still describes the
 whole split (all its files, all its photographs).
 
-Random draws use a ``torch.Generator`` passed in (``fast.transformer.seed.data_generator``),
-so a batch is a pure function of (seed, step, rank).
+Random draws use a ``torch.Generator`` passed in
+(``fast.transformer.training.seed.data_generator``), so a batch is a pure function of
+(seed, step, rank).
 """
 
 from __future__ import annotations

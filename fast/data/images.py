@@ -4,7 +4,7 @@ Child et al., 2019, section 7.2 (CIFAR-10 "represented as sequences of 3072
 bytes") and section 7.4 (ImageNet 64x64). Every loader returns a dict
 ``{"train", "val", "test"} -> uint8 array (N, H*W*C)``: each image flattened in
 raster order with channels interleaved, position p = (row * W + col) * C + ch
-(R, G, B for colour) -- the order that fast.transformer.model's (row, column, channel)
+(R, G, B for colour) -- the order that fast.transformer.network.model's (row, column, channel)
 embeddings assume. Nothing is downloaded: the photographs are the files that
 ship inside scikit-image (``skimage/data/``) and scikit-learn
 (``sklearn/datasets/images/``); CIFAR-10 and .npy images are read from a local path.

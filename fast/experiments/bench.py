@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from fast.core import cli
+from fast.commands import cli
 from fast.core.files import write_json
 from fast.experiments import bench_gpu
 from fast.experiments.paths import FIGURES

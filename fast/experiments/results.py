@@ -1,34 +1,25 @@
-"""Print the README's result tables from the JSON that the figure scripts wrote.
+"""The README's result tables, written from the JSON that the figure scripts wrote.
 
 Child et al., 2019: the attention speed targets (sec. 4.4 and 5.5, ``python -m
 fast bench``), recomputation memory (sec. 5.4 and the blog's table, ``python -m
 fast memory``), Table 2 (``python -m fast table2``) and Figure 2's per-layer
 statistics (``python -m fast fig2``). Every number in the
-README's "Results" section is printed by this script, so it can be checked
+README's "Results" section is written by ``report``, so it can be checked
 against a fresh ``python -m fast figures``:
 
-    python -m fast results            # markdown, from figures/data/*.json
+    python -m fast results            # markdown, from figures/data/*.json (fast.commands.results)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from fast.core import cli
-from fast.experiments.paths import DATA
+from fast.experiments.cache import read_cache
 from fast.plots.style import PATTERN_ORDER, display_name
 
 GIB = 2.0 ** 30
-
-
-def _load(data: Path, name: str) -> dict | None:
-    path = data / name
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 def bench_section(bench: dict) -> list[str]:
@@ -239,40 +230,19 @@ def figures_section(log: dict) -> list[str]:
     return ["`make figures` steps: " + ", ".join(parts) + "."] if parts else []
 
 
-def existing_folder(text: str) -> Path:
-    """``--data``: a folder that exists (the figure scripts' JSON is read from it)."""
-    if not Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: an existing folder")
-    return Path(text)
-
-
-def parser() -> cli.Parser:
-    """The options of ``python -m fast results`` (builds the parser, does no work)."""
-    p = cli.Parser("python -m fast results", description=__doc__.splitlines()[0])
-    p.add_argument("--data", type=existing_folder, default=DATA,
-                   help="the folder of the figure scripts' JSON (default: figures/data)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_or_exit(argv)
+def report(data: Path) -> tuple[str, list[str]]:
+    """(the markdown of every section whose JSON is in the folder ``data``, the names of
+    the JSON files not there yet). A damaged file raises ``CacheError``, naming it."""
     sections = [("bench_cpu.json", bench_section), ("memory.json", memory_section),
-                ("table2.json", table2_section), ("learned_attention.json", fig2_section),
+                ("table2.json", lambda t2: table2_section(t2) + [""] + drift_section(t2)),
+                ("learned_attention.json", fig2_section),
                 ("learned_attention_long.json", lambda la: fig2_section(la, long=True)),
                 ("make_figures.json", figures_section)]
-    missing = []
+    text, missing = [], []
     for name, section in sections:
-        payload = _load(args.data, name)
+        payload = read_cache(Path(data) / name)
         if payload is None:
             missing.append(name)
             continue
-        print("\n".join(section(payload)) + "\n")
-        if name == "table2.json":
-            print("\n".join(drift_section(payload)) + "\n")
-    if missing:
-        print(f"(not yet measured: {', '.join(missing)}; run `make figures`)", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        text.append("\n".join(section(payload)) + "\n")
+    return "\n".join(text), missing

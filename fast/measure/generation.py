@@ -6,7 +6,7 @@ one token at a time; what a step costs is the question:
 
 * ``rerun_seconds``     one step of ``sample(cache=False)`` at prefix length t: a
                         forward pass over t tokens and a draw -- O(t) layers' work;
-* ``decode_timeline``   a whole sample through a ``fast.transformer.decode.Decoder``
+* ``decode_timeline``   a whole sample through a ``fast.transformer.decoding.decode.Decoder``
                         with the sparse or the dense cache, every step timed (the
                         fastest of ``repeats`` samples, as the re-run steps are),
                         on the decoder's ``engine`` ("auto": the compiled step for
@@ -41,10 +41,10 @@ import time
 import numpy as np
 import torch
 
-from fast.transformer.decode import Decoder
-from fast.transformer.draw import draw
-from fast.transformer.kv_reads import row_mask
-from fast.transformer.model import SparseTransformer
+from fast.transformer.decoding.decode import Decoder
+from fast.transformer.decoding.draw import draw
+from fast.transformer.decoding.kv_reads import row_mask
+from fast.transformer.network.model import SparseTransformer
 
 
 def _prompt(model, t: int, generator: torch.Generator) -> torch.Tensor:

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from fast.measure.memory import count_saved, peak_memory, rss_bytes
 from fast.transformer.config import ModelConfig
-from fast.transformer.model import SparseTransformer
+from fast.transformer.network.model import SparseTransformer
 
 # A large allocation straight from mmap, returned to the system when freed, so that the
 # resident-memory peak follows the live tensors, not glibc's cache (the child's environment).

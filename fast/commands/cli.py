@@ -1,4 +1,4 @@
-"""Command-line rules shared by every ``python -m fast`` command: typed values, one-line errors.
+"""The argparse toolkit of every ``python -m fast`` command: typed values, one-line errors.
 
 Child et al., 2019: the commands train the network (sec. 5-6), sample from it and
 regenerate the results of sec. 7. Whatever the command, a bad value ends the same way:
@@ -13,13 +13,14 @@ works everywhere. Written once here:
   own check can say what is wrong with it;
 * value parsers for ``type=``: ``integer``, ``finite``, ``boolean``, ``choice``,
   ``names`` (a comma list of choices), ``text``, ``int_tuple``, ``optional`` (``none``
-  -> None), and for paths ``existing_file``, ``existing_path``, ``writable_folder`` and
-  ``output_file`` (its folder exists or can be made, and is writable), each with bounds
-  where it takes them; ``writable_or_exit`` checks a command's output folders before
-  its work;
-* ``UsageError`` -- a ValueError raised by a check that runs before any work (the
-  run's data, its output folder, an existing checkpoint); a command prints it as the
-  one line and exits 2 (``fail``).
+  -> None), ``device`` (a device of this machine), and for paths ``existing_file``,
+  ``existing_path``, ``writable_folder`` and ``output_file`` (its folder exists or can
+  be made, and is writable), each with bounds where it takes them;
+  ``writable_or_exit`` checks a command's output folders before its work;
+* ``UsageError`` -- a ValueError a command raises for a bad combination of its own
+  options; printed as the one line, exit status 2 (``fail``). The library below
+  raises plain ValueError / TypeError with the same "given; allowed" words, and a
+  command turns those into the one line too, around the call that checks its input.
 
 The bounds of a configuration's fields live with the configuration (for ``train``:
 ``fast.transformer.config``); these parsers check only what a value must be to be
@@ -31,14 +32,17 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import errno
 import math
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
+import torch
+
+from fast.core.files import check_writable
+from fast.transformer.config import DEVICE
+from fast.transformer.network.devices import resolve_device
 from reference.params import MAX_INT
 
 EXIT_USAGE = 2
@@ -47,6 +51,12 @@ MAX_SEQUENCE = 2**24    # the longest n a measuring command takes (its longest s
 
 class UsageError(ValueError):
     """Bad input found before any work was done: printed as one line, exit status 2."""
+
+
+def about(doc: str) -> str:
+    """What a command does, for its ``--help``: the first line of its module's docstring,
+    after "``python -m fast NAME``: "."""
+    return doc.strip().splitlines()[0].split(": ", 1)[-1]
 
 
 def fail(prog: str, message: str) -> None:
@@ -313,12 +323,15 @@ def writable_or_exit(prog: str, *folders) -> None:
             fail(prog, f"output folder {folder} cannot be written ({err.strerror or err}); "
                        f"allowed: a writable folder (see --help for the option that moves it)")
 
-
-def check_writable(folder: Path) -> None:
-    """Make ``folder`` if needed and create (then remove) a file in it; OSError if not."""
-    if folder.exists() and not folder.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, "a file, not a folder", str(folder))
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=folder)
-    os.close(fd)
-    os.unlink(probe)
+def device(text: str) -> str:
+    """``--device``: auto, cpu, cuda or cuda:N, and present on this machine."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    here = ["auto", "cpu"] + (["cuda"] + [f"cuda:{i}" for i in range(count)] if count else [])
+    try:
+        if DEVICE.fullmatch(text):
+            resolve_device(text)
+            return text
+    except (ValueError, RuntimeError):
+        pass
+    raise argparse.ArgumentTypeError(f"got {text!r}; allowed: the devices of this machine, "
+                                     f"{', '.join(here)}")

@@ -1,4 +1,4 @@
-"""The command line of ``python -m fast train``: options, help text, the closing summary.
+"""``python -m fast train``: options, help text, the run, the closing summary.
 
 Child et al., 2019, sections 5-7: the options are the fields of the network
 (``ModelConfig``, sec. 5.1-5.6) and of its training (``TrainConfig``, sec. 6),
@@ -12,21 +12,30 @@ starting from a named preset (the paper's models of sec. 7 / Table 1 among them)
 
 Every ModelConfig and TrainConfig field is an option ``--field value`` (or
 ``--field-name value``). How a value is read follows the field's type
-(``fast.core.cli``): integers, finite numbers (no nan, no inf), true/false (a bool
+(``fast.commands.cli``): integers, finite numbers (no nan, no inf), true/false (a bool
 option alone, ``--resume``, means true), ``none`` for an optional field,
 ``16,16,1`` for image_shape and ``val,test`` for eval_splits. The allowed ranges are
 the configuration's own checks (``fast.transformer.config``). Any bad value ends the
 command with one line saying what was given and what is allowed, exit status 2.
-The loop itself is ``fast.transformer.train``.
+Before the first step everything that can be known is checked
+(``fast.transformer.training.preflight.check_run``): a bad run is one line, exit
+status 2; a checkpoint that cannot be written (a full disk) is one line, exit
+status 1, the previous checkpoint intact. The loop itself is
+``fast.transformer.training.train``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 
-from fast.core import cli
+from fast.commands import cli
 from fast.transformer.config import PRESETS, ModelConfig, TrainConfig, preset
+from fast.transformer.network.checkpoint import CheckpointWriteError
+from fast.transformer.training.preflight import check_run
+from fast.transformer.training.train import train
 
 COMMAND = "python -m fast train"
 
@@ -79,7 +88,7 @@ def parser() -> cli.Parser:
 
 def parse_args(argv: list[str]) -> tuple[str, dict]:
     """``--preset NAME --field value ...`` -> (preset name, overrides); a bad option or
-    value raises ``fast.core.cli.UsageError`` (a ValueError) saying what and why."""
+    value raises ``fast.commands.cli.UsageError`` (a ValueError) saying what and why."""
     ns = vars(parser().parse_args(argv))
     return ns.pop("preset", "quick"), ns
 
@@ -101,3 +110,22 @@ def summary(name: str, result: dict) -> str:
     return (f"preset {name}: {result['n_params']:,} parameters, {result['step']} steps on "
             f"{result['device']} ({result['precision']}), "
             f"{result['time_per_iter'] * 1000:.1f} ms/iter; {finals}{ckpt}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """``python -m fast train [--preset NAME] [--field value ...]``: train, print one line.
+    Bad input: one line on stderr, exit status 2; a checkpoint that cannot be written:
+    one line, exit status 1 (the previous checkpoint intact)."""
+    name, model_cfg, train_cfg = configs(sys.argv[1:] if argv is None else argv)
+    try:
+        plan = check_run(model_cfg, train_cfg)               # every check before a step
+    except ValueError as err:
+        cli.fail(COMMAND, err)
+    try:
+        result = train(model_cfg, train_cfg, progress=True, plan=plan)
+    except CheckpointWriteError as err:
+        sys.stderr.write(f"{COMMAND}: {err}\n")
+        raise SystemExit(1) from None
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(summary(name, result))
+    return result

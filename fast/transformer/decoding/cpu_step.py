@@ -1,7 +1,7 @@
-"""A decoder's step on the CPU as one compiled call: ``fast.kernels.cpu_decode``.
+"""A decoder's step on the CPU as one compiled call: ``fast.transformer.decoding.cpu_kernel``.
 
 Child et al., 2019, sections 5.2-5.6 (the network) and 4.3 (which keys a head
-reads). ``fast.transformer.decode.Decoder`` uses this for float32 models on the
+reads). ``fast.transformer.decoding.decode.Decoder`` uses this for float32 models on the
 CPU (its ``engine`` "numba"); the arithmetic is the kernel's, the bookkeeping is
 here:
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fast.kernels import cpu_decode
+from fast.transformer.decoding import cpu_kernel
 
 NO_FLAGS = np.zeros(0, dtype=bool)                   # every head reads every row
 AUTO_MAX_KEYS = 1024            # "auto": steps reading more keys per head run in PyTorch
@@ -46,12 +46,12 @@ class CpuStep:
     """``step(tokens, t)`` for ``decoder``'s weights and caches (module docstring)."""
 
     def __init__(self, decoder, max_keys: int | None = None):
-        if cpu_decode.MISSING:
-            raise ValueError(cpu_decode.MISSING)
+        if cpu_kernel.MISSING:
+            raise ValueError(cpu_kernel.MISSING)
         self.decoder, self.max_keys = decoder, max_keys
         blocks = decoder.named_blocks()
         self.weights = tuple(np.stack([_numpy(b[name]) for b in blocks])
-                             for name in cpu_decode.WEIGHTS)                # (L, ...) each
+                             for name in cpu_kernel.WEIGHTS)                # (L, ...) each
         s_f, w_f, b_f, e_f, b_out, w_out = decoder.head
         self.eps = np.array([[b["ln1_eps"], b["ln2_eps"]] for b in blocks] + [[e_f, e_f]],
                             dtype=np.float64)
@@ -66,7 +66,7 @@ class CpuStep:
 
         caches, H = self.decoder.caches, self.decoder.cfg.n_heads
         stores, self.reps, n_rows = [], {}, 0
-        self.table = np.zeros((len(caches), H, 7), np.int64)   # cpu_decode's table
+        self.table = np.zeros((len(caches), H, 7), np.int64)   # cpu_kernel's table
         self.where = np.zeros((len(caches), H), np.int64)      # block, head -> plan row
         for layer, cache in enumerate(caches):
             for g, (heads, key, signature) in enumerate(cache.plan_groups()):
@@ -112,7 +112,7 @@ class CpuStep:
             if self.max_keys is not None and m > self.max_keys:
                 return None
         self.table[:, :, 2:] = self.plans[self.where]
-        logits = cpu_decode.decode_step(
+        logits = cpu_kernel.decode_step(
             ids, self.embed, self.positions[t], *self.weights, self.eps, *self.head,
             self.stores, self.table, rows[0] if len(rows) == 1 else np.concatenate(rows),
             keep[0] if len(keep) == 1 else np.concatenate(keep) if keep else NO_FLAGS)

@@ -15,7 +15,7 @@ must reach the same weights, so every random draw of a run flows from one seed:
   (the "data position" of a run is just its step count);
 * ``rng_state()`` / ``set_rng_state(state)`` -- this process's global RNG states as
   tensors and plain Python values (what ``torch.load(weights_only=True)`` reads):
-  a checkpoint keeps one per rank (``fast.transformer.checkpoint``).
+  a checkpoint keeps one per rank (``fast.transformer.training.resume``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Execute notebooks in place, so that their committed outputs are current.
+"""``python -m fast notebooks``: execute notebooks in place, so their saved outputs are current.
 
 Used by ``make notebooks`` (and so by ``make figures``). Each notebook runs in
 its own directory (``notebooks/``), top to bottom, in a fresh kernel of the
@@ -18,7 +18,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from fast.core import cli
+from fast.commands import cli
+from fast.core.files import atomic_write
 
 
 def run_notebook(path: Path, timeout: int = 1800) -> float:
@@ -32,7 +33,8 @@ def run_notebook(path: Path, timeout: int = 1800) -> float:
     )
     start = time.perf_counter()
     client.execute()
-    nbformat.write(nb, path)
+    text = nbformat.writes(nb).encode()
+    atomic_write(path, lambda f: f.write(text))
     return time.perf_counter() - start
 
 
@@ -47,7 +49,7 @@ def notebook(value: str) -> Path:
 
 def parser() -> cli.Parser:
     """The parser of ``python -m fast notebooks``; runs nothing."""
-    p = cli.Parser("python -m fast notebooks", description=__doc__.splitlines()[0])
+    p = cli.Parser("python -m fast notebooks", description=cli.about(__doc__))
     p.add_argument("notebooks", nargs="+", type=notebook, help="notebooks to execute in place")
     p.add_argument("--timeout", type=cli.integer(1, 86400), default=1800,
                    help="seconds allowed per cell (default 1800)")

@@ -1,4 +1,4 @@
-"""Regenerate every figure of the project, training included: ``python -m fast figures``.
+"""``python -m fast figures``: regenerate every figure of the project, training included.
 
 Child et al., 2019 -- the commands below run in this order (``STEPS``), each in its
 own process with its own progress bar: the CPU attention benchmark (``python -m fast
@@ -10,7 +10,8 @@ its kept weights), the samples of Table 2's kept models
 ``make figures`` then re-executes the notebooks (``python -m fast notebooks
 notebooks/*.ipynb``), which read the caches these commands write under figures/data/.
 
-    python -m fast figures            # from scratch (about 40 min on 2 idle CPU cores)
+    python -m fast figures            # from scratch (the last run's minutes per step:
+                                      # figures/data/make_figures.json)
     python -m fast figures --resume   # after an interruption: keep what is cached
     python -m fast figures --quick    # tiny versions, written under runs/quick/
     python -m fast figures --only memory,experiments
@@ -22,28 +23,24 @@ figures/data/make_figures.json.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 
 from tqdm import tqdm
 
-from fast.core import cli
+from fast.commands import cli
 from fast.core.files import write_json
+from fast.experiments.cache import read_cache
 from fast.experiments.paths import DATA, FIGURES
 
 # step -> (command of python -m fast, the flags it takes of --quick/--force, rough minutes on
-# an idle 2-core CPU, the output whose presence skips it under --resume when it takes no
+# an idle 2-core CPU (shown beside the progress bar; what the last run took is in
+# figures/data/make_figures.json, and tests/test_figure_scripts.py holds their sum to the
+# 45-minute budget), the output whose presence skips it under --resume when it takes no
 # --force). Order: Table 2 before Figure 2 (Fig. 2 draws Table 2's kept image models) and
 # before the samples (drawn from every kept model); the decoding benchmark uses untrained
-# weights and goes last. The minutes: bench 5-8 and memory about 9 (their last runs); Table 2
-# 18 one-thread runs, two at a time, of about 87 CPU seconds each at 200 steps (measured on a
-# loaded machine, text cell, evaluation included; 160 steps: about 75), plus about 1.5 min of
-# timing at the paper's lengths; Figure 2 600 steps with 2 threads (500 took 264 s on an idle
-# machine); samples a few seconds per model; generate 3-4 min (its record,
-# figures/data/generation.json). ``make figures`` then re-executes the notebooks (about 3
-# min): 43 minutes in all, checked by tests/test_figure_scripts.py.
+# weights and goes last.
 STEPS = {
     "bench": ("bench", (), 7, DATA / "bench_cpu.json"),
     "memory": ("memory", ("--quick", "--force"), 9, None),
@@ -76,7 +73,7 @@ def command(name: str, quick: bool, resume: bool) -> list[str] | None:
 
 def parser() -> cli.Parser:
     """The options of ``python -m fast figures`` (builds the parser, does no work)."""
-    p = cli.Parser("python -m fast figures", description=__doc__.splitlines()[0])
+    p = cli.Parser("python -m fast figures", description=cli.about(__doc__))
     p.add_argument("--resume", action="store_true", help="keep cached results, do the rest")
     p.add_argument("--quick", action="store_true", help="tiny versions under runs/quick/")
     p.add_argument("--only", default=[], type=cli.names(STEPS),
@@ -110,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         tqdm.write(f"make_figures: {name} done in {seconds} s")
     log["total_seconds"] = round(time.perf_counter() - start, 1)
     if not args.quick:
-        old = json.loads(LOG.read_text()) if LOG.exists() else {"steps": {}}
+        old = read_cache(LOG) or {"steps": {}}
         old["steps"].update(log["steps"])          # --only keeps the other steps' times
         old.update({k: v for k, v in log.items() if k != "steps"})
         LOG.parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ takes the masked path and returns the attention weights: for figures at tiny siz
 
 Attention is split into ``project`` (q, k, v), ``attend`` and ``output`` (W_p),
 and a block's residual sum into ``Block.residual``, so that incremental decoding
-(``fast.transformer.decode``: a prefill through this forward pass, then one
+(``fast.transformer.decoding.decode``: a prefill through this forward pass, then one
 position per step with a key/value cache) runs the same layers.
 
 ``reference/model.py`` is the NumPy float64 twin of this forward pass.

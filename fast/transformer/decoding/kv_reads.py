@@ -11,7 +11,7 @@ contract); nothing here re-derives which head reads which part.
 * ``row_mask`` -- the generic form: row t of every head's mask as a bool
   (H, t + 1) tensor, from the closed forms of all five patterns (full, strided,
   fixed, and the Longformer and BigBird neighbours). A cache that keeps every
-  key reads all t + 1 of them and masks the rest (``fast.transformer.kv_cache``'s
+  key reads all t + 1 of them and masks the rest (``fast.transformer.decoding.kv_cache``'s
   dense cache): exact for any pattern, but a step costs O(t).
 
 * ``head_groups`` and ``step_pieces`` -- the sparse form, for the model's

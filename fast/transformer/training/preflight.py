@@ -3,19 +3,20 @@
 Child et al., 2019, section 6 trains for days; a mistake that surfaces only at the
 first evaluation, or when the checkpoint is written, costs the whole run. So
 ``check_run`` looks at everything that can be known before a step is taken, and
-``fast.transformer.train`` calls it first:
+``fast.transformer.training.train`` calls it first:
 
 * the device and precision exist on this machine, and the batch divides over the ranks;
 * the output: ``out_dir`` can be made and written to (a file is created and removed
   there), and a checkpoint already in it is never overwritten by a fresh run unless
   ``overwrite=True``; with ``resume=True`` it must exist, be a safe, readable
-  training checkpoint (``fast.transformer.checkpoint``) and continue the same run;
+  training checkpoint (``fast.transformer.training.resume``) and continue the same run;
 * the data: it loads, fits the model (vocabulary, images or text, sequence length),
   its training split holds a sequence, and every split in ``eval_splits`` exists and
   gives at least one evaluation batch.
 
-Every failure raises ``fast.core.cli.UsageError`` (a ValueError) saying what was
-found and what to do; ``python -m fast train`` prints it as one line, exit status 2.
+Every failure raises a ValueError saying what was found and what to do (an OSError
+met on the way is said as one too); ``python -m fast train`` prints it as one line,
+exit status 2.
 (The configuration's own fields are checked earlier, when it is made:
 ``fast.transformer.config``.)
 """
@@ -27,11 +28,13 @@ from pathlib import Path
 
 import torch
 
-from fast.core.cli import UsageError, check_writable
+from fast.core.files import check_writable
 from fast.data import Dataset, load
-from fast.transformer import checkpoint as ckpt
 from fast.transformer.config import ModelConfig, TrainConfig
-from fast.transformer.devices import resolve_device, resolve_precision, world_size
+from fast.transformer.network.checkpoint import load_checkpoint
+from fast.transformer.network.devices import resolve_device, resolve_precision
+from fast.transformer.training.distributed import world_size
+from fast.transformer.training.resume import check_resumable
 
 
 @dataclass
@@ -50,14 +53,12 @@ def check_run(model_cfg: ModelConfig, train_cfg: TrainConfig,
               dataset: Dataset | None = None) -> Plan:
     """Check a run before its first step; ``dataset`` is loaded unless given."""
     if not isinstance(model_cfg, ModelConfig) or not isinstance(train_cfg, TrainConfig):
-        raise UsageError(f"train needs (ModelConfig, TrainConfig), got "
+        raise ValueError(f"train needs (ModelConfig, TrainConfig), got "
                          f"({type(model_cfg).__name__}, {type(train_cfg).__name__})")
     try:
         return _check(model_cfg, train_cfg, dataset)
-    except UsageError:
-        raise
-    except (ValueError, OSError) as err:                      # a check, said as it was
-        raise UsageError(str(err)) from err
+    except OSError as err:                               # a file met on the way, said so
+        raise ValueError(str(err)) from err
 
 
 def _check(model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset | None) -> Plan:
@@ -65,7 +66,7 @@ def _check(model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset | No
     precision = resolve_precision(train_cfg.precision, device)
     world = world_size()
     if train_cfg.batch_size % world:
-        raise UsageError(f"batch_size={train_cfg.batch_size} must divide evenly over "
+        raise ValueError(f"batch_size={train_cfg.batch_size} must divide evenly over "
                          f"{world} ranks")
     path = Path(train_cfg.out_dir) / "ckpt.pt"
     resume_state = _check_output(model_cfg, train_cfg, path, device, world)
@@ -77,26 +78,26 @@ def _check(model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset | No
 def _check_output(model_cfg, train_cfg, path: Path, device, world) -> dict | None:
     """out_dir writable; an existing checkpoint resumed, replaced on request, or kept."""
     if path.is_dir():
-        raise UsageError(f"{path} is a folder, where the checkpoint file would go; choose "
+        raise ValueError(f"{path} is a folder, where the checkpoint file would go; choose "
                          f"another --out_dir")
     if train_cfg.resume:
         if not path.is_file():
-            raise UsageError(f"cannot resume: there is no checkpoint {path}; run without "
+            raise ValueError(f"cannot resume: there is no checkpoint {path}; run without "
                              f"--resume to start this run")
-        state = ckpt.load_checkpoint(path, map_location=device)
-        ckpt.check_resumable(state, path, model_cfg=model_cfg, train_cfg=train_cfg,
+        state = load_checkpoint(path, map_location=device)
+        check_resumable(state, path, model_cfg=model_cfg, train_cfg=train_cfg,
                              world=world)
     else:
         state = None
         if train_cfg.save_checkpoint and path.exists() and not train_cfg.overwrite:
-            raise UsageError(f"{path} already holds a checkpoint, which this fresh run would "
+            raise ValueError(f"{path} already holds a checkpoint, which this fresh run would "
                              f"overwrite; pass --resume to continue it, --overwrite to "
                              f"replace it, or choose another --out_dir")
     if train_cfg.save_checkpoint:
         try:
             check_writable(path.parent)
         except OSError as err:
-            raise UsageError(f"out_dir {str(path.parent)!r} cannot be written to "
+            raise ValueError(f"out_dir {str(path.parent)!r} cannot be written to "
                              f"({err.strerror or err}); choose another --out_dir, or "
                              f"--save_checkpoint false") from err
     return state
@@ -109,18 +110,18 @@ def _check_data(model_cfg: ModelConfig, train_cfg: TrainConfig,
         dataset = load(train_cfg.dataset, path=train_cfg.data_path,
                        max_bytes=train_cfg.data_max_bytes, image_shape=model_cfg.image_shape)
     if dataset.vocab_size > model_cfg.vocab_size:
-        raise UsageError(f"dataset {dataset.name!r} has {dataset.vocab_size} symbols, more "
+        raise ValueError(f"dataset {dataset.name!r} has {dataset.vocab_size} symbols, more "
                          f"than the model's vocab_size={model_cfg.vocab_size}")
     if dataset.kind == "image" and model_cfg.embedding != "image":
-        raise UsageError(f"dataset {dataset.name!r} holds images; use embedding='image' "
+        raise ValueError(f"dataset {dataset.name!r} holds images; use embedding='image' "
                          f"with image_shape={dataset.image_shape}")
     n = model_cfg.n_ctx
     for split in ("train", *train_cfg.eval_splits):
         if split not in dataset.splits:
-            raise UsageError(f"dataset {dataset.name!r} has no split {split!r}; it has "
+            raise ValueError(f"dataset {dataset.name!r} has no split {split!r}; it has "
                              f"{sorted(dataset.splits)} (eval_splits={train_cfg.eval_splits})")
         dataset.check_length(n, split)
         if next(iter(dataset.eval_batches(split, 1, n, max_batches=1)), None) is None:
-            raise UsageError(f"dataset {dataset.name!r}: split {split!r} holds no sequence "
+            raise ValueError(f"dataset {dataset.name!r}: split {split!r} holds no sequence "
                              f"of n_ctx={n}; nothing to train on or evaluate")
     return dataset

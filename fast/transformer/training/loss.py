@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from fast.data import Dataset
-from fast.transformer.devices import autocast
+from fast.transformer.network.devices import autocast
 
 LN2 = math.log(2.0)
 

@@ -7,7 +7,7 @@ keys and values of the positions decoded so far, after projection; a step
 appends position t and computes row t of attention for every head.
 
 * ``DenseCache`` keeps every key, reads all t + 1 of them and masks the row with
-  ``fast.transformer.kv_reads.row_mask``: exact for any pattern, O(t) per step
+  ``fast.transformer.decoding.kv_reads.row_mask``: exact for any pattern, O(t) per step
   and O(n) memory. It is the baseline the sparse cache is measured against.
 * ``SparseCache`` keeps only what a later query can still read and reads only
   what row t allows (``kv_reads.head_groups`` and ``kv_reads.step_pieces``): the
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from fast.core.precision import acc_dtype
-from fast.transformer.kv_reads import head_groups, row_mask, step_pieces, summary_mask
+from fast.transformer.decoding.kv_reads import head_groups, row_mask, step_pieces, summary_mask
 
 CACHES = ("sparse", "dense")
 
@@ -55,13 +55,13 @@ class LayerCache:
         return sum(kv.nbytes for kv in self.stores.values())
 
     def plan_groups(self) -> list[tuple]:
-        """For ``fast.transformer.cpu_step``: per group of heads, (the heads as a list,
+        """For ``fast.transformer.decoding.cpu_step``: per group of heads, (the heads as a list,
         the key of their store in ``stores``, a signature: caches whose groups share
         one read alike at every step, so a step works out their ``plan`` once)."""
         raise NotImplementedError
 
     def plan(self, g: int, t: int, shared: dict) -> tuple:
-        """Group g at step t as ``fast.kernels.cpu_decode`` takes it: (writes, rows,
+        """Group g at step t as ``fast.transformer.decoding.cpu_kernel`` takes it: (writes, rows,
         keep) -- writes (Hg, 2) int64, the store rows that receive position t's key and
         value (-1: none); rows (m,) int64, the store rows read; keep (Hg, m) bool,
         which of those each head reads, or None for all of them. ``shared`` is the

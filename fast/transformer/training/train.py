@@ -1,77 +1,69 @@
-"""Training loop: ``train(model_cfg, train_cfg) -> dict``, and ``python -m fast train``.
+"""The training loop: ``train(model_cfg, train_cfg) -> dict``.
 
 Child et al., 2019, section 6: Adam (here AdamW, decoupled weight decay 0.01 on
 weight matrices), linear warm-up then cosine decay, gradient clipping at 1.0
-(``fast.transformer.optim``); section 5.6: mixed precision with fp32 master
+(``fast.transformer.training.optim``); section 5.6: mixed precision with fp32 master
 weights (fp16 activations and dynamic loss scaling on CUDA; bf16 autocast on
-CPU; ``fast.transformer.devices``); evaluation in bits per byte (text) or bits
-per dim (images) (``fast.transformer.loss``).
+CPU; ``fast.transformer.network.devices``); evaluation in bits per byte (text) or
+bits per dim (images) (``fast.transformer.training.loss``). ``python -m fast train``
+(``fast.commands.train``) reads any ModelConfig or TrainConfig field as
+``--field value`` and calls ``train``.
 
-    python -m fast train --preset quick
-    python -m fast train --preset quick_text --n_layers 2 --max_iters 100
-    python -m fast train --preset quick --resume          # continue runs/quick/ckpt.pt
-    python -m fast train --preset quick --overwrite       # start again, replacing it
-    torchrun --nproc_per_node=2 -m fast train --preset quick   # DDP (gloo CPU / nccl CUDA)
-
-The options are parsed by ``fast.transformer.cli`` (any ModelConfig or
-TrainConfig field as ``--field value``); a bad one ends the command with one line,
-exit status 2.
-
-Before the first step, ``fast.transformer.preflight.check_run`` checks everything
-that can be known then (device, data and every evaluation split, a writable
-``out_dir``, a checkpoint already there: resumed, replaced on ``--overwrite``, or
-the run is refused), so no run is lost to a mistake found after training.
+Before the first step, ``fast.transformer.training.preflight.check_run`` checks
+everything that can be known then (device, data and every evaluation split, a
+writable ``out_dir``, a checkpoint already there: resumed, replaced on
+``overwrite``, or the run is refused), so no run is lost to a mistake found after
+training.
 
 The trainer knows nothing about the model beyond ``model(x) -> logits``. Every
-random draw flows from ``train_cfg.seed`` (fast.transformer.seed): the weights, the dropout
-masks, and the batch of step t on rank r. A checkpoint (fast.transformer.checkpoint) holds
-the model, optimiser, scheduler, loss scaler, every rank's RNG states and the step, so
-``resume=True`` continues to the same weights as an uninterrupted run. Under torchrun
-every rank draws its own batches (batch_size is split across ranks) and its own dropout
-masks (``seed.seed_rank``); only rank 0 writes checkpoints and shows progress.
+random draw flows from ``train_cfg.seed`` (``fast.transformer.training.seed``): the
+weights, the dropout masks, and the batch of step t on rank r. A checkpoint
+(``fast.transformer.training.resume``) holds the model, optimiser, scheduler, loss
+scaler, every rank's RNG states and the step, so ``resume=True`` continues to the
+same weights as an uninterrupted run. Under torchrun every rank draws its own
+batches (batch_size is split across ranks) and its own dropout masks
+(``seed.seed_rank``); only rank 0 writes checkpoints and shows progress.
 
 With float16 and loss scaling, a step whose gradients overflow is skipped by the
 scaler, and then the learning-rate schedule does not advance either: the schedule
 counts the updates made.
 
-On a shared CPU, one intra-op thread (``--cpu_threads 1`` or ``OMP_NUM_THREADS=1``)
-can be many times faster than two threads contending with other processes
-(measured on the project's 2-core machine under load: 1.4 s vs 6.3 s per step of
-the "quick" preset at batch 16).
+On a shared CPU, one intra-op thread (``cpu_threads=1`` or ``OMP_NUM_THREADS=1``)
+can be many times faster than two threads contending with other processes: each
+parallel operation waits for both cores.
 """
 
 from __future__ import annotations
-
-import os
-import sys
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from fast.core.cli import UsageError, fail
 from fast.data import Dataset
-from fast.transformer import checkpoint as ckpt
-from fast.transformer import cli
-from fast.transformer import seed as seeding
 from fast.transformer.config import ModelConfig, TrainConfig
-from fast.transformer.devices import StepClock, autocast, gather, init_distributed
-from fast.transformer.loss import LN2, evaluate, loss_fn, unit
-from fast.transformer.model import SparseTransformer
-from fast.transformer.optim import make_optimizer, make_scheduler
-from fast.transformer.preflight import Plan, check_run
+from fast.transformer.network.checkpoint import save_checkpoint
+from fast.transformer.network.devices import autocast
+from fast.transformer.network.model import SparseTransformer
+from fast.transformer.training import seed as seeding
+from fast.transformer.training.clock import StepClock
+from fast.transformer.training.distributed import gather, init_distributed
+from fast.transformer.training.loss import LN2, evaluate, loss_fn, unit
+from fast.transformer.training.optim import make_optimizer, make_scheduler
+from fast.transformer.training.preflight import Plan, check_run
+from fast.transformer.training.resume import restore, training_state
 
 
 def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, progress: bool = True,
-          dataset: Dataset | None = None) -> dict:
+          dataset: Dataset | None = None, plan: Plan | None = None) -> dict:
     """Train a SparseTransformer; returns the run's record.
 
     dataset: an already loaded ``fast.data.Dataset`` (else ``fast.data.load`` by
-    ``train_cfg.dataset``). Everything is checked before the first step
-    (``fast.transformer.preflight``): a bad run raises ``fast.core.cli.UsageError``, a
-    ValueError. A checkpoint that cannot be written (a full disk) raises
-    ``fast.transformer.checkpoint.CheckpointWriteError``, an OSError; the previous
-    checkpoint is then intact. Returns a dict:
+    ``train_cfg.dataset``). plan: what ``check_run(model_cfg, train_cfg, dataset)``
+    returned, if the caller checked the run itself (a command does, to report a bad
+    run in one line); otherwise ``train`` checks it first, and a bad run raises a
+    ValueError before any step. A checkpoint that cannot be written (a full disk)
+    raises ``fast.transformer.network.checkpoint.CheckpointWriteError``, an OSError;
+    the previous checkpoint is then intact. Returns a dict:
 
       model          the trained SparseTransformer (unwrapped from DDP), train mode
       history        {"step", "loss", "bits", "lr"}: training loss (nats) and
@@ -81,12 +73,13 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, progress: bool = Tr
       time_per_iter  mean seconds per optimiser step (steps after the first of this
                      process, evaluation and checkpointing excluded)
       iter_times     seconds of every step of this process (on CUDA the GPU's time
-                     between CUDA events around the step: ``devices.StepClock``)
+                     between CUDA events around the step: ``clock.StepClock``)
       checkpoint     path of the checkpoint written (None if none, or rank > 0)
       step           optimiser steps done in total
       n_params, device, precision, world_size, unit ("bits per dim" / "bits per byte")
     """
-    plan = check_run(model_cfg, train_cfg, dataset)         # UsageError before any step
+    if plan is None:
+        plan = check_run(model_cfg, train_cfg, dataset)     # ValueError before any step
     rank, world, created_group = init_distributed(plan.device)
     threads = torch.get_num_threads()
     if train_cfg.cpu_threads is not None:
@@ -99,7 +92,7 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, progress: bool = Tr
             dist.destroy_process_group()
 
 
-def _step(net, model, x, y, optimizer, scheduler, scaler, precision, device,
+def train_step(net, model, x, y, optimizer, scheduler, scaler, precision, device,
           grad_clip: float) -> torch.Tensor:
     """One optimiser step on batch (x, y): forward under autocast, backward (loss-scaled
     when fp16), gradient clipping, update, and the schedule's step if the update was
@@ -144,7 +137,7 @@ def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world) -> dict:
     path = plan.path
 
     if plan.resume_state is not None:
-        step, saved = ckpt.restore(plan.resume_state, path, model_cfg=model_cfg,
+        step, saved = restore(plan.resume_state, path, model_cfg=model_cfg,
                                    train_cfg=train_cfg, world=world, model=model,
                                    optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                                    rank=rank)
@@ -163,7 +156,7 @@ def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world) -> dict:
         rng = gather(seeding.rng_state(), world)                     # every rank takes part
         if rank != 0:
             return None
-        return ckpt.save_checkpoint(path, ckpt.training_state(
+        return save_checkpoint(path, training_state(
             model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, step=step,
             world=world, model_cfg=model_cfg, train_cfg=train_cfg, history=history,
             evals=evals, rng=rng))
@@ -190,7 +183,7 @@ def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world) -> dict:
         gen = seeding.data_generator(train_cfg.seed, step, rank)
         x, y = dataset.batch("train", local_batch, model_cfg.n_ctx, gen)   # (B, n) each
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        loss = _step(net, model, x, y, optimizer, scheduler, scaler, precision, device,
+        loss = train_step(net, model, x, y, optimizer, scheduler, scaler, precision, device,
                      train_cfg.grad_clip)
         step += 1
         clock.stop()
@@ -239,27 +232,3 @@ def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world) -> dict:
         "n_params": model.num_params(), "device": str(device), "precision": precision,
         "world_size": world, "unit": unit(dataset),
     }
-
-
-parser = cli.parser       # every command module offers parser() (fast/__main__.py)
-
-
-def main(argv: list[str] | None = None) -> dict:
-    """``python -m fast train [--preset NAME] [--field value ...]``: train, print one line.
-    Bad input: one line on stderr, exit status 2; a checkpoint that cannot be written:
-    one line, exit status 1 (the previous checkpoint intact)."""
-    name, model_cfg, train_cfg = cli.configs(sys.argv[1:] if argv is None else argv)
-    try:
-        result = train(model_cfg, train_cfg, progress=True)
-    except UsageError as err:
-        fail(cli.COMMAND, err)
-    except ckpt.CheckpointWriteError as err:
-        sys.stderr.write(f"{cli.COMMAND}: {err}\n")
-        raise SystemExit(1) from None
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(cli.summary(name, result))
-    return result
-
-
-if __name__ == "__main__":
-    main()

@@ -2,7 +2,7 @@
 
 Child et al., 2019, sections 5.2-5.6 (the residual block: pre-activation
 LayerNorm, attention, W_p, the GeLU feed-forward) and section 4.3 (the keys a
-head reads). ``fast.transformer.decode`` computes one new position per step. For
+head reads). ``fast.transformer.decoding.decode`` computes one new position per step. For
 a small model that step is about a hundred one-row products (photos32: four
 blocks of 128 features), and eager PyTorch on the CPU spends 3-15 us dispatching
 each of them, several times the arithmetic. Here the same step is one loop nest
@@ -12,8 +12,8 @@ sample takes about 1 s instead of 2.6-3.2 s on this project's 2-core machine
 (``python -m fast generate``, figures/data/generation.json).
 
 The kernel knows nothing about patterns: each head's reads arrive as a list of
-store rows, worked out by the caches (``fast.transformer.kv_cache``) from
-``fast.transformer.kv_reads`` -- the one place that says which keys a step reads.
+store rows, worked out by the caches (``fast.transformer.decoding.kv_cache``) from
+``fast.transformer.decoding.kv_reads`` -- the one place that says which keys a step reads.
 Arrays (NumPy, C-contiguous; float32 unless said):
 
     tokens (B,) int64           the tokens at position t

@@ -1,27 +1,9 @@
-"""Sampling from a trained Sparse Transformer: ``sample(model, ...)`` and ``python -m fast sample``.
+"""``python -m fast sample``: draw samples from a checkpoint and write them.
 
-Child et al., 2019, section 7 (unconditional samples, and image completions of
-held-out images from their top half) and section 5.6 (query-key products in
-float32 when sampling: float16 can overflow). Ancestral sampling, one position
-at a time, from the model's distribution reshaped by a temperature, top-k and
-top-p (nucleus) truncation (``fast.transformer.draw``).
-
-Two ways to compute each next distribution, one flag:
-
-* ``cache=True`` (``"sparse"``, the default): a prefill pass over the prompt,
-  then one position per step from a key/value cache that keeps and reads only
-  what each head's pattern allows (``fast.transformer.decode``);
-  ``cache="dense"`` keeps and reads every key (the usual cache; a baseline);
-* ``cache=False``: re-run the whole model on the prefix for every token -- the
-  reference the tests compare the caches with. With the same generator all
-  three draw the same tokens.
-
-A cached step runs on one of the decoder's engines (``engine``): "numba", one
-compiled call per step, for float32 models on the CPU, and "torch" otherwise;
-"auto" (the default) picks (``fast.transformer.decode``).
-
-Every argument is checked before any work starts (``check_request``). Batches:
-``num`` sequences are drawn ``batch_size`` at a time.
+Child et al., 2019, section 7 (samples, and completions of held-out images from
+their top rows) and section 5.6 (query-key products in float32 when sampling). The
+sampling itself is ``fast.transformer.decoding.sample``; this command loads the
+model, checks every option against it before any work starts, and writes the result.
 
     python -m fast sample --checkpoint runs/quick/ckpt.pt --num 16
     python -m fast sample --checkpoint runs/quick/ckpt.pt --num 8 --complete test
@@ -29,8 +11,8 @@ Every argument is checked before any work starts (``check_request``). Batches:
 
 Image models write a PNG grid (with --complete: the held-out images in the
 first row, their completions below); text models write and print the decoded
-bytes. Any checkpoint ``fast.transformer.checkpoint.load_model`` reads will do.
-Bad arguments end the command with exit status 2 and one line saying what was
+bytes. Any checkpoint ``fast.transformer.network.checkpoint.load_model`` reads will
+do. Bad arguments end the command with exit status 2 and one line saying what was
 given and what is allowed.
 """
 
@@ -38,181 +20,46 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import math
-import time
+import io
 import warnings
 from pathlib import Path
 
 import matplotlib.image
 import numpy as np
 import torch
-from tqdm import tqdm
 
-from fast.core import cli
+from fast.commands import cli
+from fast.core.files import atomic_write
 from fast.data import DATASETS, SPLITS, load
-from fast.transformer.checkpoint import load_model
-from fast.transformer.config import DEVICE, MAX_THREADS, PRECISIONS
-from fast.transformer.decode import ENGINES, Decoder
-from fast.transformer.devices import autocast, resolve_device, resolve_precision
-from fast.transformer.draw import MIN_TEMPERATURE, check_request, draw
-
-__all__ = ["sample", "check_request", "draw", "image_grid", "save_samples", "parser", "main"]
+from fast.plots.samples import image_grid
+from fast.transformer.config import MAX_THREADS, PRECISIONS
+from fast.transformer.decoding.decode import ENGINES
+from fast.transformer.decoding.request import MIN_TEMPERATURE, check_request
+from fast.transformer.decoding.sample import sample
+from fast.transformer.network.checkpoint import load_model
+from fast.transformer.network.devices import resolve_device
 
 COMMAND = "python -m fast sample"
 MAX_NUM = 2**16                     # samples per command: a bound, so that 2**63 is refused
 
 
-@torch.no_grad()
-def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
-           temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-           generator: torch.Generator | None = None, precision: str = "fp32",
-           start_token: bool | None = None, cache=True, batch_size: int | None = None,
-           threads: int | None = None, progress: bool = False,
-           stats: dict | None = None, engine: str = "auto") -> torch.Tensor:
-    """Draw ``num`` sequences of ``length`` tokens (default n_ctx) -> LongTensor (num, length).
-
-    prompt: token ids (num, p) or (p,) to continue; they are the first p tokens
-    of the result (image completion: the top rows of an image; text: its start).
-    start_token: feed the start token (id vocab_size) first, as images are
-    trained; default True for image models, False for text (a text model then
-    needs a prompt; by default one newline byte). temperature, top_k, top_p:
-    ``draw``. precision: autocast of everything but attention ("fp32", "bf16",
-    "fp16", "auto" as in training); q.k products and the softmax stay float32.
-    cache: True / "sparse", "dense", or False (re-run the model per token).
-    threads: torch's intra-op threads during the call (restored after); by default
-    1 when a cache decodes on the CPU -- a step is a chain of small products that a
-    second thread does not speed up, and on a busy machine slows many times (8
-    grey16 samples: 72 s with 2 threads, 4 s with 1, on this project's 2-core
-    machine under load) -- and torch's setting otherwise.
-    progress: a progress bar counting tokens (and tokens per second). stats: a
-    dict to fill with seconds, tokens drawn, the cache's bytes, the decoder's engine
-    and the steps each engine ran. engine: "auto", "numba" or "torch" (``Decoder``).
-    """
-    model = getattr(model, "module", model)
-    cfg = model.cfg
-    req = check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision,
-                        start_token, cache, batch_size, threads, engine)
-    device = next(model.parameters()).device
-    precision = resolve_precision(req["precision"], device)
-    num, length, prompt = req["num"], req["length"], req["prompt"]
-    p = prompt.shape[1]
-    out = torch.empty(num, length, dtype=torch.long, device=device)
-    out[:, :p] = prompt.to(device)
-    threads = req["threads"] or (1 if device.type == "cpu" and req["cache"] else None)
-    threads_before = torch.get_num_threads()
-    was_training = model.training
-    model.eval()
-    model.set_qk_fp32(True)
-    bar = tqdm(total=num * (length - p), unit="tok", desc="sample", disable=not progress)
-    start, cache_bytes, engines = time.perf_counter(), 0, set()
-    steps = {"numba": 0, "torch": 0}
-    try:
-        if threads:
-            torch.set_num_threads(threads)
-        for r0 in range(0, num, req["batch_size"]):
-            rows = out[r0:r0 + req["batch_size"]]                        # (b, length) view
-            prefix = torch.full((rows.shape[0], int(req["start_token"])), cfg.vocab_size,
-                                dtype=torch.long, device=device)          # (b, 0 or 1)
-            with autocast(precision, device):
-                decoder = _fill(model, rows, prefix, p, req, generator, bar)
-                if decoder is not None:
-                    cache_bytes = max(cache_bytes, decoder.nbytes())
-                    engines.add(decoder.engine)
-                    steps = {k: steps[k] + n for k, n in decoder.steps.items()}
-    finally:
-        torch.set_num_threads(threads_before)
-        bar.close()
-        model.set_qk_fp32(False)
-        model.train(was_training)
-    if stats is not None:
-        stats.update(seconds=time.perf_counter() - start, tokens=num * (length - p),
-                     cache=req["cache"], cache_bytes=cache_bytes,
-                     engine="+".join(sorted(engines)) or None, steps=steps)
-    return out
-
-
-def _fill(model, rows: torch.Tensor, prefix: torch.Tensor, p: int, req: dict, generator,
-          bar) -> Decoder | None:
-    """Sample rows[:, p:] in place after the prompt rows[:, :p]; returns the decoder
-    (None: no cache, or nothing to draw)."""
-    length = rows.shape[1]
-    if p == length:
-        return None
-    pick = dict(temperature=req["temperature"], top_k=req["top_k"], top_p=req["top_p"],
-                generator=generator)
-    if req["cache"] is None:                                             # the reference
-        for i in range(p, length):
-            x = torch.cat([prefix, rows[:, :i]], dim=1)                  # (b, prefix + i)
-            rows[:, i] = draw(model(x)[:, -1], **pick)
-            bar.update(rows.shape[0])
-        return None
-    decoder = Decoder(model, prefix.shape[1] + length - 1, req["cache"], engine=req["engine"])
-    logits = decoder.prefill(torch.cat([prefix, rows[:, :p]], dim=1))   # (b, vocab)
-    for i in range(p, length):
-        rows[:, i] = draw(logits, **pick)
-        bar.update(rows.shape[0])
-        if i + 1 < length:
-            logits = decoder.step(rows[:, i])
-    return decoder
-
-
-# ----------------------------------------------------------------------------
-# Writing samples, and the command line.
-# ----------------------------------------------------------------------------
-
-def image_grid(samples: np.ndarray, image_shape, levels: int = 256,
-               cols: int | None = None) -> np.ndarray:
-    """(N, H*W*C) sequences -> one uint8 grid image (rows*H + gaps, cols*W + gaps, 3).
-
-    ``cols`` images per row (default: about sqrt(N), a square grid)."""
-    h, w, ch = image_shape
-    imgs = samples.reshape(-1, h, w, ch).astype(np.float64) * (255.0 / (levels - 1))
-    imgs = np.clip(np.rint(imgs), 0, 255).astype(np.uint8)
-    if ch == 1:
-        imgs = np.repeat(imgs, 3, axis=-1)
-    n = len(imgs)
-    cols = math.ceil(math.sqrt(n)) if cols is None else cols
-    if cols < 1:
-        raise ValueError(f"cols must be >= 1, got {cols}")
-    rows = math.ceil(n / cols)
-    grid = np.full((rows * (h + 1) + 1, cols * (w + 1) + 1, 3), 255, dtype=np.uint8)
-    for i, img in enumerate(imgs):
-        r, c = divmod(i, cols)
-        grid[1 + r * (h + 1):1 + r * (h + 1) + h, 1 + c * (w + 1):1 + c * (w + 1) + w] = img
-    return grid
-
-
 def save_samples(samples: torch.Tensor, model_cfg, out, levels: int | None = None,
                  cols: int | None = None) -> str:
     """PNG grid for image models (``cols`` per row), UTF-8 text (bytes decoded with
-    replacement) otherwise."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    replacement) otherwise, written atomically (``fast.core.files.atomic_write``)."""
     arr = samples.cpu().numpy()
     if model_cfg.embedding == "image":
         grid = image_grid(arr, model_cfg.image_shape, levels or model_cfg.vocab_size, cols)
         scale = max(1, 256 // grid.shape[0])
         grid = np.kron(grid, np.ones((scale, scale, 1), dtype=np.uint8))   # enlarge small grids
-        matplotlib.image.imsave(out, grid)
-    else:
-        text = "\n\n----\n\n".join(bytes(row.astype(np.uint8).tolist()).decode("utf-8", "replace")
-                                    for row in arr)
-        out.write_text(text, encoding="utf-8")
-    return str(out)
+        png = io.BytesIO()
+        matplotlib.image.imsave(png, grid, format="png")
+        return atomic_write(out, lambda f: f.write(png.getvalue()))
+    text = "\n\n----\n\n".join(bytes(row.astype(np.uint8).tolist()).decode("utf-8", "replace")
+                                for row in arr)
+    return atomic_write(out, lambda f: f.write(text.encode("utf-8")))
 
 
-def device_name(text: str) -> str:
-    """``--device``: auto, cpu, cuda or cuda:N, and present on this machine."""
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    here = ["auto", "cpu"] + (["cuda"] + [f"cuda:{i}" for i in range(count)] if count else [])
-    try:
-        if DEVICE.fullmatch(text):
-            resolve_device(text)
-            return text
-    except (ValueError, RuntimeError):
-        pass
-    raise argparse.ArgumentTypeError(f"got {text!r}; allowed: the devices of this machine, "
-                                     f"{', '.join(here)}")
 
 
 def prompt_bytes(text: str) -> bytes:
@@ -231,7 +78,7 @@ def prompt_bytes(text: str) -> bytes:
 
 def parser() -> cli.Parser:
     """The parser of ``python -m fast sample``; builds nothing, loads nothing."""
-    p = cli.Parser(COMMAND, description=__doc__.splitlines()[0])
+    p = cli.Parser(COMMAND, description=cli.about(__doc__))
     p.add_argument("--checkpoint", required=True, type=cli.existing_file,
                    help="a ckpt.pt of python -m fast train, or a weights-only model "
                         "(figures/data/models/*.pt)")
@@ -248,7 +95,7 @@ def parser() -> cli.Parser:
     p.add_argument("--top-p", type=cli.finite(0.0, 1.0, lo_open=True), default=None,
                    help="keep the most likely tokens up to this mass, in (0, 1]")
     p.add_argument("--seed", type=cli.integer(0), default=0, help="seed of the draws (default 0)")
-    p.add_argument("--device", type=device_name, default="auto",
+    p.add_argument("--device", type=cli.device, default="auto",
                    help="auto (CUDA if present), cpu, cuda, cuda:1")
     p.add_argument("--threads", type=cli.integer(1, MAX_THREADS), default=None,
                    help="torch threads (default: 1 when a cache decodes on the CPU, else torch's)")
@@ -386,7 +233,3 @@ def main(argv=None) -> int:
           f"cache {args.cache}: {stats['cache_bytes'] / 2**20:.1f} MiB"
           + (f", engine {stats['engine']}" if stats["engine"] else "") + f"); wrote {path}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,10 +1,10 @@
 """Incremental decoding: a prefill pass over the prompt, then one token per step.
 
-Child et al., 2019, sections 5.2-5.6 (the network of ``fast.transformer.model``)
+Child et al., 2019, sections 5.2-5.6 (the network of ``fast.transformer.network.model``)
 and section 4.3 (which keys each head reads). Sampling draws one token at a
 time; re-running the whole network on the prefix for every token costs O(t) full
 layers per step. A ``Decoder`` keeps, per residual block, a key/value cache
-(``fast.transformer.kv_cache``) and computes only the new position:
+(``fast.transformer.decoding.kv_cache``) and computes only the new position:
 
     prefill(idx)   the network's own forward pass over idx (B, p) -- the fast
                    attention path of ``sparse_attention`` -- storing every block's
@@ -25,8 +25,8 @@ Two engines run a step (``engine``):
 
 * "torch" -- the step written here in PyTorch: any device, any precision
   (float32, float64, autocast to bfloat16 or float16);
-* "numba" -- the same step compiled for the CPU (``fast.transformer.cpu_step``,
-  ``fast.kernels.cpu_decode``): float32 only, without autocast. For small models
+* "numba" -- the same step compiled for the CPU (``fast.transformer.decoding.cpu_step``,
+  ``fast.transformer.decoding.cpu_kernel``): float32 only, without autocast. For small models
   PyTorch's per-operation dispatch, not the arithmetic, sets the pace of a step
   (about a hundred one-row products); as one compiled call, a whole photos32
   sample takes 2.5-3x less time (``python -m fast generate``). The caches and
@@ -49,8 +49,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fast.transformer.kv_cache import CACHES, layer_cache
-from fast.transformer.model import SparseTransformer
+from fast.transformer.decoding.kv_cache import CACHES, layer_cache
+from fast.transformer.network.model import SparseTransformer
 
 ENGINES = ("auto", "numba", "torch")
 
@@ -122,7 +122,7 @@ class Decoder:
         self.requested, self.cpu_step = engine, None
         self.steps = {"numba": 0, "torch": 0}                          # steps each engine ran
         if engine != "torch" and not why:
-            from fast.transformer.cpu_step import AUTO_MAX_KEYS, CpuStep  # imports Numba
+            from fast.transformer.decoding.cpu_step import AUTO_MAX_KEYS, CpuStep  # imports Numba
             self.cpu_step = CpuStep(self, AUTO_MAX_KEYS if engine == "auto" else None)
 
     def named_blocks(self) -> list[dict]:

@@ -1,14 +1,9 @@
-"""What a sampler draws: the checks of a sampling request, and the draw of one token.
+"""A sampling request: every argument of ``sample`` checked before any work starts.
 
 Child et al., 2019, section 7 (samples, and completions of held-out images from
-their top half) and section 5.6 (sampling keeps q.k products in float32). Two
-pieces of ``fast.transformer.sample``, kept apart so that each file stays short:
-
-* ``check_request`` -- every argument of ``sample`` checked against the model's
-  config before any work starts; a ValueError says what was given and what is
-  allowed;
-* ``draw`` -- temperature, top-k and top-p (nucleus) truncation, then one token
-  per row by inverting the cumulative distribution at one uniform number.
+their top half) and section 5.6 (sampling keeps q.k products in float32).
+``check_request`` compares each argument with the model's config and returns them
+normalised; a ValueError says what was given and what is allowed.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ import numpy as np
 import torch
 
 from fast.transformer.config import PRECISIONS
-from fast.transformer.decode import ENGINES
+from fast.transformer.decoding.decode import ENGINES
 
 # The smallest temperature: logits are divided by it in float32, and below about 1e-30 a
 # logit of 10 overflows to inf and the softmax to NaN (a silently wrong draw). At 1e-6
@@ -101,29 +96,3 @@ def check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision
                 temperature=float(temperature), top_k=top_k, top_p=top_p, precision=precision,
                 start_token=start_token, cache=CACHE_FLAGS[cache], prompt=prompt,
                 threads=threads, engine=engine)
-
-
-def draw(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-         top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of logits (B, V) -> LongTensor (B,) on the logits' device.
-
-    The distribution is softmax(logits / temperature); top_k keeps the k most
-    likely tokens (and any tied with the k-th); top_p keeps the smallest set of
-    most likely tokens whose probability reaches p (the most likely always).
-    Each row's token is drawn by inverting its cumulative distribution at one
-    uniform number u from ``generator``, drawn on the CPU: a seed gives the same
-    tokens on every device, and models sampled with one seed share their u's --
-    where their distributions agree they draw the same token."""
-    logits = logits.float() if temperature == 1.0 else logits.float() / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]         # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float64)           # (B, V)
-    if top_p is not None and top_p < 1:
-        ranked, order = probs.sort(dim=-1, descending=True)              # (B, V)
-        drop = (ranked.cumsum(-1) - ranked) >= top_p                     # mass before >= p
-        probs = probs.masked_fill(drop.scatter(-1, order, drop), 0.0)
-    cdf = probs.cumsum_(-1)                                              # (B, V)
-    u = torch.rand(len(cdf), 1, generator=generator, dtype=torch.float64).to(cdf.device)
-    token = torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True)     # (B, 1)
-    return token.clamp_(max=cdf.shape[-1] - 1)[:, 0]                     # u * total < total
