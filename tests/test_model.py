@@ -9,7 +9,8 @@ import torch
 
 from fast.backends import masks as masks_torch
 from fast.transformer.config import PRESETS, ModelConfig, preset
-from fast.transformer.network.model import SparseTransformer, gelu
+from fast.transformer.network.block import gelu
+from fast.transformer.network.model import SparseTransformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

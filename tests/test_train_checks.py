@@ -262,7 +262,8 @@ def test_a_step_the_loss_scaler_skips_does_not_advance_the_schedule(digits):
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127)
     weights = [p.detach().clone() for p in model.parameters()]
     lr = scheduler.get_last_lr()
-    loss = training.train_step(model, model, x, y, optimizer, scheduler, scaler, "fp16", device, 1.0)
+    loss = training.train_step(model, model, x, y, optimizer, scheduler, scaler, "fp16", device,
+                               1.0)
     assert math.isfinite(loss.item()) and scaler.get_scale() < 2.0 ** 127   # skipped
     assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
     assert scheduler.last_epoch == 0 and scheduler.get_last_lr() == lr

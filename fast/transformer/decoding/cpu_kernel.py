@@ -4,12 +4,11 @@ Child et al., 2019, sections 5.2-5.6 (the residual block: pre-activation
 LayerNorm, attention, W_p, the GeLU feed-forward) and section 4.3 (the keys a
 head reads). ``fast.transformer.decoding.decode`` computes one new position per step. For
 a small model that step is about a hundred one-row products (photos32: four
-blocks of 128 features), and eager PyTorch on the CPU spends 3-15 us dispatching
-each of them, several times the arithmetic. Here the same step is one loop nest
-that Numba compiles once (cached on disk beside this file, or in Numba's cache
-folder), so a step costs about its arithmetic: a whole 3072-token photos32
-sample takes about 1 s instead of 2.6-3.2 s on this project's 2-core machine
-(``python -m fast generate``, figures/data/generation.json).
+blocks of 128 features), and eager PyTorch on the CPU spends more time dispatching
+each of them than computing it. Here the same step is one loop nest that Numba
+compiles once (cached on disk beside this file, or in Numba's cache folder), so a
+step costs about its arithmetic (``python -m fast generate`` times both engines:
+figures/data/generation.json).
 
 The kernel knows nothing about patterns: each head's reads arrive as a list of
 store rows, worked out by the caches (``fast.transformer.decoding.kv_cache``) from
@@ -18,7 +17,8 @@ Arrays (NumPy, C-contiguous; float32 unless said):
 
     tokens (B,) int64           the tokens at position t
     embed (vocab, d), pos (d,)  the token embeddings and position t's embedding
-    weights                     ``WEIGHTS``, each stacked over the L blocks
+    weights                     ``cpu_step.KERNEL_WEIGHTS``, each stacked over the
+                                L blocks
     eps (L + 1, 2) float64      each block's two LayerNorm eps, then ln_f's
     head_w (d, vocab), head_b   the output layer, after ln_f (ln_w, ln_b)
     stores                      a numba typed List of (B, Hg, rows, dk + dv)
@@ -29,16 +29,18 @@ Arrays (NumPy, C-contiguous; float32 unless said):
                                 where its keep flags start in ``keep`` (-1: all)
     rows (R,) int64, keep (K,) bool
 
-Arithmetic as the PyTorch step does it (same weights, same order of layers),
-accumulated in float32: the logits agree with ``model(idx)[:, -1]`` to float32
-rounding (the tests ask 1e-5). A head that reads no key outputs 0
-(``reference.attention``). Float32 only: a float64 model, autocast (float16 /
-bfloat16) and CUDA take the PyTorch step.
+Arithmetic as the PyTorch step does it (same weights, same order of layers, the
+GeLU slope of ``fast.transformer.network.block``), accumulated in float32: the
+logits agree with ``model(idx)[:, -1]`` to float32 rounding (the tests ask 1e-5). A
+head that reads no key outputs 0 (``reference.attention``). Float32 only: a float64
+model, autocast (float16 / bfloat16) and CUDA take the PyTorch step.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from fast.transformer.network.block import GELU_SLOPE
 
 try:
     import numba
@@ -49,9 +51,9 @@ except ImportError as err:                  # the PyTorch step still works witho
 else:
     MISSING = ""
 
-# The per-block weights, in the order ``decode_step`` takes them (W^T: (in, out)).
-WEIGHTS = ("ln1_w", "ln1_b", "qkv_w", "qkv_b", "proj_w", "proj_b", "ln2_w", "ln2_b",
-           "fc1_w", "fc1_b", "fc2_w", "fc2_b")
+
+
+SLOPE = np.float32(GELU_SLOPE)              # a float32 constant inside the compiled loop
 
 
 def _jit(fn):
@@ -191,9 +193,9 @@ def decode_step(tokens, embed, pos, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, 
         h += y
         _layer_norm(h, ln2_w[layer], ln2_b[layer], eps[layer, 1], x)
         _linear(x, fc1_w[layer], fc1_b[layer], f)
-        for r in range(B):                          # GeLU as x sigmoid(1.702 x), 1.702 in W_1
+        for r in range(B):                          # f(x) = x sigmoid(1.702 x) (network.block)
             for j in range(f.shape[1]):
-                f[r, j] = f[r, j] / (np.float32(1.0) + np.exp(-f[r, j]))
+                f[r, j] = f[r, j] / (np.float32(1.0) + np.exp(-SLOPE * f[r, j]))
         _linear(f, fc2_w[layer], fc2_b[layer], y)
         h += y
     _layer_norm(h, ln_w, ln_b, eps[L, 0], x)

@@ -6,7 +6,8 @@ CPU (its ``engine`` "numba"); the arithmetic is the kernel's, the bookkeeping is
 here:
 
 * once: every block's weights, as the PyTorch step uses them
-  (``Decoder._weights``), stacked over the blocks into NumPy arrays; after the
+  (``decode.BlockWeights``, by name), stacked over the blocks into NumPy arrays,
+  linear weights transposed to (in, out) as the kernel reads them; after the
   prefill, every cache's stores as NumPy views of the same memory (the kernel
   writes position t into them, so the caches stay whole: ``nbytes``, the PyTorch
   step and the tests read the same stores); and per block and head, its store
@@ -19,12 +20,10 @@ With ``max_keys`` set (the decoder's "auto" engine: ``AUTO_MAX_KEYS``), a step
 whose heads read more keys than that is handed back (``None``) to the PyTorch
 step: the kernel wins by skipping PyTorch's per-operation dispatch, which is a
 fixed cost per step, and loses where a step is mostly attention over many keys,
-which PyTorch computes with vectorised matrix products. ``python -m fast
-generate`` times both engines side by side, alternating, on its Enwik8-shaped
-model (fixed, 8 heads of 16 features; figures/data/generation.json, "engines"):
-on this project's 2-core machine the compiled step ran at 2.1x PyTorch's speed
-at 480 keys per head, 1.3x at 864, 0.76x at 1,632 and 0.64x at 3,168; photos32's
-heads read at most 128 keys.
+which PyTorch computes with vectorised matrix products. ``AUTO_MAX_KEYS`` is where
+the two cross on this project's 2-core machine: ``python -m fast generate`` times
+both engines side by side, alternating, on its Enwik8-shaped model and records the
+crossover (figures/data/generation.json, "engines"; notebook 09 prints it).
 """
 
 from __future__ import annotations
@@ -36,6 +35,15 @@ from fast.transformer.decoding import cpu_kernel
 
 NO_FLAGS = np.zeros(0, dtype=bool)                   # every head reads every row
 AUTO_MAX_KEYS = 1024            # "auto": steps reading more keys per head run in PyTorch
+
+# The per-block weights in the order ``cpu_kernel.decode_step`` takes them, read from a
+# ``decode.BlockWeights`` by name; linear weights as W^T, (in, out).
+KERNEL_WEIGHTS = (lambda b: b.ln1.weight, lambda b: b.ln1.bias,
+                  lambda b: b.qkv_w.t(), lambda b: b.qkv_b,
+                  lambda b: b.proj_w.t(), lambda b: b.proj_b,
+                  lambda b: b.ln2.weight, lambda b: b.ln2.bias,
+                  lambda b: b.fc1_w.t(), lambda b: b.fc1_b,
+                  lambda b: b.fc2_w.t(), lambda b: b.fc2_b)
 
 
 def _numpy(x: torch.Tensor) -> np.ndarray:
@@ -49,13 +57,13 @@ class CpuStep:
         if cpu_kernel.MISSING:
             raise ValueError(cpu_kernel.MISSING)
         self.decoder, self.max_keys = decoder, max_keys
-        blocks = decoder.named_blocks()
-        self.weights = tuple(np.stack([_numpy(b[name]) for b in blocks])
-                             for name in cpu_kernel.WEIGHTS)                # (L, ...) each
-        s_f, w_f, b_f, e_f, b_out, w_out = decoder.head
-        self.eps = np.array([[b["ln1_eps"], b["ln2_eps"]] for b in blocks] + [[e_f, e_f]],
+        blocks, ln_f, head = decoder.blocks, decoder.ln_f, decoder.head
+        self.weights = tuple(np.stack([_numpy(take(b)) for b in blocks])
+                             for take in KERNEL_WEIGHTS)                    # (L, ...) each
+        self.eps = np.array([[b.ln1.eps, b.ln2.eps] for b in blocks] + [[ln_f.eps, ln_f.eps]],
                             dtype=np.float64)
-        self.head = (_numpy(w_f), _numpy(b_f), _numpy(w_out), _numpy(b_out))
+        self.head = (_numpy(ln_f.weight), _numpy(ln_f.bias), _numpy(head.weight.t()),
+                     _numpy(head.bias))
         self.embed, self.positions = _numpy(decoder.tokens), _numpy(decoder.positions)
         self.stores = None                      # after the prefill, at the first step
 

@@ -14,23 +14,24 @@ layers per step. A ``Decoder`` keeps, per residual block, a key/value cache
                    the pattern allows, W_p, the feed-forward; returns the logits
                    (B, vocab) that predict position t + 1.
 
-A step runs the block's layers as the module does (same weights, same order of
-operations), with q, k and v from one fused matrix product and attention from
-the cache, so its logits equal those of ``model(idx)[:, -1]`` to float32
-rounding (the tests ask 1e-5). q.k products, softmax and the weighted sum run in
-float32 whatever the autocast precision (sec. 5.6: float16 q.k can overflow);
-``qk_fp32=False`` turns that off only to show why it is there.
+A step runs the block's arithmetic of ``fast.transformer.network.block`` as the module
+does (same functions, same weights, same order of operations), with q, k and v from one
+fused matrix product (``BlockWeights``) and attention from the cache, so its logits
+equal those of ``model(idx)[:, -1]`` to float32 rounding (the tests ask 1e-5). q.k
+products, softmax and the weighted sum run in float32 whatever the autocast precision
+(sec. 5.6: float16 q.k can overflow); ``qk_fp32=False`` turns that off only to show why
+it is there.
 
 Two engines run a step (``engine``):
 
 * "torch" -- the step written here in PyTorch: any device, any precision
   (float32, float64, autocast to bfloat16 or float16);
 * "numba" -- the same step compiled for the CPU (``fast.transformer.decoding.cpu_step``,
-  ``fast.transformer.decoding.cpu_kernel``): float32 only, without autocast. For small models
-  PyTorch's per-operation dispatch, not the arithmetic, sets the pace of a step
-  (about a hundred one-row products); as one compiled call, a whole photos32
-  sample takes 2.5-3x less time (``python -m fast generate``). The caches and
-  their reads are the same; the tests hold both engines to the re-run model.
+  ``fast.transformer.decoding.cpu_kernel``): float32 only, without autocast. For small
+  models PyTorch's per-operation dispatch, not the arithmetic, sets the pace of a step
+  (about a hundred one-row products); one compiled call skips it (``python -m fast
+  generate`` times both: figures/data/generation.json). The caches and their reads are
+  the same; the tests hold both engines to the re-run model.
 
 "auto" (the default) takes "numba" where it applies (a float32 model on the CPU,
 Numba installed), and "torch" otherwise, for any step under autocast, and for a
@@ -45,20 +46,51 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from fast.transformer.decoding.kv_cache import CACHES, layer_cache
-from fast.transformer.network.model import SparseTransformer
+from fast.transformer.network.block import Norm, feed_forward, residual, split_heads
+from fast.transformer.network.model import Block, SparseTransformer
 
 ENGINES = ("auto", "numba", "torch")
 
-# What ``Decoder._weights`` holds for one block, in order (the step unpacks it so):
-# LayerNorm 1 as torch.layer_norm takes it, the fused q/k/v product, W_p, LayerNorm 2,
-# the feed-forward's W_1 and W_2 (weights as W^T, (in, out)).
-BLOCK_FIELDS = ("ln1_shape", "ln1_w", "ln1_b", "ln1_eps", "qkv_b", "qkv_w", "proj_b", "proj_w",
-                "ln2_shape", "ln2_w", "ln2_b", "ln2_eps", "fc1_b", "fc1_w", "fc2_b", "fc2_w")
+
+@dataclass(frozen=True)
+class BlockWeights:
+    """One block's weights as a decoding step uses them: plain tensors, read once (a step
+    is ~15 small products per block, and Python and module attribute look-ups would cost
+    as much as the arithmetic). Linear weights as ``torch.nn.Linear`` holds them, (out, in).
+
+    qkv_w, qkv_b: the fused [scale W_q; W_k, W_v of head 0; ...; of head H-1], with the
+    attention's 1/sqrt(d) folded into W_q and each head's key and value side by side, as
+    the caches store them: one product gives q and what step t appends.
+    """
+    ln1: Norm
+    qkv_w: torch.Tensor          # (dq + H (dk + dv), d)
+    qkv_b: torch.Tensor
+    proj_w: torch.Tensor         # W_p (d, d)
+    proj_b: torch.Tensor
+    ln2: Norm
+    fc1_w: torch.Tensor          # W_1 (m d, d)
+    fc1_b: torch.Tensor
+    fc2_w: torch.Tensor          # W_2 (d, m d)
+    fc2_b: torch.Tensor
+
+    @classmethod
+    def of(cls, block: Block, n_heads: int, scale: float) -> BlockWeights:
+        a, ff = block.attn, block.ff
+        w = [a.q.weight * scale] + [torch.cat(kv) for kv in zip(a.k.weight.chunk(n_heads),
+                                                                a.v.weight.chunk(n_heads))]
+        b = [a.q.bias * scale] + [torch.cat(kv) for kv in zip(a.k.bias.chunk(n_heads),
+                                                              a.v.bias.chunk(n_heads))]
+        return cls(Norm.of(block.ln1), torch.cat(w), torch.cat(b), a.proj.weight, a.proj.bias,
+                   Norm.of(block.ln2), ff.fc1.weight, ff.fc1.bias, ff.fc2.weight, ff.fc2.bias)
+
+    def feed_forward(self, y: torch.Tensor) -> torch.Tensor:
+        return feed_forward(y, self.fc1_w, self.fc1_b, self.fc2_w, self.fc2_b)
 
 
 def _autocast_on(device: torch.device) -> bool:
@@ -116,44 +148,18 @@ class Decoder:
         with torch.no_grad():
             self.positions = model.embed.positions(capacity)             # (capacity, d)
             self.tokens = model.embed.tok.weight                         # (vocab, d)
-            self.blocks = [self._weights(block, H, self.scale) for block in model.blocks]
-            self.head = (*_norm(model.ln_f), model.head.bias,
-                         model.head.weight.t().contiguous())
+            self.blocks = [BlockWeights.of(block, H, self.scale) for block in model.blocks]
+            self.ln_f, self.head = Norm.of(model.ln_f), model.head
         self.requested, self.cpu_step = engine, None
         self.steps = {"numba": 0, "torch": 0}                          # steps each engine ran
         if engine != "torch" and not why:
             from fast.transformer.decoding.cpu_step import AUTO_MAX_KEYS, CpuStep  # imports Numba
             self.cpu_step = CpuStep(self, AUTO_MAX_KEYS if engine == "auto" else None)
 
-    def named_blocks(self) -> list[dict]:
-        """Every block's step weights by name (``BLOCK_FIELDS``)."""
-        return [dict(zip(BLOCK_FIELDS, block)) for block in self.blocks]
-
     @property
     def engine(self) -> str:
         """The engine that runs the steps: "numba" or "torch" (module docstring)."""
         return "numba" if self.cpu_step is not None else "torch"
-
-    @staticmethod
-    def _weights(block, H: int, scale: float) -> tuple:
-        """One block's weights as a step uses them (``BLOCK_FIELDS``), plain tensors
-        read once here, not per step (a step is ~15 small products per block: Python
-        and module attribute look-ups would cost as much as the arithmetic): LayerNorm 1's
-        (shape, weight, bias, eps); the fused [scale W_q; W_k, W_v of head 0; ...;
-        of head H-1]^T, with the attention's 1/sqrt(d) in W_q and each head's key
-        and value side by side as the caches store them; W_p^T; LayerNorm 2; W_1^T
-        and W_2^T with the GeLU's 1.702 moved into them, f(x) = x sigmoid(1.702 x)
-        = silu(1.702 x) / 1.702 (sec. 5.2). (Float32 rounding aside, the same
-        products as the module's.)"""
-        a, ff = block.attn, block.ff
-        w = [a.q.weight * scale] + [torch.cat(kv) for kv in zip(a.k.weight.chunk(H),
-                                                                a.v.weight.chunk(H))]
-        b = [a.q.bias * scale] + [torch.cat(kv) for kv in zip(a.k.bias.chunk(H),
-                                                              a.v.bias.chunk(H))]
-        return (*_norm(block.ln1), torch.cat(b), torch.cat(w).t().contiguous(), a.proj.bias,
-                a.proj.weight.t().contiguous(), *_norm(block.ln2), ff.fc1.bias * 1.702,
-                (ff.fc1.weight * 1.702).t().contiguous(), ff.fc2.bias,
-                (ff.fc2.weight / 1.702).t().contiguous())
 
     def nbytes(self) -> int:
         """Bytes of keys and values the caches hold (allocated at the first position)."""
@@ -206,28 +212,18 @@ class Decoder:
         B, H, d, dq = tokens.shape[0], self.cfg.n_heads, self.cfg.d_model, self.dq
         h = self.tokens[tokens] + self.positions[t]                      # (B, d)
         reads: dict = {}                    # what step t reads, shared by the blocks' caches
-        for (s1, w1, b1, e1, b_qkv, w_qkv, b_p, w_p, s2, w2, b2, e2, b_1, w_1, b_2, w_2), \
-                cache in zip(self.blocks, self.caches):
-            x = torch.layer_norm(h, s1, w1, b1, e1)
-            qkv = torch.addmm(b_qkv, x, w_qkv)                           # (B, 2 dq + d)
-            cache.append(t, qkv[:, dq:].view(B, H, 1, -1))               # (B, H, 1, dk + dv)
-            q = qkv[:, :dq].view(B, H, 1, -1)                            # (B, H, 1, dk), scaled
+        for w, cache in zip(self.blocks, self.caches):
+            x = w.ln1(h)
+            qkv = F.linear(x, w.qkv_w, w.qkv_b)                          # (B, dq + H (dk + dv))
+            cache.append(t, split_heads(qkv[:, None, dq:], H))           # (B, H, 1, dk + dv)
+            q = split_heads(qkv[:, None, :dq], H)                        # (B, H, 1, dk), scaled
             if autocast_on:                                  # q.k, softmax, sum in float32
                 with torch.autocast(h.device.type, enabled=False):
                     o = cache.attend(q, t, 1.0, reads)                   # (B, H, 1, dv)
             else:
                 o = cache.attend(q, t, 1.0, reads)
             o = o.view(B, d) if o.dtype == x.dtype else o.view(B, d).to(x.dtype)
-            h = h + torch.addmm(b_p, o, w_p)                             # (B, d)
-            y = torch.layer_norm(h, s2, w2, b2, e2)
-            h = h + torch.addmm(b_2, F.silu(torch.addmm(b_1, y, w_1)), w_2)
+            h = residual(h, F.linear(o, w.proj_w, w.proj_b), w.ln2, w.feed_forward)
         self.t = t + 1
         self.steps["torch"] += 1
-        s_f, w_f, b_f, e_f, b_out, w_out = self.head
-        h = torch.layer_norm(h, s_f, w_f, b_f, e_f)
-        return torch.addmm(b_out, h, w_out).float()                      # (B, vocab)
-
-
-def _norm(ln: torch.nn.LayerNorm) -> tuple:
-    """A LayerNorm as torch.layer_norm's (normalized_shape, weight, bias, eps)."""
-    return ln.normalized_shape, ln.weight, ln.bias, ln.eps
+        return self.head(self.ln_f(h)).float()                           # (B, vocab)

@@ -35,7 +35,9 @@ takes the masked path and returns the attention weights: for figures at tiny siz
 Attention is split into ``project`` (q, k, v), ``attend`` and ``output`` (W_p),
 and a block's residual sum into ``Block.residual``, so that incremental decoding
 (``fast.transformer.decoding.decode``: a prefill through this forward pass, then one
-position per step with a key/value cache) runs the same layers.
+position per step with a key/value cache) runs the same layers; the arithmetic of a
+block (the GeLU, the feed-forward, the split into heads, the residual sum) is
+``fast.transformer.network.block``, which the decoding step calls too.
 
 ``reference/model.py`` is the NumPy float64 twin of this forward pass.
 """
@@ -53,13 +55,9 @@ import torch.utils.checkpoint
 from fast.attention import sparse_attention
 from fast.backends import masks as masks_torch
 from fast.transformer.config import ModelConfig
+from fast.transformer.network.block import feed_forward, join_heads, residual, split_heads
 
 INIT_SCALE = 0.125  # sec. 6: every init standard deviation is 0.125 / sqrt(fan-in)
-
-
-def gelu(x: torch.Tensor) -> torch.Tensor:
-    """The paper's GeLU approximation f(x) = x * sigmoid(1.702 x) (sec. 5.2)."""
-    return x * torch.sigmoid(1.702 * x)
 
 
 def position_coordinates(cfg: ModelConfig, n: int) -> list[torch.Tensor]:
@@ -129,11 +127,10 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor):
         """x (B, n, d) -> q, k (B, H, n, dqk) and v (B, H, n, dh): the projections,
         split into heads (what a decoding cache stores: k and v)."""
-        B, n, _ = x.shape
         H = self.cfg.n_heads
-        q = self.q(x).view(B, n, H, -1).transpose(1, 2)                 # (B, H, n, dqk)
-        k = self.k(x).view(B, n, H, -1).transpose(1, 2)                 # (B, H, n, dqk)
-        v = self.v(x).view(B, n, H, -1).transpose(1, 2)                 # (B, H, n, dh)
+        q = split_heads(self.q(x), H)                                    # (B, H, n, dqk)
+        k = split_heads(self.k(x), H)                                    # (B, H, n, dqk)
+        v = split_heads(self.v(x), H)                                    # (B, H, n, dh)
         return q, k, v
 
     def attend(self, q, k, v, dtype: torch.dtype, return_attention: bool = False):
@@ -151,8 +148,7 @@ class Attention(nn.Module):
 
     def output(self, out: torch.Tensor) -> torch.Tensor:
         """The heads' outputs (B, H, n, dh) -> W_p applied to them joined: (B, n, d)."""
-        B, _, n, _ = out.shape
-        return self.proj(out.transpose(1, 2).reshape(B, n, self.cfg.d_model))
+        return self.proj(join_heads(out))                                # (B, n, d)
 
     def _sparse(self, q, k, v, scale):
         cfg = self.cfg
@@ -192,7 +188,7 @@ class FeedForward(nn.Module):
         self.fc2 = nn.Linear(cfg.ff_mult * cfg.d_model, cfg.d_model)     # W_2
 
     def forward(self, x):
-        return self.fc2(gelu(self.fc1(x)))
+        return feed_forward(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias)
 
 
 class Block(nn.Module):
@@ -216,9 +212,7 @@ class Block(nn.Module):
 
     def residual(self, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """H + a(H) + b(H) given the attention branch a before its dropout (eq. 13-14)."""
-        a = self.drop(a)
-        b = self.drop(self.ff(self.ln2(h + a)))
-        return h + a + b
+        return residual(h, self.drop(a), self.ln2, self.ff, self.drop)
 
 
 class SparseTransformer(nn.Module):
