@@ -16,6 +16,7 @@ from fast.commands.registry import COMMANDS
 from fast.experiments import learned_attention as LA
 from fast.experiments import table2 as T2
 from fast.experiments.table2 import run_configs, timing_configs
+from fast.measure.attention_stats import pixel_position, split_start
 from fast.plots import attention as plot_attention
 from fast.plots import style
 from fast.plots import table2 as plot_table2
@@ -64,9 +65,9 @@ def test_table2_summary_is_mean_and_std_over_seeds():
     assert cell["time_per_iter_std"] == 0.0
 
 
-def test_to_pixels_shifts_by_the_start_token():
+def test_split_start_shifts_by_the_start_token():
     w = np.array([[0.5, 0.25, 0.25, 0.0]])
-    pix, start = LA.to_pixels(w)
+    pix, start = split_start(w)
     assert np.allclose(pix, [[0.25, 0.25, 0.0, 0.0]]) and np.allclose(start, [0.5])
 
 
@@ -196,9 +197,9 @@ def test_fig2_figures_draw_from_plain_data(tmp_path):
                                        "attention_mass.png", "fig2_strided.png", "fig2_fixed.png",
                                        "attention_parts.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
-    assert LA.pixel_position(1, 2) == (1 * w + 2) * c
+    assert pixel_position(1, 2, LA.SHAPE) == (1 * w + 2) * c
     with pytest.raises(ValueError, match="pixel"):
-        LA.pixel_position(h, 0)
+        pixel_position(h, 0, LA.SHAPE)
 
 
 def test_table2_figures_draw_from_plain_data(tmp_path):

@@ -140,9 +140,6 @@ def attention_maps(model, images: np.ndarray) -> np.ndarray:
     return torch.stack(weights).numpy()                                  # (L, B, H, n, n)
 
 
-to_pixels = stats.split_start     # position-space weights -> (pixel weights, start mass)
-
-
 def query_positions(image_shape=SHAPE, min_row: int = MIN_ROW) -> np.ndarray:
     """Positions whose rows are summarised: every pixel from row ``min_row`` on."""
     h, w, c = image_shape
@@ -240,11 +237,6 @@ def beats_uniform(summary: dict) -> list[dict]:
                      "max_data_dependence": float(np.max(summary["data_dependence"][layer])),
                      "labels": summary["labels"][layer]})
     return rows
-
-
-def pixel_position(row: int, col: int, image_shape=SHAPE) -> int:
-    """Raster position of pixel (row, col), channel 0 (``attention_stats.pixel_position``)."""
-    return stats.pixel_position(row, col, image_shape)
 
 
 def run(*, quick: bool = False, force: bool = False, iters: int | None = None,

@@ -157,8 +157,9 @@ class DenseCache(LayerCache):
         return [(list(range(self.n_heads)), "all", ("dense", self.pattern, mask))]
 
     def plan(self, g: int, t: int, shared: dict) -> tuple:
-        """Step t for the CPU kernel (``LayerCache.plan``): write row t, read rows 0..t
-        and keep row t of each head's mask -- O(t), as this cache's steps are."""
+        """Step t for the CPU kernel (``LayerCache.plan``; g is 0: this cache has one
+        group): write row t, read rows 0..t and keep row t of each head's mask -- O(t),
+        as this cache's steps are."""
         drop = self._drop(t, shared)
         keep = None if drop is None else (~drop[:, 0]).cpu().numpy()     # (H, t + 1)
         writes = np.full((self.n_heads, 2), -1, dtype=np.int64)
@@ -279,7 +280,7 @@ class SparseCache(LayerCache):
             for rows, drop in step_pieces(group, t, self.l, self.c, self.device):
                 if isinstance(drop, tuple):                      # (Hg, 1, c), per residue
                     if drop[1] not in self.drops[g]:
-                        self.drops[g][drop[1]] = ~summary_mask(group, self.l, self.c,
+                        self.drops[g][drop[1]] = ~summary_mask(group, self.c,
                                                                drop[1]).to(self.device)
                     drop = self.drops[g][drop[1]]
                 reads.append((rows, drop))

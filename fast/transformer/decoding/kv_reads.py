@@ -167,7 +167,7 @@ def head_groups(pattern: str, n_heads: int, combine: str, layer: int,
     return tuple(groups)
 
 
-def summary_mask(group: Group, stride: int, c: int, s: int) -> torch.Tensor:
+def summary_mask(group: Group, c: int, s: int) -> torch.Tensor:
     """Which rows of the current block's summary piece each head of a summary-only
     group reads at residue s = t mod l: bool (Hg, 1, c); row r holds position
     b l + lo + r, read once written (lo + r <= s)."""

@@ -78,10 +78,9 @@ def check_resumable(state: dict, path, *, model_cfg: ModelConfig, train_cfg: Tra
                          f"{world} ranks")
 
 
-def restore(state: dict, path, *, model_cfg: ModelConfig, train_cfg: TrainConfig, world: int,
-            model, optimizer, scheduler, scaler, rank: int = 0) -> tuple[int, dict]:
-    """Put rank ``rank`` of a run back where checkpoint ``state`` (read from ``path``)
-    stopped.
+def restore(state: dict, *, model, optimizer, scheduler, scaler,
+            rank: int = 0) -> tuple[int, dict]:
+    """Put rank ``rank`` of a run back where checkpoint ``state`` stopped.
 
     ``state`` has passed ``check_resumable`` (``fast.transformer.training.preflight``
     runs it before the first step); this loads the model, optimiser, scheduler and

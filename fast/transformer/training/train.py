@@ -137,10 +137,8 @@ def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world) -> dict:
     path = plan.path
 
     if plan.resume_state is not None:
-        step, saved = restore(plan.resume_state, path, model_cfg=model_cfg,
-                                   train_cfg=train_cfg, world=world, model=model,
-                                   optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                                   rank=rank)
+        step, saved = restore(plan.resume_state, model=model, optimizer=optimizer,
+                              scheduler=scheduler, scaler=scaler, rank=rank)
         plan.resume_state = None                                     # free it
         history = saved.get("train", history)
         evals = saved.get("evals", evals)
