@@ -105,14 +105,15 @@ class SparseKVCache:
                              f"{pattern!r}; mode='dense' serves every pattern (it keeps every "
                              f"key and masks row t)")
         self.key_dim = check_int("key_dim", key_dim, 1)
-        self.value_dim = key_dim if value_dim is None else check_int("value_dim", value_dim, 1)
+        self.value_dim = self.key_dim if value_dim is None else check_int("value_dim",
+                                                                           value_dim, 1)
         self.kv_heads = n_heads if kv_heads is None else check_int("kv_heads", kv_heads, 1)
         if n_heads % self.kv_heads:
             raise ValueError(f"kv_heads must divide n_heads={n_heads} (each key/value head "
                              f"serves n_heads / kv_heads query heads), got kv_heads="
                              f"{self.kv_heads}")
-        self.pattern, self.params, self.n_heads = pattern, params, n_heads
-        self.combine, self.layer, self.capacity, self.mode = combine, layer, capacity, mode
+        self.pattern, self.params, self.n_heads = pattern, params, int(n_heads)
+        self.combine, self.layer, self.capacity, self.mode = combine, int(layer), capacity, mode
         self.scale = check_scale(scale, self.key_dim)
         self.qk_fp32 = qk_fp32
         self.reset()
