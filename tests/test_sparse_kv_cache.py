@@ -320,6 +320,12 @@ def _t(*shape, dtype=torch.float32):
      r"k has dtype torch.int64; allowed: torch.float64, torch.float32"),
     (lambda c: c.prefill(_t(1, 4, 2, 8), _t(1, 4, 2, 8, dtype=torch.float64)), ValueError,
      r"k, v must have one dtype, got k torch.float32, v torch.float64"),
+    (lambda c: c.prefill(_t(1, 4, 2, 8), _t(1, 4, 2, 8).to("meta")), ValueError,
+     r"k, v must be on one device, got k cpu, v meta"),
+    (lambda c: (c.prefill(_t(1, 4, 2, 8), _t(1, 4, 2, 8)),
+                c.step(*[_t(1, 4, 1, 8).to("meta")] * 3)), ValueError,
+     r"this cache holds batch 1, dtype torch.float32 on cpu .*got batch 1, dtype "
+     r"torch.float32 on meta"),
     (lambda c: c.prefill(_t(1, 4, 0, 8), _t(1, 4, 0, 8)), ValueError,
      r"B and p must be >= 1"),
     (lambda c: c.prefill(_t(1, 4, 7, 8), _t(1, 4, 7, 8)), ValueError,
