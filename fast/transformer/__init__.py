@@ -16,7 +16,8 @@ configuration they share:
                  (``distributed``) and the step clock (``clock``);
 * ``decoding``   sampling (``sample``: a request checked by ``request``, one token
                  drawn by ``draw``), incremental decoding (``decode``), which keys a
-                 step reads (``kv_reads``), the key/value caches (``kv_cache``), and
+                 step reads (``kv_reads``), the key/value caches (``kv_cache``, and
+                 ``sparse_kv_cache``: the public ``fast.SparseKVCache``), and
                  the compiled CPU step (``cpu_step`` driving the Numba ``cpu_kernel``).
 
 Imports run downward: training and decoding use the network and the config, the

@@ -72,7 +72,7 @@ class CpuStep:
         and one cache and group per signature to plan the steps with."""
         from numba.typed import List
 
-        caches, H = self.decoder.caches, self.decoder.cfg.n_heads
+        caches, H = [c.store for c in self.decoder.caches], self.decoder.cfg.n_heads
         stores, self.reps, n_rows = [], {}, 0
         self.table = np.zeros((len(caches), H, 7), np.int64)   # cpu_kernel's table
         self.where = np.zeros((len(caches), H), np.int64)      # block, head -> plan row

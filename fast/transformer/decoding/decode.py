@@ -3,8 +3,9 @@
 Child et al., 2019, sections 5.2-5.6 (the network of ``fast.transformer.network.model``)
 and section 4.3 (which keys each head reads). Sampling draws one token at a
 time; re-running the whole network on the prefix for every token costs O(t) full
-layers per step. A ``Decoder`` keeps, per residual block, a key/value cache
-(``fast.transformer.decoding.kv_cache``) and computes only the new position:
+layers per step. A ``Decoder`` keeps, per residual block, a key/value cache -- a
+``SparseKVCache`` (``fast.transformer.decoding.sparse_kv_cache``, the class any model
+uses; it tracks the position) -- and computes only the new position:
 
     prefill(idx)   the network's own forward pass over idx (B, p) -- the fast
                    attention path of ``sparse_attention`` -- storing every block's
@@ -51,7 +52,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from fast.transformer.decoding.kv_cache import CACHES, layer_cache
+from fast.transformer.decoding.kv_cache import CACHES
+from fast.transformer.decoding.sparse_kv_cache import SparseKVCache
 from fast.transformer.network.block import Norm, feed_forward, residual, split_heads
 from fast.transformer.network.model import Block, SparseTransformer
 
@@ -141,10 +143,12 @@ class Decoder:
         self.qk_fp32 = qk_fp32
         H, self.dq = cfg.n_heads, cfg.qk_dim
         params = cfg.pattern_params()
-        self.caches = [layer_cache(cache, capacity, H, self.dq // H, cfg.pattern, cfg.combine,
-                                   i, params, qk_fp32) for i in range(cfg.n_layers)]
         self.scale = 1.0 / math.sqrt(self.dq // H)                        # folded into W_q
-        self.t = 0
+        self.caches = [SparseKVCache(cfg.pattern, n_heads=H, key_dim=self.dq // H,
+                                     value_dim=cfg.d_model // H, capacity=capacity,
+                                     combine=cfg.combine, layer=i, scale=1.0, mode=cache,
+                                     qk_fp32=qk_fp32, **params)          # q arrives scaled
+                       for i in range(cfg.n_layers)]
         with torch.no_grad():
             self.positions = model.embed.positions(capacity)             # (capacity, d)
             self.tokens = model.embed.tok.weight                         # (vocab, d)
@@ -155,6 +159,11 @@ class Decoder:
         if engine != "torch" and not why:
             from fast.transformer.decoding.cpu_step import AUTO_MAX_KEYS, CpuStep  # imports Numba
             self.cpu_step = CpuStep(self, AUTO_MAX_KEYS if engine == "auto" else None)
+
+    @property
+    def t(self) -> int:
+        """The next position to decode (the caches track it)."""
+        return self.caches[0].position
 
     @property
     def engine(self) -> str:
@@ -180,14 +189,13 @@ class Decoder:
         for block, cache in zip(model.blocks, self.caches):
             x = block.ln1(h)
             q, k, v = block.attn.project(x)                              # (B, H, p, *)
-            cache.extend(torch.cat([k, v], dim=-1))                      # (B, H, p, dk + dv)
+            cache.prefill(k, v)                                          # positions 0..p-1
             flag, block.attn.qk_fp32 = block.attn.qk_fp32, self.qk_fp32  # the steps' rule
             try:
                 out, _ = block.attn.attend(q, k, v, x.dtype)
             finally:
                 block.attn.qk_fp32 = flag
             h = block.residual(h, block.attn.output(out))                # (B, p, d)
-        self.t = p
         return model.head(model.ln_f(h[:, -1])).float()                  # (B, vocab)
 
     @torch.no_grad()
@@ -203,7 +211,8 @@ class Decoder:
         if self.cpu_step is not None:
             logits = None if autocast_on else self.cpu_step(tokens, t)  # (B, vocab)
             if logits is not None:
-                self.t = t + 1
+                for cache in self.caches:                    # the kernel wrote position t
+                    cache._written(t)
                 self.steps["numba"] += 1
                 return logits
             if self.requested == "numba":
@@ -215,15 +224,10 @@ class Decoder:
         for w, cache in zip(self.blocks, self.caches):
             x = w.ln1(h)
             qkv = F.linear(x, w.qkv_w, w.qkv_b)                          # (B, dq + H (dk + dv))
-            cache.append(t, split_heads(qkv[:, None, dq:], H))           # (B, H, 1, dk + dv)
             q = split_heads(qkv[:, None, :dq], H)                        # (B, H, 1, dk), scaled
-            if autocast_on:                                  # q.k, softmax, sum in float32
-                with torch.autocast(h.device.type, enabled=False):
-                    o = cache.attend(q, t, 1.0, reads)                   # (B, H, 1, dv)
-            else:
-                o = cache.attend(q, t, 1.0, reads)
+            kv = split_heads(qkv[:, None, dq:], H)                       # (B, H, 1, dk + dv)
+            o = cache._step(q, kv, reads)                                # (B, H, 1, dv), fp32
             o = o.view(B, d) if o.dtype == x.dtype else o.view(B, d).to(x.dtype)
             h = residual(h, F.linear(o, w.proj_w, w.proj_b), w.ln2, w.feed_forward)
-        self.t = t + 1
         self.steps["torch"] += 1
         return self.head(self.ln_f(h)).float()                           # (B, vocab)

@@ -24,6 +24,20 @@ weighted sum run in float32 (float64 for a float64 model;
 hidden. ``nbytes`` reports the memory the cache holds: its
 stores are allocated for ``capacity`` positions on the first write, so the
 number is the cache's full size for a sample of that length.
+
+Grouped key/value heads (``kv_heads`` < n_heads, grouped-query attention): a store
+keeps one head per key/value head, shared by n_heads / kv_heads consecutive query
+heads (query head h reads key/value head h // share, as ``repeat_interleave`` and
+SDPA's ``enable_gqa`` pair them); the query heads of one key/value head are the rows
+of one product. A key/value head must keep the union of what its query heads read:
+the dense cache keeps every key, so it serves any pattern; the sparse cache keeps one
+set per head, so it serves grouped heads where the query heads sharing a key/value
+head read the same keys, and refuses the others (``SparseCache._check_shared_reads``).
+
+These classes are the mechanism, unchecked, the position passed by the caller
+(the decoder's two engines write and read the same stores). The public face that
+checks its input and tracks the position is ``SparseKVCache``
+(``fast.transformer.decoding.sparse_kv_cache``).
 """
 
 from __future__ import annotations
@@ -35,6 +49,7 @@ import torch
 
 from fast.core.precision import acc_dtype
 from fast.transformer.decoding.kv_reads import head_groups, row_mask, step_pieces, summary_mask
+from reference.heads import head_roles
 
 CACHES = ("sparse", "dense")
 
@@ -44,10 +59,12 @@ class LayerCache:
     attention of one query row over a list of pieces."""
 
     def __init__(self, capacity: int, n_heads: int, key_width: int, pattern: str, combine: str,
-                 layer: int, params: dict, qk_fp32: bool = True):
+                 layer: int, params: dict, qk_fp32: bool = True, kv_heads: int | None = None):
         self.capacity, self.n_heads, self.dk = capacity, n_heads, key_width
         self.pattern, self.combine, self.layer, self.params = pattern, combine, layer, params
         self.qk_fp32 = qk_fp32          # False only to show why the rule exists (float16)
+        self.kv_heads = n_heads if kv_heads is None else kv_heads
+        self.share = n_heads // self.kv_heads   # query heads per key/value head (grouped)
         self.stores: dict = {}          # name -> keys and values (B, Hg, rows, dk + dv)
 
     def nbytes(self) -> int:
@@ -68,6 +85,12 @@ class LayerCache:
         step's dict, as for ``attend``."""
         raise NotImplementedError
 
+    def _one_head_per_key(self) -> None:
+        """The compiled step's plans map query head h to store head h."""
+        if self.share != 1:
+            raise ValueError(f"the compiled CPU step serves one key/value head per query head, "
+                             f"got kv_heads={self.kv_heads} for n_heads={self.n_heads}")
+
     def _empty(self, kv: torch.Tensor, heads: int, rows: int) -> torch.Tensor:
         return kv.new_zeros(kv.shape[0], heads, rows, kv.shape[-1])     # (B, Hg, rows, dk+dv)
 
@@ -81,25 +104,28 @@ class LayerCache:
     def _attend(self, q: torch.Tensor, scale: float, pieces: list,
                 empty_rows: bool) -> torch.Tensor | None:
         """softmax(scale q K^T) V over the concatenated pieces [(K^T, V, drop)]:
-        q (B, Hg, 1, dk), K^T (B Hg, dk, m), V (B Hg, m, dv); drop None, a slice of
-        the m keys that no head reads, or (Hg, 1, m) True where a head does not.
-        Returns (B, Hg, 1, dv) in float32 (float64 for float64), or None when there
-        is no piece. Batch and heads are folded into one dimension so that every
+        q (B, Hg, 1, dk), K^T (B Hk, dk, m), V (B Hk, m, dv) with Hk = Hg / share
+        key/value heads (query heads h share key/value head h // share); drop None, a
+        slice of the m keys that no head reads, or (Hg, 1, m) True where a head does
+        not. Returns (B, Hg, 1, dv) in float32 (float64 for float64), or None when
+        there is no piece. Batch and key/value heads are folded into one dimension,
+        and the query heads sharing a key/value head are its rows, so that every
         product is a single bmm."""
         if not pieces:
             return None
-        B, Hg = q.shape[0], q.shape[1]
+        B, Hg, G = q.shape[0], q.shape[1], self.share
         dtype = acc_dtype(q.dtype) if self.qk_fp32 else pieces[0][0].dtype
-        q = q.reshape(B * Hg, 1, self.dk)                                # (B Hg, 1, dk)
+        q = q.reshape(B * Hg // G, G, self.dk)                           # (B Hk, G, dk)
         q = q if q.dtype == dtype else q.to(dtype)
         q = q if scale == 1.0 else q * scale
         scores = []
         for kt, _, drop in pieces:
-            s = torch.bmm(q, kt if kt.dtype == dtype else kt.to(dtype))  # (B Hg, 1, m)
+            s = torch.bmm(q, kt if kt.dtype == dtype else kt.to(dtype))  # (B Hk, G, m)
             if isinstance(drop, slice):                                  # no head reads these
                 s[..., drop] = float("-inf")
             elif drop is not None:                                       # per head (Hg, 1, m)
-                s = s.view(B, Hg, 1, -1).masked_fill(drop, float("-inf")).view(B * Hg, 1, -1)
+                s = s.view(B, Hg, 1, -1).masked_fill(drop, float("-inf")).view(B * Hg // G, G,
+                                                                                -1)
             scores.append(s)
         scores = scores[0] if len(scores) == 1 else torch.cat(scores, -1)
         w = torch.softmax(scores, dim=-1)
@@ -107,13 +133,13 @@ class LayerCache:
             w = w.masked_fill(torch.isneginf(scores.amax(-1, keepdim=True)), 0.0)
         if len(pieces) == 1:                                             # the common case
             v = pieces[0][1]
-            out = torch.bmm(w, v if v.dtype == dtype else v.to(dtype))   # (B Hg, 1, dv)
+            out = torch.bmm(w, v if v.dtype == dtype else v.to(dtype))   # (B Hk, G, dv)
             return out.view(B, Hg, 1, -1)
         out, start = None, 0
         for kt, v, _ in pieces:
             m = kt.shape[2]
             wp, v = w.narrow(2, start, m), v if v.dtype == dtype else v.to(dtype)
-            out = torch.bmm(wp, v) if out is None else torch.baddbmm(out, wp, v)  # (B Hg, 1, dv)
+            out = torch.bmm(wp, v) if out is None else torch.baddbmm(out, wp, v)  # (B Hk, G, dv)
             start += m
         return out.view(B, Hg, 1, -1)                                    # (B, Hg, 1, dv)
 
@@ -128,7 +154,7 @@ class DenseCache(LayerCache):
     def extend(self, kv: torch.Tensor, start: int = 0) -> None:
         """Store positions start.. start+p-1 at once: kv (B, H, p, dk + dv)."""
         if not self.stores:
-            self.stores["all"] = self._empty(kv, self.n_heads, self.capacity)
+            self.stores["all"] = self._empty(kv, self.kv_heads, self.capacity)
             self.kt, self.v = self._views(self.stores["all"])
         self.stores["all"].narrow(2, start, kv.shape[2]).copy_(kv)
 
@@ -153,6 +179,7 @@ class DenseCache(LayerCache):
     def plan_groups(self) -> list[tuple]:
         """[(heads, store, signature)]: every head reads the one store "all", and
         layers whose masks agree share a signature (``LayerCache.plan_groups``)."""
+        self._one_head_per_key()
         mask = self.layer % 2 if self.combine == "interleaved" else 0
         return [(list(range(self.n_heads)), "all", ("dense", self.pattern, mask))]
 
@@ -181,10 +208,13 @@ class SparseCache(LayerCache):
     one store per group (``Group.store``), read in the pieces of ``step_pieces``."""
 
     def __init__(self, capacity: int, n_heads: int, key_width: int, pattern: str, combine: str,
-                 layer: int, params: dict, qk_fp32: bool = True):
-        super().__init__(capacity, n_heads, key_width, pattern, combine, layer, params, qk_fp32)
+                 layer: int, params: dict, qk_fp32: bool = True, kv_heads: int | None = None):
+        super().__init__(capacity, n_heads, key_width, pattern, combine, layer, params, qk_fp32,
+                         kv_heads)
         self.groups = head_groups(pattern, n_heads, combine, layer, **params)
         self.l, self.c = params.get("stride"), params.get("c")
+        if self.share > 1:
+            self._check_shared_reads()
         self.whole = len(self.groups) == 1                    # one group: every head
         self.writes = [self._summary_writes(g) for g in self.groups]
         self.drops = [{} for _ in self.groups]                # residue -> ~summary_mask
@@ -194,17 +224,42 @@ class SparseCache(LayerCache):
         self.empty = [g.parts == ("summary",) for g in self.groups]
         self.device = "cpu"                                   # the stores' (set on allocation)
 
+    def _check_shared_reads(self) -> None:
+        """Grouped keys and values (kv_heads < n_heads): a key/value head keeps what its
+        query heads read, so they must read the same keys (one store serves them):
+        true for "full", for strided "merged" and "interleaved", and for a fixed layer
+        whose heads read only the block; not where the heads sharing a key/value head
+        read different parts ("multihead") or different summary sub-blocks (fixed)."""
+        roles = head_roles(self.pattern, self.n_heads, self.combine, self.layer,
+                           stride=self.l, c=self.c)
+        reads = [(r.parts, r.summary if "summary" in r.parts else None) for r in roles]
+        for first in range(0, self.n_heads, self.share):
+            heads = range(first, first + self.share)
+            if any(reads[h] != reads[first] for h in heads):
+                raise ValueError(
+                    f"kv_heads={self.kv_heads} shares each key/value head between "
+                    f"{self.share} query heads, but query heads {list(heads)} of layer "
+                    f"{self.layer} read different keys (pattern {self.pattern!r}, combine "
+                    f"{self.combine!r}: {[reads[h] for h in heads]}); the sparse cache shares "
+                    f"a key/value head only between heads that read alike. Use "
+                    f"kv_heads=n_heads={self.n_heads}, or mode='dense' (every key kept)")
+
+    def _store_summaries(self, group) -> tuple:
+        """The summary sub-block [lo, hi) of each head of the group's store: one per
+        key/value head (its query heads read the same one: ``_check_shared_reads``)."""
+        return group.summaries[::self.share]
+
     def _summary_writes(self, group) -> list:
-        """For each residue s = t mod l: (heads of the group whose summary sub-block
-        holds s, as an index tensor or None for all of them, row offset s - lo), or
-        None when no head's sub-block holds s."""
+        """For each residue s = t mod l: (store heads of the group whose summary
+        sub-block holds s, as an index tensor or None for all of them, row offset
+        s - lo), or None when no head's sub-block holds s."""
         if "summary" not in group.parts:
             return []
-        writes = []
+        writes, summaries = [], self._store_summaries(group)
         for s in range(self.l):
-            hs = [i for i, (lo, hi) in enumerate(group.summaries) if lo <= s < hi]
-            lo = group.summaries[hs[0]][0] if hs else 0
-            idx = None if len(hs) == len(group.summaries) else torch.tensor(hs)
+            hs = [i for i, (lo, hi) in enumerate(summaries) if lo <= s < hi]
+            lo = summaries[hs[0]][0] if hs else 0
+            idx = None if len(hs) == len(summaries) else torch.tensor(hs)
             writes.append((idx, s - lo) if hs else None)
         return writes
 
@@ -213,7 +268,7 @@ class SparseCache(LayerCache):
         rows = {"all": self.capacity, "ring": self.l, "summary": summaries,
                 "joint": (self.l or 0) + summaries}
         for g, group in enumerate(self.groups):
-            heads = len(range(self.n_heads)[group.heads])
+            heads = len(range(self.n_heads)[group.heads]) // self.share
             self.stores[g] = self._empty(kv, heads, rows[group.store()])
             B, Hg, n, w = self.stores[g].shape
             self.views[g] = (self.stores[g].view(B * Hg, n, w), *self._views(self.stores[g]))
@@ -253,16 +308,17 @@ class SparseCache(LayerCache):
             self._allocate(kv)
         p, l, device = kv.shape[2], self.l, kv.device
         for g, group in enumerate(self.groups):
-            kvg, buf, store = kv[:, group.heads], self.stores[g], self.kinds[g]
+            kvg, buf, store = (kv if self.whole else kv[:, group.heads]), self.stores[g], \
+                self.kinds[g]
             if store == "all":
                 buf[:, :, :p].copy_(kvg)
             elif store in ("ring", "joint"):           # the last l positions, slot j mod l
                 pos = torch.arange(max(0, p - l), p, device=device)
                 buf[:, :, pos % l] = kvg[:, :, pos]
             if store in ("summary", "joint"):          # each head's own summary positions
-                offset = l if store == "joint" else 0
-                for lo in sorted({lo for lo, _ in group.summaries}):
-                    heads = torch.tensor([i for i, (a, _) in enumerate(group.summaries)
+                offset, summaries = l if store == "joint" else 0, self._store_summaries(group)
+                for lo in sorted({lo for lo, _ in summaries}):
+                    heads = torch.tensor([i for i, (a, _) in enumerate(summaries)
                                           if a == lo], device=device)[:, None]
                     pos = torch.arange(p, device=device)
                     pos = pos[(pos % l >= lo) & (pos % l < lo + self.c)]
@@ -289,6 +345,7 @@ class SparseCache(LayerCache):
 
     def plan_groups(self) -> list[tuple]:
         """[(heads, store, signature)] per group (``LayerCache.plan_groups``)."""
+        self._one_head_per_key()
         return [(list(range(self.n_heads))[group.heads], g,
                  ("sparse", group.parts, group.summaries, self.kinds[g]))
                 for g, group in enumerate(self.groups)]
@@ -366,10 +423,13 @@ class SparseCache(LayerCache):
 
 
 def layer_cache(kind: str, capacity: int, n_heads: int, key_width: int, pattern: str,
-                combine: str, layer: int, params: dict, qk_fp32: bool = True) -> LayerCache:
+                combine: str, layer: int, params: dict, qk_fp32: bool = True,
+                kv_heads: int | None = None) -> LayerCache:
     """A ``DenseCache`` or ``SparseCache`` (``kind`` in ``CACHES``) for one block whose
-    heads have keys of ``key_width`` (values follow them in the stores)."""
+    heads have keys of ``key_width`` (values follow them in the stores); ``kv_heads``
+    key/value heads (None: one per query head), each shared by n_heads / kv_heads
+    consecutive query heads."""
     if kind not in CACHES:
         raise ValueError(f"cache must be one of {CACHES}, got {kind!r}")
     cls = SparseCache if kind == "sparse" else DenseCache
-    return cls(capacity, n_heads, key_width, pattern, combine, layer, params, qk_fp32)
+    return cls(capacity, n_heads, key_width, pattern, combine, layer, params, qk_fp32, kv_heads)
