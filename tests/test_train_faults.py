@@ -126,7 +126,8 @@ def test_kill_9_mid_checkpoint_write_loses_nothing(tmp_path, digits):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert load_checkpoint(path)["step"] == 2                  # the previous one, whole
-    assert path.with_name("ckpt.pt.tmp").stat().st_size > 0    # the half-written one
+    [half] = path.parent.glob(".ckpt.pt.*.tmp")                 # the half-written one,
+    assert half.stat().st_size > 0                             # under its own unique name
     resumed = training.train(m, dataclasses.replace(t, resume=True), progress=False,
                              dataset=digits)
     full = training.train(m, dataclasses.replace(t, out_dir=str(tmp_path / "full")),
