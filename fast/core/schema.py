@@ -4,8 +4,8 @@ Child et al., 2019, section 6 resumes week-long runs from checkpoints, and secti
 results are drawn from cached JSON: both are files, which can be damaged, come from
 another version, or be crafted. A reader states what it needs as a *shape* and calls
 ``check(value, shape, where)`` before it uses anything; the first thing that does not
-fit raises ``ShapeError`` (a ValueError) naming the place (``runs['text/full']['0']
-.test_bits``), what was found and what was expected. Nothing is built from a value
+fit raises ``ShapeError`` (a ValueError) naming the place (``['runs']['text/full']['0']
+['test_bits']``), what was found and what was expected. Nothing is built from a value
 before its shape passed.
 
 Shapes, written as plain Python where they can be:
@@ -74,6 +74,8 @@ class Int(Shape):
             _fail(where, value, self)
 
     def __str__(self):
+        if self.lo is not None and self.lo == self.hi:
+            return f"the integer {self.lo}"
         return (f"an integer in [{'-inf' if self.lo is None else self.lo}, "
                 f"{'inf' if self.hi is None else self.hi}]")
 
@@ -122,8 +124,8 @@ class List(Shape):
             check(item, self.shape, f"{where}[{i}]")
 
     def __str__(self):
-        n = f"{self.length} " if self.length is not None else ""
-        return f"a list of {n}{describe(self.shape)}"
+        n = f" of {self.length} items" if self.length is not None else ""
+        return f"a list{n}, each {describe(self.shape)}"
 
 
 class Tuple(Shape):
@@ -201,7 +203,7 @@ def describe(shape) -> str:
     if isinstance(shape, dict):
         return f"a dict with the keys {sorted(map(str, shape))}"
     if isinstance(shape, list):
-        return f"a list of {describe(shape[0])}"
+        return str(List(shape[0]))
     return PLAIN.get(shape, f"a {getattr(shape, '__name__', shape)}")
 
 
@@ -222,7 +224,7 @@ def check(value, shape, where: str = "") -> None:
                     continue
                 raise ShapeError(f"{where or 'the value'} has no {key!r}; expected "
                                  f"{describe(shape)}")
-            check(value[key], inner, f"{where}[{key!r}]" if where else repr(key))
+            check(value[key], inner, f"{where}[{key!r}]")
     elif isinstance(shape, list):
         List(shape[0]).fits(value, where)
     elif shape is None:
