@@ -12,10 +12,14 @@ PyTorch's meta device before a model is allocated.
 from __future__ import annotations
 
 import dataclasses
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fast.commands import train as train_command
 from fast.data import Dataset, load
@@ -116,6 +120,7 @@ MALFORMED = [
     ("model field of a wrong type", _set(["model_cfg", "n_layers"], "1"), r"n_layers"),
     ("unknown train field", _set(["train_cfg", "turbo"], 1), r"holds \['turbo'\]"),
     ("missing key", _delete(["optimizer"]), r"missing \['optimizer'\]"),
+    ("no train config", _set(["train_cfg"], None), r"its train_cfg is None"),
     ("step -5", _set(["step"], -5), r"step is -5; expected an integer in \[0, 4\]"),
     ("step 10**6", _set(["step"], 10**6), r"step is 1000000; expected an integer in \[0, 4\]"),
     ("step a text", _set(["step"], "2"), r"step is '2'; expected an integer"),
@@ -238,3 +243,45 @@ def test_sampling_refuses_non_finite_weights(tmp_path):
     with pytest.raises(ValueError, match=r"model\['embed.tok.weight'\] holds NaN or inf"):
         load_model(tmp_path / "inf.pt")
     assert np.isinf(state["embed.tok.weight"].numpy()).sum() == 1
+
+
+def _paths(value, prefix=()):
+    """Every place in a state (the first 3 items of a list), deepest last."""
+    out = []
+    items = (value.items() if isinstance(value, dict)
+             else enumerate(value[:3]) if isinstance(value, (list, tuple)) else ())
+    for key, inner in items:
+        out.append(prefix + (key,))
+        out += _paths(inner, prefix + (key,))
+    return out
+
+
+ODD = [None, -5, 10**6, "x", 1.5, float("nan"), True, [], {}, (1, 2), torch.zeros(2),
+       torch.zeros(2, dtype=torch.int64)]
+
+
+@settings(max_examples=40)
+@given(data=st.data())
+def test_a_randomly_damaged_state_is_refused_in_one_sentence_or_resumes(data, saved, digits):
+    """Any one place of the state deleted or replaced by a value of another kind: the run
+    is refused with a ValueError of one sentence, or (a change that does not matter) it
+    resumes and trains; never another exception."""
+    state = copy(saved)
+    path = data.draw(st.sampled_from(_paths(state)), label="place")
+    parent = state
+    for key in path[:-1]:
+        parent = parent[key]
+    if isinstance(parent, tuple):                    # tuples are values: rebuild the parent
+        return
+    if data.draw(st.booleans(), label="delete") and isinstance(parent, dict):
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = data.draw(st.sampled_from(ODD), label="value")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            plan = resume_from(state, Path(tmp), digits)
+        except ValueError as err:
+            assert "\n" not in str(err)
+            return
+        m, t = tiny(tmp, resume=True)
+        training.train(m, t, progress=False, plan=plan)

@@ -444,3 +444,30 @@ def test_a_resume_that_takes_no_step_records_nothing_twice(tmp_path, digits):
     finished = training.train(m, dataclasses.replace(t, resume=True, stop_iter=None),
                               progress=False, dataset=digits)     # a finished run: no step
     assert [e["step"] for e in finished["evals"]] == [2, 4]
+
+
+@pytest.mark.slow
+def test_two_fresh_runs_started_half_a_second_apart(tmp_path):
+    """The first keeps out_dir and finishes; the second is refused in one line (exit 2)
+    naming the first; the checkpoint left is the first run's, whole."""
+    argv = ["--preset", "digits", "--d_model", "16", "--n_heads", "2", "--n_layers", "1",
+            "--batch_size", "8", "--max_iters", "12", "--warmup_iters", "2", "--eval_batches",
+            "1", "--eval_interval", "0", "--precision", "fp32", "--device", "cpu",
+            "--cpu_threads", "1", "--checkpoint_interval", "1", "--out_dir", str(tmp_path / "run")]
+    procs = []
+    for i in range(2):
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", COMMAND_CHILD, str(tmp_path / f"steps{i}"), *argv], cwd=ROOT,
+            env=dict(os.environ, SLOW_STEP="1.0"), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True))
+        time.sleep(0.5)
+    (out0, err0), (out1, err1) = (p.communicate(timeout=300) for p in procs)
+    print(err1.strip().splitlines()[-1])
+    codes = [p.returncode for p in procs]
+    assert sorted(codes) == [0, 2], (codes, err0[-500:], err1[-500:])
+    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
+    said = (err0, err1)[loser].strip().splitlines()
+    assert len(said) == 1 and "Traceback" not in said[0]
+    assert f"is in use by another run (pid {procs[winner].pid} on " in said[0]
+    assert load_checkpoint(tmp_path / "run" / "ckpt.pt")["step"] == 12
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["ckpt.pt"]

@@ -138,9 +138,9 @@ def main(argv: list[str] | None = None) -> dict:
         except (RunStopped, CheckpointWriteError) as err:
             sys.stderr.write(f"{COMMAND}: {' '.join(str(err).split())}\n")
             raise SystemExit(getattr(err, "status", 1)) from None
-    except KeyboardInterrupt:                    # Ctrl-C before the loop took the signal
-        sys.stderr.write(f"{COMMAND}: stopped by SIGINT before the first step; nothing was "
-                         f"written\n")
+    except KeyboardInterrupt:      # Ctrl-C before the loop takes signals, or a second one
+        sys.stderr.write(f"{COMMAND}: stopped by SIGINT; out_dir holds the checkpoints saved "
+                         f"before (each whole), nothing more\n")
         raise SystemExit(128 + signal.SIGINT) from None
     if int(os.environ.get("RANK", "0")) == 0:
         print(summary(name, result))

@@ -8,6 +8,9 @@ raster order with channels interleaved, position p = (row * W + col) * C + ch
 embeddings assume. Nothing is downloaded: the photographs are the files that
 ship inside scikit-image (``skimage/data/``) and scikit-learn
 (``sklearn/datasets/images/``); CIFAR-10 and .npy images are read from a local path.
+CIFAR-10's python batches are pickles: they are read by an unpickler that builds
+only what a batch holds (``CIFAR_GLOBALS``), so a crafted file runs nothing; .npy
+files are read with ``allow_pickle=False``.
 
 Photographs -> crops (deterministic; training and held-out photographs are
 disjoint, so no validation or test pixel was seen in training):

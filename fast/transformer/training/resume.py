@@ -113,6 +113,9 @@ def check_resumable(state: dict, path, *, model_cfg: ModelConfig, train_cfg: Tra
                          f"must compare); its model loads for sampling, but a run cannot "
                          f"continue it -- start a new out_dir")
     saved_cfg, saved_train = configs_from(state, path)
+    if saved_train is None:
+        raise ValueError(f"cannot resume {path}: its train_cfg is None; only checkpoints "
+                         f"written by a training run resume")
     changed = [f"{f.name}: {getattr(saved_cfg, f.name)!r} -> {getattr(model_cfg, f.name)!r}"
                for f in dataclasses.fields(ModelConfig)
                if getattr(saved_cfg, f.name) != getattr(model_cfg, f.name)]
