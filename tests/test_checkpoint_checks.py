@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from fast.commands import train as train_command
@@ -260,7 +260,6 @@ ODD = [None, -5, 10**6, "x", 1.5, float("nan"), True, [], {}, (1, 2), torch.zero
        torch.zeros(2, dtype=torch.int64)]
 
 
-@settings(max_examples=40)
 @given(data=st.data())
 def test_a_randomly_damaged_state_is_refused_in_one_sentence_or_resumes(data, saved, digits):
     """Any one place of the state deleted or replaced by a value of another kind: the run
