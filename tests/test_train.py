@@ -22,7 +22,7 @@ from fast.data import load
 from fast.plots.samples import image_grid
 from fast.transformer.config import preset
 from fast.transformer.decoding import sample as sampling
-from fast.transformer.network.checkpoint import load_checkpoint, load_model, save_weights
+from fast.transformer.network.checkpoint import FORMAT, load_checkpoint, load_model, save_weights
 from fast.transformer.network.model import SparseTransformer
 from fast.transformer.training import train as training
 from fast.transformer.training.clock import StepClock
@@ -251,7 +251,7 @@ def test_committed_weights_files_load(path):
     assert torch.isfinite(model(x)).all()
     with pytest.raises(ValueError, match="cannot resume"):
         check_resumable(load_checkpoint(path), path, model_cfg=model_cfg, train_cfg=None,
-                        world=1)
+                        world=1, precision="fp32", device="cpu", data={})
 
 
 def test_save_weights_round_trip(tmp_path):
@@ -260,7 +260,7 @@ def test_save_weights_round_trip(tmp_path):
     model = SparseTransformer(m)
     path = save_weights(tmp_path / "w.pt", model)
     blob = torch.load(path, map_location="cpu", weights_only=True)
-    assert sorted(blob) == ["model", "model_cfg"]
+    assert sorted(blob) == ["format", "model", "model_cfg"] and blob["format"] == FORMAT
     assert all(v.dtype == torch.float16 for v in blob["model"].values())
     back, back_cfg, _ = load_model(path)
     assert back_cfg == m
@@ -274,8 +274,11 @@ def test_training_state_holds_the_documented_keys(tmp_path, digits):
     m, t = tiny_digits(tmp_path, max_iters=1)
     out = training.train(m, t, progress=False, dataset=digits)
     state = load_checkpoint(out["checkpoint"])
-    assert list(state) == ["model", "optimizer", "scheduler", "scaler", "rng", "step",
-                           "data_position", "model_cfg", "train_cfg", "history"]
+    assert list(state) == ["format", "model", "optimizer", "scheduler", "scaler", "rng",
+                           "step", "data_position", "model_cfg", "train_cfg", "data",
+                           "precision", "device", "history"]
+    assert state["format"] == FORMAT and state["data"] == digits.fingerprint()
+    assert (state["precision"], state["device"]) == ("fp32", "cpu")
     assert state["data_position"] == {"step": 1, "seed": t.seed, "world_size": 1}
     assert state["scaler"] is None and sorted(state["history"]) == ["evals", "train"]
     model = out["model"]
@@ -283,8 +286,8 @@ def test_training_state_holds_the_documented_keys(tmp_path, digits):
     again = training_state(model=model, optimizer=optimizer,
                            scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
                            scaler=None, step=1, world=1, model_cfg=m, train_cfg=t,
-                           history={}, evals=[])
-    assert list(again) == list(state)
+                           history={}, evals=[], data={}, precision="fp32", device="cpu")
+    assert ["format", *again] == list(state)            # save_checkpoint puts the format first
 
 
 def test_step_clock_times_every_step(tmp_path, digits):

@@ -13,7 +13,11 @@ Image models write a PNG grid (with --complete: the held-out images in the
 first row, their completions below); text models write and print the decoded
 bytes. Any checkpoint ``fast.transformer.network.checkpoint.load_model`` reads will
 do. Bad arguments end the command with exit status 2 and one line saying what was
-given and what is allowed.
+given and what is allowed. The output is written atomically; an existing ``--out`` is
+replaced only with ``--overwrite``, and never when it is one of the command's inputs
+(the checkpoint, the prompt file, the data). ``--num`` up to 65,536 is drawn in
+batches that keep at most a GiB of keys and values unless ``--batch-size`` says
+otherwise (``fast.transformer.decoding.request.BATCH_BYTES``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import io
+import os
 import warnings
 from pathlib import Path
 
@@ -29,7 +34,7 @@ import numpy as np
 import torch
 
 from fast.commands import cli
-from fast.core.files import atomic_write
+from fast.core.files import write_bytes
 from fast.data import DATASETS, SPLITS, load
 from fast.plots.samples import image_grid
 from fast.transformer.config import MAX_THREADS, PRECISIONS
@@ -46,7 +51,7 @@ MAX_NUM = 2**16                     # samples per command: a bound, so that 2**6
 def save_samples(samples: torch.Tensor, model_cfg, out, levels: int | None = None,
                  cols: int | None = None) -> str:
     """PNG grid for image models (``cols`` per row), UTF-8 text (bytes decoded with
-    replacement) otherwise, written atomically (``fast.core.files.atomic_write``)."""
+    replacement) otherwise, written atomically (``fast.core.files.write_bytes``)."""
     arr = samples.cpu().numpy()
     if model_cfg.embedding == "image":
         grid = image_grid(arr, model_cfg.image_shape, levels or model_cfg.vocab_size, cols)
@@ -54,12 +59,29 @@ def save_samples(samples: torch.Tensor, model_cfg, out, levels: int | None = Non
         grid = np.kron(grid, np.ones((scale, scale, 1), dtype=np.uint8))   # enlarge small grids
         png = io.BytesIO()
         matplotlib.image.imsave(png, grid, format="png")
-        return atomic_write(out, lambda f: f.write(png.getvalue()))
+        return write_bytes(out, png.getvalue())
     text = "\n\n----\n\n".join(bytes(row.astype(np.uint8).tolist()).decode("utf-8", "replace")
                                 for row in arr)
-    return atomic_write(out, lambda f: f.write(text.encode("utf-8")))
+    return write_bytes(out, text.encode("utf-8"))
 
 
+def check_output(out: str, inputs: list[str], overwrite: bool) -> None:
+    """UsageError unless ``out`` may be written: never one of the command's ``inputs``
+    (its checkpoint, prompt file, data: a file given, or any file inside a folder
+    given), and an existing file only with ``--overwrite``."""
+    path = Path(out)
+    if not os.path.lexists(path):
+        return
+    for given in inputs:
+        inside = Path(given).is_dir() and Path(os.path.realpath(path)).is_relative_to(
+            os.path.realpath(given))
+        if inside or (path.exists() and os.path.samefile(path, given)):
+            raise cli.UsageError(f"--out {out} is {'inside ' if inside else ''}an input of this "
+                                 f"command ({given}); allowed: an output path that is none of "
+                                 f"--checkpoint, --prompt-file, --data-path")
+    if not overwrite:
+        raise cli.UsageError(f"--out {out} already exists; allowed: a new path, or --overwrite "
+                             f"to replace it")
 
 
 def prompt_bytes(text: str) -> bytes:
@@ -85,7 +107,8 @@ def parser() -> cli.Parser:
     p.add_argument("--num", type=cli.integer(1, MAX_NUM), default=16,
                    help=f"samples to draw, 1 .. {MAX_NUM} (default 16)")
     p.add_argument("--batch-size", type=cli.integer(1, MAX_NUM), default=None,
-                   help="samples decoded together (default: all of them)")
+                   help="samples decoded together (default: all of them, or as many as keep "
+                        "1 GiB of keys and values)")
     p.add_argument("--length", type=cli.integer(1), default=None, help="tokens per sample, "
                    "prompt included, <= the model's n_ctx (default n_ctx; image models need it)")
     p.add_argument("--temperature", type=cli.finite(MIN_TEMPERATURE), default=1.0,
@@ -119,7 +142,10 @@ def parser() -> cli.Parser:
     p.add_argument("--data-path", default=None, type=cli.existing_path,
                    help="local path for enwik8/cifar10/npy_images")
     p.add_argument("--out", default=None, type=cli.output_file,
-                   help="output path (default figures/samples_<dataset>.png or .txt)")
+                   help="output path (default figures/samples_<dataset>.png or .txt); an "
+                        "existing file only with --overwrite, never an input")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out if it exists (never the checkpoint or another input)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -136,6 +162,9 @@ def _prompt(args, model_cfg, train_cfg):
                              "--prompt TEXT or --prompt-file PATH")
     if args.prompt is not None and args.prompt_file is not None:
         raise cli.UsageError("both --prompt and --prompt-file given; allowed: one of them")
+    if not args.complete and (args.dataset is not None or args.data_path is not None):
+        raise cli.UsageError("--dataset/--data-path given without --complete, which alone "
+                             "reads data; allowed: them with --complete SPLIT")
     if args.prompt_file is not None:
         args.prompt = Path(args.prompt_file).read_bytes()
         if not args.prompt:
@@ -209,6 +238,10 @@ def prepare(args):
         cli.output_file(out)
     except argparse.ArgumentTypeError as err:
         raise cli.UsageError(f"--out (default) {err}") from err
+    inputs = [args.checkpoint, args.prompt_file, args.data_path or (
+        train_cfg.data_path if train_cfg is not None and truth is not None else None)]
+    check_output(out, [i for i in inputs if i is not None and os.path.exists(i)],
+                 args.overwrite)
     return model, model_cfg, request, truth, out
 
 

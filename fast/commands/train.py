@@ -19,9 +19,11 @@ the configuration's own checks (``fast.transformer.config``). Any bad value ends
 command with one line saying what was given and what is allowed, exit status 2.
 Before the first step everything that can be known is checked
 (``fast.transformer.training.preflight.check_run``): a bad run is one line, exit
-status 2; a checkpoint that cannot be written (a full disk) is one line, exit
-status 1, the previous checkpoint intact. The loop itself is
-``fast.transformer.training.train``.
+status 2, and so is an out_dir another run holds. A run that stops early says why
+in one line: a NaN or inf in the loss or weights, or a checkpoint that cannot be
+written (a full disk), exit status 1, the last good checkpoint intact; SIGTERM or
+Ctrl-C, after saving the step it was on, exit status 143 or 130 (``main``). The loop
+itself is ``fast.transformer.training.train``.
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 
 from fast.commands import cli
 from fast.transformer.config import PRESETS, ModelConfig, TrainConfig, preset
 from fast.transformer.network.checkpoint import CheckpointWriteError
+from fast.transformer.training.output import OutputRefused
 from fast.transformer.training.preflight import check_run
+from fast.transformer.training.stop import RunStopped
 from fast.transformer.training.train import train
 
 COMMAND = "python -m fast train"
@@ -107,25 +112,36 @@ def summary(name: str, result: dict) -> str:
     """The one line printed when a run ends (``result`` is what ``train`` returned)."""
     finals = ", ".join(f"{s} {v:.4f} {result['unit']}" for s, v in result["final"].items())
     ckpt = f"; checkpoint {result['checkpoint']}" if result["checkpoint"] else ""
+    speed = (f"{result['time_per_iter'] * 1000:.1f} ms/iter"
+             if result["time_per_iter"] is not None else "no step taken in this run")
     return (f"preset {name}: {result['n_params']:,} parameters, {result['step']} steps on "
-            f"{result['device']} ({result['precision']}), "
-            f"{result['time_per_iter'] * 1000:.1f} ms/iter; {finals}{ckpt}")
+            f"{result['device']} ({result['precision']}), {speed}; {finals}{ckpt}")
 
 
 def main(argv: list[str] | None = None) -> dict:
     """``python -m fast train [--preset NAME] [--field value ...]``: train, print one line.
-    Bad input: one line on stderr, exit status 2; a checkpoint that cannot be written:
-    one line, exit status 1 (the previous checkpoint intact)."""
+    How it ends, each time with one line on stderr and no traceback: bad input or a
+    run refused before its first step (out_dir held by another run, a checkpoint in
+    the way), exit status 2; a run stopped on a NaN or inf, or on a checkpoint that
+    cannot be written, exit status 1 (the last checkpoint kept intact); on SIGTERM or
+    SIGINT, after saving the step it was on, 128 + the signal's number (143, 130)."""
     name, model_cfg, train_cfg = configs(sys.argv[1:] if argv is None else argv)
     try:
-        plan = check_run(model_cfg, train_cfg)               # every check before a step
-    except ValueError as err:
-        cli.fail(COMMAND, err)
-    try:
-        result = train(model_cfg, train_cfg, progress=True, plan=plan)
-    except CheckpointWriteError as err:
-        sys.stderr.write(f"{COMMAND}: {err}\n")
-        raise SystemExit(1) from None
+        try:
+            plan = check_run(model_cfg, train_cfg)           # every check before a step
+        except ValueError as err:
+            cli.fail(COMMAND, err)
+        try:
+            result = train(model_cfg, train_cfg, progress=True, plan=plan)
+        except OutputRefused as err:
+            cli.fail(COMMAND, err)
+        except (RunStopped, CheckpointWriteError) as err:
+            sys.stderr.write(f"{COMMAND}: {' '.join(str(err).split())}\n")
+            raise SystemExit(getattr(err, "status", 1)) from None
+    except KeyboardInterrupt:      # Ctrl-C before the loop takes signals, or a second one
+        sys.stderr.write(f"{COMMAND}: stopped by SIGINT; out_dir holds the checkpoints saved "
+                         f"before (each whole), nothing more\n")
+        raise SystemExit(128 + signal.SIGINT) from None
     if int(os.environ.get("RANK", "0")) == 0:
         print(summary(name, result))
     return result

@@ -7,11 +7,16 @@ not run again. A cache can still be damaged from outside (a truncated copy, an e
 file, another program's JSON, a file in another encoding), so every script reads its
 cache through ``read_cache``, and one that resumes through ``resumable``:
 
-* ``read_cache(path)`` -- the cache's dict, ``None`` when there is none, or a
+* ``read_cache(path, shape)`` -- the cache's dict, ``None`` when there is none, or a
   ``CacheError`` naming the file, what is wrong with it and what to do;
-* ``resumable(path, quick, force)`` -- the dict a run continues: ``{}`` when there is
-  none or ``force`` asks for a fresh start, else the cache, refused when it holds
-  results of the other size (``quick``).
+* ``resumable(path, quick, force, shape)`` -- the dict a run continues: ``{}`` when
+  there is none or ``force`` asks for a fresh start, else the cache, refused when it
+  holds results of the other size (``quick``).
+
+``shape`` (``fast.core.schema``) is what the reader will use from the file: a file
+without it (another program's JSON, a version with other keys, a value of the wrong
+kind) is refused the same way, naming the place (``['runs']['text/full']['0']
+['test_bits'] is 'x'; expected a number``), before anything is read from it.
 
 ``CacheError`` is a ValueError; a command prints it as its one line, exit status 2.
 """
@@ -20,6 +25,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from fast.core.schema import ShapeError, check
 
 
 class CacheError(ValueError):
@@ -44,8 +51,20 @@ def _load(path: Path):
     return data, None
 
 
-def read_cache(path) -> dict | None:
-    """The JSON object in ``path``; None when the file does not exist."""
+def _shaped(path: Path, data: dict, shape, fix: str) -> dict:
+    """``data`` if it has ``shape`` (None: any dict); else CacheError saying where not."""
+    if shape is not None:
+        try:
+            check(data, shape)
+        except ShapeError as err:
+            raise CacheError(f"{path} does not hold what is read from it ({err}); allowed: "
+                             f"a JSON file written by this project's scripts ({fix})") from err
+    return data
+
+
+def read_cache(path, shape=None) -> dict | None:
+    """The JSON object in ``path``, shaped as ``shape`` says; None when the file does not
+    exist."""
     path = Path(path)
     if not path.exists():
         return None
@@ -53,11 +72,12 @@ def read_cache(path) -> dict | None:
     if wrong:
         raise CacheError(f"{path} cannot be read ({wrong}); allowed: a JSON file written by "
                          f"this project's scripts (delete it to have it recomputed)")
-    return data
+    return _shaped(path, data, shape, "delete it to have it recomputed")
 
 
-def resumable(path, quick: bool, force: bool = False) -> dict:
-    """The results a run continues from ``path`` ({} when absent or ``force``)."""
+def resumable(path, quick: bool, force: bool = False, shape=None) -> dict:
+    """The results a run continues from ``path`` ({} when absent or ``force``), shaped
+    as ``shape`` says."""
     path = Path(path)
     if force or not path.exists():
         return {}
@@ -65,8 +85,11 @@ def resumable(path, quick: bool, force: bool = False) -> dict:
     if wrong:
         raise CacheError(f"{path} cannot be resumed from ({wrong}); allowed: a JSON file this "
                          f"command wrote, or --force to replace it")
+    if not isinstance(data.get("quick", quick), bool):
+        raise CacheError(f"{path} says quick={data['quick']!r}; allowed: true or false (a JSON "
+                         f"file this command wrote), or --force to replace it")
     if data.get("quick", quick) != quick:
         raise CacheError(f"{path} holds other results ({'quick' if data['quick'] else 'full'} "
                          f"ones; this run makes {'quick' if quick else 'full'} ones); allowed: "
                          f"--force to replace them, or another --out")
-    return data
+    return _shaped(path, data, shape, "or --force to replace it")

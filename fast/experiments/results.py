@@ -8,6 +8,11 @@ README's "Results" section is written by ``report``, so it can be checked
 against a fresh ``python -m fast figures``:
 
     python -m fast results            # markdown, from figures/data/*.json (fast.commands.results)
+
+Every file is read through ``fast.experiments.cache.read_cache`` with the shape its
+section uses (``SHAPES``; for table2.json, the keys of ``fast.experiments.table2``):
+a damaged, empty or wrongly shaped file is one ``CacheError`` naming the file and the
+place that does not fit, never a traceback.
 """
 
 from __future__ import annotations
@@ -16,10 +21,42 @@ from pathlib import Path
 
 import numpy as np
 
-from fast.experiments.cache import read_cache
+from fast.core.schema import Map, Number, Optional, ShapeError, Tuple, check
+from fast.experiments.cache import CacheError, read_cache
+from fast.experiments.table2 import TIMING_ROW
 from fast.plots.style import PATTERN_ORDER, display_name
 
 GIB = 2.0 ** 30
+CELLS = [f"{m}/{p}" for m in ("text", "image") for p in PATTERN_ORDER]
+MACHINE = {"cpu": str, "cpu_count": int, "torch": str}
+TARGETS = ("strided_fwd_speedup_16384", "strided_fb_speedup_16384", "fixed_fwd_speedup_16384",
+           "fixed_fb_speedup_16384", "strided_fwd_slope_4096_65536",
+           "strided_fb_slope_4096_65536", "strided_fb_peak_bytes_65536")
+T2_RUN = {"test_bits": float, "steps": int, "model_cfg": {"n_ctx": int}}
+FIG2_TRAIN = {"model_cfg": {"n_layers": int, "d_model": int, "n_heads": int}, "steps": int,
+              "test_bits": float, "machine": Optional(MACHINE)}
+FIG2_LAYER = {k: float for k in ("local_x", "rowcol_x", "min_entropy", "max_start",
+                                 "max_data_dependence")} | {"layer": int, "labels": [str]}
+# The file each section reads, and what it reads from it (``fast.core.schema``).
+SHAPES = {
+    "bench_cpu.json": {"machine": MACHINE, "targets": {"float32": {k: float for k in TARGETS}}},
+    "memory.json": {"depth": {"n": int, "rows": [{"layers": int, "recompute": bool,
+                                                  "saved_bytes": Number(lo=0)}]},
+                    "big": {"layers": int, "n": int, "step": {"n_params": float},
+                            "measured_peak_with": float, "machine_total_bytes": float,
+                            "per_layer_without": float, "estimated_peak_without": float}},
+    "table2.json": {"summary": {c: {"seeds": int, "test_bits": float, "test_bits_std": float,
+                                    "time_per_iter": float} for c in CELLS},
+                    "paper": {m: {p: Tuple(float, float) for p in PATTERN_ORDER}
+                              for m in ("text", "image")},
+                    "runs": {c: Map(T2_RUN) for c in CELLS}, "machine": str, "torch": str,
+                    "text_eval_windows": int, "timing": Optional([TIMING_ROW]),
+                    "drift": Optional(Map({"test_bits": float}))},
+    "learned_attention.json": {"models": {"full": {"window": float, "layers": [FIG2_LAYER]}},
+                               "train": FIG2_TRAIN, "images": str},
+    "make_figures.json": Map(object),
+}
+SHAPES["learned_attention_long.json"] = SHAPES["learned_attention.json"]
 
 
 def bench_section(bench: dict) -> list[str]:
@@ -45,7 +82,11 @@ def bench_section(bench: dict) -> list[str]:
 
 def memory_section(mem: dict) -> list[str]:
     rows = {(r["layers"], r["recompute"]): r["saved_bytes"] for r in mem["depth"]["rows"]}
-    deepest = max(layers for layers, _ in rows)
+    deepest = max((layers for layers, _ in rows), default=None)
+    if deepest is None or {(deepest, False), (deepest, True)} - set(rows) or not rows[
+            (deepest, True)]:
+        raise ShapeError(f"['depth']['rows'] holds no pair of runs of the deepest model "
+                         f"({deepest} layers) with and without recomputation")
     kept, recomputed = rows[(deepest, False)], rows[(deepest, True)]
     big = mem["big"]
     return [
@@ -121,6 +162,14 @@ def timing_statements(t2: dict) -> list[str]:
 def table2_section(t2: dict) -> list[str]:
     """Table 2: the bits (mean ± std over seeds, the paper's beside), the orderings and how
     sure each is, the time per iteration and what it says."""
+    for key, runs in t2["runs"].items():
+        if not runs:
+            raise ShapeError(f"['runs'][{key!r}] holds no run")
+    modalities = {r["modality"] for r in t2.get("timing", [])}
+    have = {(r["modality"], r["pattern"]) for r in t2.get("timing", [])}
+    missing = sorted(f"{m}/{p}" for m in modalities for p in PATTERN_ORDER if (m, p) not in have)
+    if missing or any(r["time_per_iter"] <= 0 for r in t2.get("timing", [])):
+        raise ShapeError(f"['timing'] lacks the rows {missing} or holds a time <= 0")
     return (table2_bits(t2) + [""] + table2_orderings(t2) + [""] + table2_timing(t2) + [""]
             + timing_statements(t2))
 
@@ -183,6 +232,9 @@ def drift_section(t2: dict) -> list[str]:
            "(`tests/test_reproducibility.py` checks it on short trainings). The data each result "
            "saw are named by SHA-256 fingerprints in figures/data/table2.json."]
     drift = t2.get("drift", {})
+    unknown = sorted(k for k in drift if "0" not in t2["runs"].get(k, {}))
+    if unknown:
+        raise ShapeError(f"['drift'] names {unknown}, which have no seed-0 run in ['runs']")
     if drift:
         moves = []
         for key, d in sorted(drift.items()):
@@ -200,6 +252,8 @@ def drift_section(t2: dict) -> list[str]:
 def fig2_section(la: dict, long: bool = False) -> list[str]:
     dense = la["models"]["full"]
     train = la["train"]
+    if "machine" in train:
+        check(train, {"threads": int, "wall_s": float, "cpu_s": float}, "['train']")
     cfg = train["model_cfg"]
     where = ""
     if "machine" in train:                 # a run behind a flag says where and how long it ran
@@ -225,6 +279,10 @@ def fig2_section(la: dict, long: bool = False) -> list[str]:
 
 def figures_section(log: dict) -> list[str]:
     steps = log.get("steps", log)
+    check(steps, Map(object), "['steps']")
+    for name, info in steps.items():
+        if isinstance(info, dict) and "seconds" in info:
+            check(info["seconds"], float, f"['steps'][{name!r}]['seconds']")
     parts = [f"{name} {info['seconds'] / 60:.1f} min" for name, info in steps.items()
              if isinstance(info, dict) and "seconds" in info]
     return ["`make figures` steps: " + ", ".join(parts) + "."] if parts else []
@@ -240,9 +298,15 @@ def report(data: Path) -> tuple[str, list[str]]:
                 ("make_figures.json", figures_section)]
     text, missing = [], []
     for name, section in sections:
-        payload = read_cache(Path(data) / name)
+        path = Path(data) / name
+        payload = read_cache(path, SHAPES[name])
         if payload is None:
             missing.append(name)
             continue
-        text.append("\n".join(section(payload)) + "\n")
+        try:
+            text.append("\n".join(section(payload)) + "\n")
+        except ShapeError as err:                # what a shape alone cannot say
+            raise CacheError(f"{path} does not hold what is read from it ({err}); allowed: "
+                             f"a JSON file written by this project's scripts (delete it to "
+                             f"have it recomputed)") from err
     return "\n".join(text), missing

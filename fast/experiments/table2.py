@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from fast.core.files import write_json
+from fast.core.schema import Map, Optional
 from fast.data import Dataset, load
 from fast.experiments.cache import resumable
 from fast.experiments.paths import DATA, FIGURES, QUICK
@@ -78,6 +79,15 @@ PAPER = {
     "image": {"full": (2.82, 0.54), "fixed": (2.85, 0.47), "strided": (2.80, 0.38),
               "dataset": "CIFAR-10 (bits per dim)", "n": 3072},
 }
+
+
+# What table2.json holds, as far as its readers use it (``fast.core.schema``): resuming
+# (``CACHE``), the figures and ``python -m fast results`` (``fast.experiments.results``).
+RUN = {"val_bits": float, "test_bits": float, "time_per_iter": float, "steps": int,
+       "model_cfg": {"n_ctx": int}, "evals": [{"step": int, "val": float}]}
+TIMING_ROW = {"modality": str, "pattern": str, "n": int, "time_per_iter": float}
+CACHE = {"runs": Optional(Map(Map(RUN))), "timing": Optional([TIMING_ROW]),
+         "drift": Optional(Map({"test_bits": float}))}
 
 
 def run_configs(modality: str, pattern: str, quick: bool, iters: int | None = None,
@@ -239,7 +249,7 @@ def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds
     keys, only = cell_keys() + ["timing"], list(only)
     default, models, figdir = out_paths(quick)
     out = Path(out) if out else default
-    data = resumable(out, quick, force)
+    data = resumable(out, quick, force, CACHE)
     data.update({"quick": quick, "paper": PAPER, "torch": torch.__version__,
                  "python": platform.python_version(), "jobs": jobs,
                  "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, CPU only",

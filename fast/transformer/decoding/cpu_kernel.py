@@ -6,7 +6,8 @@ head reads). ``fast.transformer.decoding.decode`` computes one new position per 
 a small model that step is about a hundred one-row products (photos32: four
 blocks of 128 features), and eager PyTorch on the CPU spends more time dispatching
 each of them than computing it. Here the same step is one loop nest that Numba
-compiles once (cached on disk beside this file, or in Numba's cache folder), so a
+compiles once (cached on disk beside this file, or in Numba's cache folder; in
+memory where neither can be written: ``_jit``), so a
 step costs about its arithmetic (``python -m fast generate`` times both engines:
 figures/data/generation.json).
 
@@ -57,8 +58,20 @@ SLOPE = np.float32(GELU_SLOPE)              # a float32 constant inside the comp
 
 
 def _jit(fn):
-    """Compile with Numba (nopython, cached on disk) when it is installed."""
-    return numba.njit(cache=True, nogil=True)(fn) if numba is not None else fn
+    """Compile with Numba (nopython, cached on disk) when it is installed. Where no
+    folder takes Numba's cache -- an install that is read-only, with a HOME that is
+    not writable and no NUMBA_CACHE_DIR -- Numba refuses ``cache=True`` ("no locator
+    available"); the kernel is then compiled in memory, once per process, rather
+    than cached in a shared temporary folder (Numba's cache files are pickles: a
+    folder others can write to would let them run code here)."""
+    if numba is None:
+        return fn
+    try:
+        return numba.njit(cache=True, nogil=True)(fn)
+    except RuntimeError as err:
+        if "no locator available" not in str(err):
+            raise
+        return numba.njit(cache=False, nogil=True)(fn)
 
 
 @_jit

@@ -23,6 +23,18 @@ MIN_TEMPERATURE = 1e-6
 
 CACHE_FLAGS = {True: "sparse", "sparse": "sparse", "dense": "dense", False: None, "none": None}
 
+# How many sequences are decoded together when batch_size is not given: as many as keep
+# at most this many bytes of float32 keys and values (every layer, every position: the
+# dense cache, the most any cache holds), at least one. ``num`` = 65,536 samples are
+# then drawn in batches, never allocated at once (the (num, length) tokens are).
+BATCH_BYTES = 2**30
+
+
+def default_batch(cfg, num: int, length: int) -> int:
+    """The batch size of a request that names none: ``num``, or fewer (``BATCH_BYTES``)."""
+    per_sequence = cfg.n_layers * (length + 1) * (cfg.qk_dim + cfg.d_model) * 4
+    return max(1, min(num, BATCH_BYTES // per_sequence))
+
 
 def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
@@ -39,13 +51,13 @@ def check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision
     ValueError saying what was given and what is allowed."""
     if not _is_int(num) or num < 1:
         raise ValueError(f"num must be an integer >= 1, got {num!r}")
-    batch_size = num if batch_size is None else batch_size
-    if not _is_int(batch_size) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     length = cfg.n_ctx if length is None else length
     if not _is_int(length) or not 1 <= length <= cfg.n_ctx:
         raise ValueError(f"length must be an integer in [1, n_ctx={cfg.n_ctx}] (the model's "
                          f"context), got {length!r}")
+    batch_size = default_batch(cfg, num, length) if batch_size is None else batch_size
+    if not _is_int(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if not _is_real(temperature) or not math.isfinite(temperature) or temperature <= 0:
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
     if temperature < MIN_TEMPERATURE:

@@ -22,7 +22,8 @@ compiled call per step, for float32 models on the CPU, and "torch" otherwise;
 
 Every argument is checked before any work starts
 (``fast.transformer.decoding.request.check_request``). Batches: ``num`` sequences
-are drawn ``batch_size`` at a time. ``python -m fast sample``
+are drawn ``batch_size`` at a time; by default all together, or as many as keep a
+GiB of keys and values (``request.BATCH_BYTES``) when that is fewer. ``python -m fast sample``
 (``fast.commands.sample``) draws from a checkpoint and writes the samples.
 """
 

@@ -6,13 +6,17 @@ first evaluation, or when the checkpoint is written, costs the whole run. So
 ``fast.transformer.training.train`` calls it first:
 
 * the device and precision exist on this machine, and the batch divides over the ranks;
+* the data: it loads, fits the model (vocabulary, images or text, sequence length),
+  its training split holds a sequence, and every split in ``eval_splits`` exists and
+  gives at least one evaluation batch; its fingerprint is taken;
 * the output: ``out_dir`` can be made and written to (a file is created and removed
   there), and a checkpoint already in it is never overwritten by a fresh run unless
   ``overwrite=True``; with ``resume=True`` it must exist, be a safe, readable
-  training checkpoint (``fast.transformer.training.resume``) and continue the same run;
-* the data: it loads, fits the model (vocabulary, images or text, sequence length),
-  its training split holds a sequence, and every split in ``eval_splits`` exists and
-  gives at least one evaluation batch.
+  training checkpoint that this run -- its configs, world size, resolved precision
+  and device, and data -- continues exactly (``fast.transformer.training.resume``).
+  The checkpoint found (or its absence) is remembered (``Plan.found``): the run
+  takes the out_dir's lock and checks at every save that the file is still that one
+  (``fast.transformer.training.output``).
 
 Every failure raises a ValueError saying what was found and what to do (an OSError
 met on the way is said as one too); ``python -m fast train`` prints it as one line,
@@ -23,12 +27,13 @@ exit status 2.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from fast.core.files import check_writable
+from fast.core.files import check_writable, identity
 from fast.data import Dataset, load
 from fast.transformer.config import ModelConfig, TrainConfig
 from fast.transformer.network.checkpoint import load_checkpoint
@@ -47,6 +52,9 @@ class Plan:
     dataset: Dataset
     path: Path                       # out_dir / "ckpt.pt"
     resume_state: dict | None        # the checkpoint to resume, read safely, or None
+    data: dict | None = None         # dataset.fingerprint(): what the run reads
+    found: tuple | None = None       # fast.core.files.identity of the checkpoint seen
+                                     # (None: there was none)
 
 
 def check_run(model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -69,27 +77,33 @@ def _check(model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset | No
         raise ValueError(f"batch_size={train_cfg.batch_size} must divide evenly over "
                          f"{world} ranks")
     path = Path(train_cfg.out_dir) / "ckpt.pt"
-    resume_state = _check_output(model_cfg, train_cfg, path, device, world)
     dataset = _check_data(model_cfg, train_cfg, dataset)
-    return Plan(device, precision, world, train_cfg.batch_size // world, dataset, path,
-                resume_state)
+    plan = Plan(device, precision, world, train_cfg.batch_size // world, dataset, path,
+                None, dataset.fingerprint())
+    _check_output(model_cfg, train_cfg, plan)
+    return plan
 
 
-def _check_output(model_cfg, train_cfg, path: Path, device, world) -> dict | None:
+def _check_output(model_cfg, train_cfg, plan: Plan) -> None:
     """out_dir writable; an existing checkpoint resumed, replaced on request, or kept."""
+    path = plan.path
     if path.is_dir():
         raise ValueError(f"{path} is a folder, where the checkpoint file would go; choose "
                          f"another --out_dir")
+    plan.found = identity(path)
     if train_cfg.resume:
         if not path.is_file():
             raise ValueError(f"cannot resume: there is no checkpoint {path}; run without "
                              f"--resume to start this run")
-        state = load_checkpoint(path, map_location=device)
-        check_resumable(state, path, model_cfg=model_cfg, train_cfg=train_cfg,
-                             world=world)
+        plan.resume_state = load_checkpoint(path, map_location=plan.device)
+        check_resumable(plan.resume_state, path, model_cfg=model_cfg, train_cfg=train_cfg,
+                        world=plan.world, precision=plan.precision, device=plan.device,
+                        data=plan.data)
+        if identity(path) != plan.found:
+            raise ValueError(f"{path} changed while it was read; is another run writing "
+                             f"out_dir {path.parent}?")
     else:
-        state = None
-        if train_cfg.save_checkpoint and path.exists() and not train_cfg.overwrite:
+        if train_cfg.save_checkpoint and os.path.lexists(path) and not train_cfg.overwrite:
             raise ValueError(f"{path} already holds a checkpoint, which this fresh run would "
                              f"overwrite; pass --resume to continue it, --overwrite to "
                              f"replace it, or choose another --out_dir")
@@ -100,7 +114,6 @@ def _check_output(model_cfg, train_cfg, path: Path, device, world) -> dict | Non
             raise ValueError(f"out_dir {str(path.parent)!r} cannot be written to "
                              f"({err.strerror or err}); choose another --out_dir, or "
                              f"--save_checkpoint false") from err
-    return state
 
 
 def _check_data(model_cfg: ModelConfig, train_cfg: TrainConfig,
