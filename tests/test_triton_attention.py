@@ -69,7 +69,7 @@ def test_kernel_merges_disjoint_parts_exactly():
     _, ref_lse = A.attend(*(t.double().cpu().numpy() for t in (q, k, v)), masks[None])
     np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=2e-5)
     # the in-kernel merge equals the torch merge of the separately computed parts
-    dparts = [T.device_part(p, BLOCK, q.device) for p in parts]
+    dparts = [p.to(q.device) for p in parts]
     outs, lses = T.forward(q, k, v, dparts, d ** -0.5, BLOCK, separate=True)
     assert len(outs) == 2 and all(torch.isfinite(x).any() for x in lses)
     out_t, lse_t = merge(outs, lses)
@@ -224,24 +224,25 @@ def test_both_entry_points_share_one_scale_check():
     assert messages[0] == messages[1]
 
 
-def test_device_part_counts_on_the_host():
-    """A DevicePart carries its tile count and highest position as Python ints,
-    so forward and backward never read them back from the device."""
+def test_moved_part_counts_on_the_host():
+    """A part moved to the run device carries its tile count and highest position as
+    Python ints (``LayoutPart.facts``), so forward and backward never read them back
+    from the device."""
     n = 40
     lay = block_layout("fixed", n, 2, combine="multihead", block_size=BLOCK, stride=8, c=2)
     for part in lay.parts:
-        dp = T.device_part(part, BLOCK, "cpu")
-        assert type(dp.blocks) is int and dp.blocks == int(part.kv_count.sum())
-        assert type(dp.top) is int
-        assert dp.top == max(int(part.q_pos.max()), int(part.k_pos.max()))
-        assert dp.top < n
+        dp = part.to("cpu")
+        assert type(dp.facts.tiles) is int and dp.facts.tiles == int(part.kv_count.sum())
+        assert type(dp.facts.top) is int
+        assert dp.facts.top == max(int(part.q_pos.max()), int(part.k_pos.max()))
+        assert dp.facts.top < n
 
 
 def test_part_with_a_position_twice_is_rejected():
     part = T.parts_from_masks([P.head_masks("full", 20, 1)], BLOCK)[0]
     part.q_pos[0, 1] = 0
     with pytest.raises(ValueError, match="twice"):
-        T.device_part(part, BLOCK, "cpu")
+        part.to("cpu")
 
 
 def test_cpu_without_interpreter_says_what_to_do(monkeypatch):
