@@ -27,7 +27,8 @@ Any finite ``scale`` is allowed, zero and negative ones included (scale 0 is uni
 attention over the positions a row reads): every backend gives the reference's
 answer. For scale <= 0 the scale is folded into q (q * scale with scale 1), since the
 fused CPU attention kernel under the structured path and under dense causal SDPA
-returns NaN for a non-positive scale (torch 2.13.0).
+returns NaN for a non-positive scale (torch 2.13.0); the Triton kernels take the scale
+as it is (``fast.kernels.launch.fold_scale`` says how).
 q, k, v and the scale are checked by ``fast.core.checks`` (the same checks as the
 Triton kernel's own entry point). Non-finite q, k or v (NaN, inf) are rejected
 there too (``check_finite``), in one read-only pass, since a NaN would otherwise
@@ -127,9 +128,10 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
         raise ValueError(f"variant {variant!r} selects a Triton kernel variant, but backend "
                          f"{backend!r} runs {which!r} here; allowed: variant=None, or "
                          f"backend='triton'")
-    if scale <= 0:
+    if scale <= 0 and which != "triton":
         # the fused CPU kernel returns NaN for scale <= 0 (its running maximum assumes
-        # scale > 0); folding the scale into q gives every backend the same scores
+        # scale > 0); folding the scale into q gives every backend the same scores (the
+        # Triton kernels take any finite scale, fast.kernels.launch.fold_scale)
         q, scale = q * scale, 1.0                                        # (B, H, n, d)
 
     if which == "naive":

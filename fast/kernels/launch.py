@@ -22,11 +22,11 @@ dtype itself, no cast); the parts between merge in a float32 scratch buffer
 parts' query slots, dk and dv their key slots (the fixed summary's keys are only
 the summary positions, so its dK/dV launch goes first, into a zero-filled buffer).
 
-Scale: the kernels take c = scale log2(e), a positive normal float32
-(``fold_scale`` folds any other scale into q first, as ``fast.attention``
-does for scale <= 0); a scale above float32's range acts as its largest value.
-For scale > 1, delta is summed over the recomputed tiles (``DELTA_PASS``) so
-that nearly one-hot rows keep exact gradients (see ``fast.kernels.triton_kernels``).
+Scale: the kernels take c = |scale| log2(e), a normal float32, and the sign
+(``fold_scale`` folds a zero or tinier scale into q first); a scale beyond
+float32's range acts as its largest value. For |scale| > 1 (sharper than any
+default 1 / sqrt(d)) delta is summed over the recomputed tiles (``DELTA_PASS``)
+so that one-hot rows keep exact gradients (``fast.kernels.triton_kernels``).
 
 Nothing here reads a value back from the device: what the launchers branch on
 is in each part's ``facts`` (host ints).
@@ -70,19 +70,20 @@ def interpreted() -> bool:
 # ----------------------------------------------------------------------------
 
 def fold_scale(q: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
-    """(q, scale) as the kernels take them: scale log2(e) a positive normal float32.
-    A scale <= 0, or so small that scale log2(e) is below float32's smallest normal,
-    is folded into q (q * scale, differentiable, and scale 1): the same scores, and q's
-    gradient gets its factor through autograd."""
-    if scale * K.LOG2E < FLOAT32_TINY:
+    """(q, scale) as the kernels take them: |scale| log2(e) a normal float32. A scale of 0,
+    or so small that |scale| log2(e) is below float32's smallest normal, is folded into q
+    (q * scale, differentiable, and scale 1): the same scores, and q's gradient gets its
+    factor through autograd. A negative scale stays (the kernels negate the scores)."""
+    if abs(scale) * K.LOG2E < FLOAT32_TINY:
         return q * scale, 1.0                                              # (B, H, n, d)
     return q, scale
 
 
 def _exponent(scale: float) -> tuple[float, float]:
-    """(c, scale) passed to the kernels: c = scale log2(e) and the scale, each at most
-    float32's largest value."""
-    return min(scale * K.LOG2E, FLOAT32_MAX), min(scale, FLOAT32_MAX)
+    """(c, scale) passed to the kernels: c = |scale| log2(e) and the scale, each at most
+    float32's largest value in magnitude."""
+    return (min(abs(scale) * K.LOG2E, FLOAT32_MAX),
+            math.copysign(min(abs(scale), FLOAT32_MAX), scale))
 
 
 def lse_of(m: torch.Tensor, l: torch.Tensor, scale: float) -> torch.Tensor:
@@ -298,7 +299,7 @@ def forward(q, k, v, parts: list, scale: float, variant: Variant):
             *a.q_slots, *a.k_slots, *a.kv, a.token_masks,
             n, H, a.hl, a.kv[0].shape[1], d, c,
         ), part, variant.settings(part.name, q.dtype, meta["BLOCK_D"]), meta, q,
-            LOAD_PREV=load, RANGE=a.kv_range, **a.flags)
+            LOAD_PREV=load, RANGE=a.kv_range, NEGATE=scale < 0, **a.flags)
     out, = writes.result()
     return out, m, l
 
@@ -324,10 +325,10 @@ def backward(q, k, v, out, m, l, grad_out, parts: list, scale: float, variant: V
             *a.q_slots, *a.k_slots, *a.kv, a.token_masks,
             n, H, a.hl, a.kv[0].shape[1], d, c, g,
         ), part, variant.settings(part.name, q.dtype, meta["BLOCK_D"]), meta, q,
-            LOAD_PREV=load, RANGE=a.kv_range, **a.flags, **flags)
+            LOAD_PREV=load, RANGE=a.kv_range, NEGATE=scale < 0, **a.flags, **flags)
 
     first_delta = False
-    if scale > EXACT_DELTA_ABOVE:           # delta = rowsum(P dP) over the same tiles
+    if abs(scale) > EXACT_DELTA_ABOVE:      # delta = rowsum(P dP) over the same tiles
         sums = _Writes(q_order, 1, (B, H, n), torch.float32, q.device)
         for i, part in enumerate(q_order.parts):
             (dst,), _, load = sums.step(i)
@@ -353,7 +354,7 @@ def backward(q, k, v, out, m, l, grad_out, parts: list, scale: float, variant: V
             *a.q_slots, *a.k_slots, *a.qt, a.token_masks,
             n, H, a.hl, a.qt[0].shape[1], d, c, g,
         ), part, variant.settings(part.name, q.dtype, meta["BLOCK_D"]), meta, q,
-            LOAD_PREV=load, RANGE=a.qt_range, **a.flags)
+            LOAD_PREV=load, RANGE=a.qt_range, NEGATE=scale < 0, **a.flags)
     dq, = dqw.result()
     dk, dv = dkw.result()
     return dq, dk, dv

@@ -17,8 +17,9 @@ Outputs are written back in *position space*. A LUT row is read listed (block
 index and token mask per entry) or as a range (``RANGE``: block start + t, token
 masks listed only for a row's first and last entries, ``fast.layout.lut.Ranges``).
 
-Scores are kept unscaled, s = q.k, and the scale enters only through
-c = |scale| log2(e) > 0 applied to differences from the row maximum,
+Scores are kept unscaled, s = q.k (-q.k for a negative scale, ``NEGATE``), and the
+scale enters only through c = |scale| log2(e) > 0 applied to differences from the
+row maximum,
 p = 2^((s - m) c): nothing overflows for any float32 c, and when every score a
 row reads is equal (however large) each p is exactly 1. A row's softmax is kept
 as its statistics (m, l): the maximum of its scores and the sum of 2^((s - m) c),
@@ -186,12 +187,13 @@ def _fwd_kernel(
     TokMask,                    # (NM, BLOCK, BLOCK) bool
     # sizes
     N, H, HL, NQB, D,
-    c,                          # |scale| log2(e) > 0
+    c,                          # |scale| log2(e) > 0 (the sign: NEGATE)
     # meta-parameters
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
     LOAD_PREV: tl.constexpr,    # merge into the (Prev, M, L) of the parts before this one
     GROUP: tl.constexpr,        # query blocks per program
     Q_MAP: tl.constexpr, K_MAP: tl.constexpr, RANGE: tl.constexpr,
+    NEGATE: tl.constexpr,       # the scale is negative: s = -q.k
 ):
     b, h64, hl, bh = _program_heads(H, HL)
     offs_m = tl.arange(0, BLOCK)
@@ -225,6 +227,8 @@ def _fwd_kernel(
                 v = _rows(V, v_base, k_pos, offs_d, stride_vn, k_ok, d_ok)
 
                 s = tl.dot(q, tl.trans(k), input_precision=PRECISION)     # (BLOCK, BLOCK)
+                if NEGATE:
+                    s = -s
                 allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
                 s = tl.where(allowed, s, float("-inf"))
 
@@ -269,9 +273,11 @@ def _row_stats(M, L, base, q_pos, q_ok):
 
 
 @triton.jit
-def _probs(q, k, m, inv_l, allowed, c, PRECISION: tl.constexpr):
-    """The recomputed P = 2^((q k^T - m) c) / l of one tile, 0 on pairs not read."""
+def _probs(q, k, m, inv_l, allowed, c, PRECISION: tl.constexpr, NEGATE: tl.constexpr):
+    """The recomputed P = 2^((s - m) c) / l of one tile, s = +-q k^T, 0 on pairs not read."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    if NEGATE:
+        s = -s
     p = tl.exp2((s - m[:, None]) * c) * inv_l[:, None]
     return tl.where(allowed, p, 0.0)
 
@@ -294,11 +300,11 @@ def _dq_kernel(
     TokMask,
     # sizes
     N, H, HL, NQB, D,
-    c, scale,                   # |scale| log2(e) and the scale itself
+    c, scale,                   # |scale| log2(e) and the scale itself (signed)
     # meta-parameters
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
     LOAD_PREV: tl.constexpr, GROUP: tl.constexpr,
-    Q_MAP: tl.constexpr, K_MAP: tl.constexpr, RANGE: tl.constexpr,
+    Q_MAP: tl.constexpr, K_MAP: tl.constexpr, RANGE: tl.constexpr, NEGATE: tl.constexpr,
     COMPUTE_DELTA: tl.constexpr,  # delta = rowsum(dO * O) here, written to Delta
     DELTA_PASS: tl.constexpr,     # no dQ: add rowsum(P * dO V^T) of this part into Delta
 ):
@@ -340,7 +346,7 @@ def _dq_kernel(
                 k = _rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
                 v = _rows(V, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
                 allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
-                p = _probs(q, k, m_i, inv_l, allowed, c, PRECISION)      # (BLOCK, BLOCK)
+                p = _probs(q, k, m_i, inv_l, allowed, c, PRECISION, NEGATE)      # (BLOCK, BLOCK)
                 dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
                 if DELTA_PASS:
                     delta += tl.sum(p * dp, 1)
@@ -387,6 +393,7 @@ def _dkdv_kernel(
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
     LOAD_PREV: tl.constexpr, GROUP: tl.constexpr,   # GROUP: key blocks per program
     Q_MAP: tl.constexpr, K_MAP: tl.constexpr, RANGE: tl.constexpr,
+    NEGATE: tl.constexpr,       # the scale is negative: s = -q.k
 ):
     b, h64, hl, bh = _program_heads(H, HL)
     offs_m = tl.arange(0, BLOCK)
@@ -420,7 +427,7 @@ def _dkdv_kernel(
                 m_i, inv_l = _row_stats(M, L, s_base, q_pos, q_ok)
                 delta = tl.load(Delta + s_base + q_pos, mask=q_ok, other=0.0)
                 allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
-                p = _probs(q, k, m_i, inv_l, allowed, c, PRECISION)      # (BLOCK_q, BLOCK_k)
+                p = _probs(q, k, m_i, inv_l, allowed, c, PRECISION, NEGATE)      # (BLOCK_q, BLOCK_k)
                 dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
                 ds = p * (dp - delta[:, None])
                 dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
