@@ -21,6 +21,7 @@ from triton_helpers import T, make_inputs, needs_runner, ref_masks
 
 from fast import sparse_attention
 from fast.core.merge import merge
+from fast.kernels import launch as L
 from fast.layout import block_layout
 from fast.measure.bench_triton import contenders, ideal_speedup
 from reference import attention as A
@@ -271,3 +272,56 @@ def test_parts_that_do_not_fit_the_inputs_are_rejected():
     longer = block_layout("strided", 64, 2, block_size=16, stride=5).parts
     with pytest.raises(ValueError, match="longer sequence"):
         T.attention_with_parts(q, k, v, longer, block_size=16)
+
+
+# ----------------------------------------------------------------------------
+# Variants: the code path each lever takes, and parts that do not cover every row
+# ----------------------------------------------------------------------------
+
+def test_variants_take_their_code_paths():
+    """What each lever switches is really switched (no kernel runs): slot maps for the
+    natural, transposed and gathered orders, range tables for range rows (listed ones
+    kept where rows are not ranges), grouped launches for the few-tile part kinds, and
+    the fused write order (a part that writes every row first and last)."""
+    every, base = T.VARIANTS["all"], T.VARIANTS["baseline"]
+    for pattern, n, params in (("strided", 45, dict(stride=7)),
+                               ("fixed", 41, dict(stride=8, c=2))):
+        parts, _ = T.cached_layout(pattern, n, 3, "multihead", 0, params, BLOCK, "cpu")
+        for p in parts:
+            a, b = L.part_args(p, every), L.part_args(p, base)
+            assert a.flags == dict(Q_MAP=True, K_MAP=True) and a.kv_range and a.qt_range, p
+            assert b.flags == dict(Q_MAP=False, K_MAP=False) and not (b.kv_range or b.qt_range)
+            assert every.settings(p.name, torch.float32, 16).group == (
+                4 if p.name in ("local", "block") else 1)
+    parts, _ = T.cached_layout("bigbird", 100, 1, "merged", 0,
+                               dict(window=4, n_random=2, n_global=2, seed=1), BLOCK, "cpu")
+    random = next(p for p in parts if p.name == "random")
+    assert not L.part_args(random, every).kv_range          # its rows are not ranges
+    glob = next(p for p in parts if p.name == "global_keys")
+    assert L.part_args(glob, every).flags == dict(Q_MAP=True, K_MAP=False)  # keys listed
+    # fixed: the summary's keys are only the summaries, so its dK/dV launch comes first
+    parts, _ = T.cached_layout("fixed", 41, 2, "merged", 0, dict(stride=8, c=2), BLOCK, "cpu")
+    k_order = L._order(parts, lambda p: p.facts.k_real == 41, fused=True)
+    assert [p.name for p in k_order.parts] == ["summary", "block"] and k_order.fill
+    q_order = L._order(parts, lambda p: p.facts.q_real == 41, fused=True)
+    assert [p.name for p in q_order.parts] == ["block", "summary"]
+    assert not (q_order.fill or q_order.cast)
+    assert L._order(parts, lambda p: True, fused=False) == (parts, True, True)
+
+
+@needs_runner
+@pytest.mark.parametrize("variant", ["baseline", "fused"])
+def test_parts_that_do_not_cover_every_row(variant):
+    """Parts whose queries (or keys) are a few gathered positions: no part writes every
+    row of dq (or dk, dv), so the fused order starts from zeros and casts at the end."""
+    n, H, d = 45, 1, 16
+    lays = [block_layout("longformer", n, H, block_size=BLOCK, window=3, global_tokens=g)
+            for g in ((0, 17), (5, 30))]
+    for name in ("global_keys", "global_queries"):
+        parts = [next(p for p in lay.parts if p.name == name) for lay in lays]
+        masks = (parts[0].to_dense(n) | parts[1].to_dense(n)).numpy()        # (H, n, n)
+        assert not (parts[0].to_dense(n) & parts[1].to_dense(n)).any()
+        check_against_reference(
+            lambda q, k, v, ps=parts: T.attention_with_parts(q, k, v, ps, block_size=BLOCK,
+                                                             variant=variant),
+            masks, 1, H, n, d)

@@ -159,7 +159,7 @@ def _dummy(device, dtype=torch.int32) -> torch.Tensor:
 class PartArgs(NamedTuple):
     """What the kernels read of one part, for one variant."""
     hl: int                # layout heads the tables hold (1: one serves every head)
-    q_slots: tuple         # QPos, Mq, QP, QX, QY, QOff, QLim
+    q_slots: tuple         # QPos, QRow, QP, QX, QY, QOff, QLim
     k_slots: tuple
     kv: tuple              # Count, Index, Mask, W, Rows, Ends (the forward table)
     qt: tuple              # the same for the transposed table
@@ -167,6 +167,15 @@ class PartArgs(NamedTuple):
     flags: dict            # Q_MAP, K_MAP
     kv_range: bool
     qt_range: bool
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors the kernels read of this part (each counted once)."""
+        seen = {}
+        for t in (*self.q_slots, *self.k_slots, *self.kv, *self.qt, self.token_masks):
+            if torch.is_tensor(t) and t.numel() > 1:
+                seen[(t.data_ptr(), t.numel())] = t.numel() * t.element_size()
+        return sum(seen.values())
 
 
 def part_args(part, variant: Variant) -> PartArgs:
@@ -184,12 +193,13 @@ def _part_args(part, variant: Variant) -> PartArgs:
     device = part.device
     dummy = _dummy(device)
 
-    def slots(pos, slot_map):
-        pos = pos[:hl]                                                   # (HL, M)
+    def slots(pos, same, slot_map):
+        row = 0 if same else pos.shape[1]
+        pos = pos[:1] if same else pos[:hl]                              # (HL or 1, M)
         if variant.index_math and slot_map is not None:
-            return (pos, pos.shape[1], slot_map.period, slot_map.x, slot_map.y,
+            return (pos, row, slot_map.period, slot_map.x, slot_map.y,
                     slot_map.offset[:hl].contiguous(), slot_map.limit), True
-        return (pos, pos.shape[1], 1, 0, 0, dummy, 0), False
+        return (pos, row, 1, 0, 0, dummy, 0), False
 
     def table(count, lut, ranges):
         count = count[:hl]                                               # (HL, R)
@@ -198,8 +208,8 @@ def _part_args(part, variant: Variant) -> PartArgs:
         index, mask = lut.on(device, first_head=one)                     # (HL, R, W)
         return (count, index, mask, index.shape[-1], dummy, dummy), False
 
-    q_slots, q_map = slots(part.q_pos, part.q_map)
-    k_slots, k_map = slots(part.k_pos, part.k_map)
+    q_slots, q_map = slots(part.q_pos, part.facts.q_same, part.q_map)
+    k_slots, k_map = slots(part.k_pos, part.facts.k_same, part.k_map)
     kv_r, qt_r = part.ranges(first_head=one) if variant.ranges else (None, None)
     kv, kv_range = table(part.kv_count, part.kv_lut, kv_r)
     qt, qt_range = table(part.q_count, part.q_lut, qt_r)

@@ -25,6 +25,7 @@ that tests and notebook 04 use (``interpreted``, ``parts_from_masks``,
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -41,7 +42,8 @@ from fast.layout.from_masks import parts_from_masks
 __all__ = [
     "GPU_DTYPES", "MAX_HEAD_DIM", "VARIANTS", "Variant", "attend", "attention_lse",
     "attention_with_parts", "cached_layout", "clear_layout_cache", "default_block", "forward",
-    "interpreted", "merge", "parts_from_masks", "triton_sparse_attention",
+    "interpreted", "layout_cost", "merge", "parts_from_masks", "triton_sparse_attention",
+    "variant_parts",
 ]
 
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -243,6 +245,26 @@ def variant_parts(pattern: str, n: int, n_heads: int, combine: str, layer: int, 
             p = cached_layout(pattern, n, n_heads, combine, layer, params, b, device, order)[0][i]
         out.append(p)
     return out
+
+
+def layout_cost(pattern: str, n: int, n_heads: int, params: dict, variant=None,
+                combine: str = "merged", block: int = DEFAULT_BLOCK_GPU, device="cpu") -> dict:
+    """The host's part of a first call, measured: building the layout (``build_s``), moving
+    its parts to ``device`` and writing the tables ``variant`` reads (``tables_s``), and
+    those tables' bytes (``table_bytes``). Runs without a kernel, on the CPU too; builds
+    from scratch (the cache is not used)."""
+    variant = resolve(variant)
+    t0 = time.perf_counter()
+    lay = block_layout(pattern, n, n_heads=n_heads, combine=combine, block_size=block,
+                       **params)
+    t1 = time.perf_counter()
+    args = [L.part_args(p.to(device), variant) for p in lay.parts]
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    t2 = time.perf_counter()
+    return dict(pattern=pattern, n=n, heads=n_heads, combine=combine, block=block,
+                variant=variant.name, build_s=t1 - t0, tables_s=t2 - t1,
+                table_bytes=sum(a.nbytes for a in args))
 
 
 # ----------------------------------------------------------------------------

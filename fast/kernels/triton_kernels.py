@@ -98,16 +98,16 @@ def _program_heads(H, HL):
 
 
 @triton.jit
-def _slots(Pos, Off, hl, M, s0, offs, P, X, Y, LIMIT, MAP: tl.constexpr):
+def _slots(Pos, Off, hl, ROW, s0, offs, P, X, Y, LIMIT, MAP: tl.constexpr):
     """Positions (BLOCK,) of the slots s0 + offs of layout head hl and which are real:
     computed from the slot map (s mod P) X + (s div P) Y + Off[hl] < LIMIT when MAP,
-    else loaded from Pos (HL, M), -1 = padding."""
+    else loaded from Pos (rows of stride ROW; 0: one row for every head), -1 = padding."""
     if MAP:
         s = s0 + offs
         pos = (s % P) * X + (s // P) * Y + tl.load(Off + hl)
         ok = pos < LIMIT
     else:
-        pos = tl.load(Pos + hl * M + s0 + offs)
+        pos = tl.load(Pos + hl * ROW + s0 + offs)
         ok = pos >= 0
     return pos, ok
 
@@ -177,10 +177,11 @@ def _fwd_kernel(
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_on,
-    # query slots: positions (HL, Mq) int32, or the map (period, x, y, offsets (HL,), limit)
-    QPos, Mq, QP, QX, QY, QOff, QLim,
+    # query slots: positions (HL or 1, Mq) int32 and their row stride (Mq, or 0 when every
+    # head holds the same), or the map (period, x, y, offsets (HL,), limit)
+    QPos, QRow, QP, QX, QY, QOff, QLim,
     # key slots: the same
-    KPos, Mk, KP, KX, KY, KOff, KLim,
+    KPos, KRow, KP, KX, KY, KOff, KLim,
     # look-up table: counts (HL, NQB); listed index and mask (HL, NQB, W), or range rows
     # (HL, NQB, 4) and their listed masks (E,)
     Count, Index, Mask, W, Rows, Ends,
@@ -209,7 +210,7 @@ def _fwd_kernel(
     for g in range(0, GROUP):
         qb = tl.program_id(0) * GROUP + g
         if qb < NQB:
-            q_pos, q_ok = _slots(QPos, QOff, hl, Mq, qb * BLOCK, offs_m, QP, QX, QY, QLim,
+            q_pos, q_ok = _slots(QPos, QOff, hl, QRow, qb * BLOCK, offs_m, QP, QX, QY, QLim,
                                  Q_MAP)                                  # (BLOCK,)
             q = _rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)  # (BLOCK, BLOCK_D)
 
@@ -221,7 +222,7 @@ def _fwd_kernel(
             for t in range(0, count):
                 kb, mid = _lut_entry(Index, Mask, Ends, row, W, t, count, start, lead, trail,
                                      off, RANGE)
-                k_pos, k_ok = _slots(KPos, KOff, hl, Mk, kb * BLOCK, offs_n, KP, KX, KY, KLim,
+                k_pos, k_ok = _slots(KPos, KOff, hl, KRow, kb * BLOCK, offs_n, KP, KX, KY, KLim,
                                      K_MAP)
                 k = _rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
                 v = _rows(V, v_base, k_pos, offs_d, stride_vn, k_ok, d_ok)
@@ -294,8 +295,8 @@ def _dq_kernel(
     stride_ob, stride_oh, stride_on,
     stride_gb, stride_gh, stride_gn,
     # query slots, key slots, the forward look-up table, token masks: as ``_fwd_kernel``
-    QPos, Mq, QP, QX, QY, QOff, QLim,
-    KPos, Mk, KP, KX, KY, KOff, KLim,
+    QPos, QRow, QP, QX, QY, QOff, QLim,
+    KPos, KRow, KP, KX, KY, KOff, KLim,
     Count, Index, Mask, W, Rows, Ends,
     TokMask,
     # sizes
@@ -321,7 +322,7 @@ def _dq_kernel(
     for g in range(0, GROUP):
         qb = tl.program_id(0) * GROUP + g
         if qb < NQB:
-            q_pos, q_ok = _slots(QPos, QOff, hl, Mq, qb * BLOCK, offs_m, QP, QX, QY, QLim,
+            q_pos, q_ok = _slots(QPos, QOff, hl, QRow, qb * BLOCK, offs_m, QP, QX, QY, QLim,
                                  Q_MAP)
             q = _rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
             do = _rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
@@ -341,7 +342,7 @@ def _dq_kernel(
             for t in range(0, count):
                 kb, mid = _lut_entry(Index, Mask, Ends, row, W, t, count, start, lead, trail,
                                      off, RANGE)
-                k_pos, k_ok = _slots(KPos, KOff, hl, Mk, kb * BLOCK, offs_n, KP, KX, KY, KLim,
+                k_pos, k_ok = _slots(KPos, KOff, hl, KRow, kb * BLOCK, offs_n, KP, KX, KY, KLim,
                                      K_MAP)
                 k = _rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
                 v = _rows(V, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
@@ -382,8 +383,8 @@ def _dkdv_kernel(
     # query slots, key slots as ``_fwd_kernel``; the transposed look-up table: per key
     # block its query blocks (counts (HL, NKB), listed or ranges); token masks
     # [query slot, key slot]
-    QPos, Mq, QP, QX, QY, QOff, QLim,
-    KPos, Mk, KP, KX, KY, KOff, KLim,
+    QPos, QRow, QP, QX, QY, QOff, QLim,
+    KPos, KRow, KP, KX, KY, KOff, KLim,
     Count, Index, Mask, W, Rows, Ends,
     TokMask,
     # sizes
@@ -408,7 +409,7 @@ def _dkdv_kernel(
     for g in range(0, GROUP):
         kb = tl.program_id(0) * GROUP + g
         if kb < NKB:
-            k_pos, k_ok = _slots(KPos, KOff, hl, Mk, kb * BLOCK, offs_n, KP, KX, KY, KLim,
+            k_pos, k_ok = _slots(KPos, KOff, hl, KRow, kb * BLOCK, offs_n, KP, KX, KY, KLim,
                                  K_MAP)
             k = _rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
             v = _rows(V, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
@@ -420,7 +421,7 @@ def _dkdv_kernel(
             for t in range(0, count):
                 qb, mid = _lut_entry(Index, Mask, Ends, row, W, t, count, start, lead, trail,
                                      off, RANGE)
-                q_pos, q_ok = _slots(QPos, QOff, hl, Mq, qb * BLOCK, offs_m, QP, QX, QY, QLim,
+                q_pos, q_ok = _slots(QPos, QOff, hl, QRow, qb * BLOCK, offs_m, QP, QX, QY, QLim,
                                      Q_MAP)
                 q = _rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
                 do = _rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)

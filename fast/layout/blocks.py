@@ -54,6 +54,8 @@ class PartFacts:
     top: int        # the highest position any slot holds (-1: none)
     q_real: int     # real (non-padding) query slots of the head with fewest
     k_real: int     # the same for key slots
+    q_same: bool    # every head holds the same query positions (one row serves them all)
+    k_same: bool
 
 
 @dataclass(repr=False)
@@ -408,7 +410,8 @@ __all__ = ["BlockLayout", "LayoutPart", "block_layout", "ORDERS"]
 
 
 def _facts(part: LayoutPart) -> PartFacts:
-    """``LayoutPart.facts``: checks, then the host ints (see there)."""
+    """``LayoutPart.facts``: checks, then the host ints (see there). Works on the distinct
+    rows only (a part's positions are often one row for every head)."""
     q_pos, k_pos = part.q_pos.cpu(), part.k_pos.cpu()                    # (H, Mq), (H, Mk)
     kv_count, q_count = part.kv_count.cpu(), part.q_count.cpu()          # (H, NQB), (H, NKB)
     b = part.block_size
@@ -417,17 +420,23 @@ def _facts(part: LayoutPart) -> PartFacts:
         raise ValueError(f"layout part {part.name!r}: slots q/k {tuple(q_pos.shape)} / "
                          f"{tuple(k_pos.shape)} do not fit {kv_count.shape[-1]} query and "
                          f"{q_count.shape[-1]} key blocks of block_size {b}")
-    for name, pos, slot_map in (("q_pos", q_pos, part.q_map), ("k_pos", k_pos, part.k_map)):
-        rows = pos[:1] if one_row(pos) else pos
+    facts = {}
+    for side, pos, slot_map in (("q", q_pos, part.q_map), ("k", k_pos, part.k_map)):
+        same = one_row(pos) or bool((pos == pos[:1]).all())
+        rows = pos[:1] if same else pos                                   # distinct rows
         if slot_map is not None:
-            if not torch.equal(slot_map.positions()[:rows.shape[0]].cpu(), rows.long()):
-                raise ValueError(f"layout part {part.name!r}: {name} disagrees with "
-                                 "its slot map")
-            continue   # a slot map holds each position once by construction
-        srt = rows.sort(dim=1).values
-        if bool(((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any()):
-            raise ValueError(f"layout part {part.name!r}: {name} holds a position twice "
-                             "in one head; every position may own one slot")
-    top = max((int(pos.max()) for pos in (q_pos, k_pos) if pos.numel()), default=-1)
-    return PartFacts(tiles=int(kv_count.long().sum()), top=top,
-                     q_real=int((q_pos >= 0).sum(1).min()), k_real=int((k_pos >= 0).sum(1).min()))
+            want = slot_map.positions(rows.shape[0])
+            if not (torch.equal(want, rows.long())
+                    and (not same or bool((slot_map.offset == slot_map.offset[0]).all()))):
+                raise ValueError(f"layout part {part.name!r}: {side}_pos disagrees with its "
+                                 "slot map")
+        else:   # a slot map holds each position once by construction
+            srt = rows.sort(dim=1).values
+            if bool(((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any()):
+                raise ValueError(f"layout part {part.name!r}: {side}_pos holds a position "
+                                 "twice in one head; every position may own one slot")
+        facts.update({f"{side}_same": same, f"{side}_real": int((rows >= 0).sum(1).min()),
+                      f"{side}_top": int(rows.max()) if rows.numel() else -1})
+    count = kv_count[:1] if one_row(kv_count) else kv_count
+    tiles = int(count.long().sum()) * (kv_count.shape[0] if one_row(kv_count) else 1)
+    return PartFacts(tiles=tiles, top=max(facts.pop("q_top"), facts.pop("k_top")), **facts)

@@ -39,11 +39,13 @@ class SlotMap:
     limit: int             # n: positions >= limit are padding
     slots: int             # M: slots per head
 
-    def positions(self) -> torch.Tensor:
-        """(H, M) int64: the position of every slot, -1 for padding."""
+    def positions(self, heads: int | None = None) -> torch.Tensor:
+        """(H, M) int64: the position of every slot, -1 for padding (the first ``heads``
+        heads only, if given)."""
         s = torch.arange(self.slots)
         pos = (s % self.period) * self.x + (s // self.period) * self.y           # (M,)
-        pos = pos[None, :] + self.offset.to(torch.long)[:, None]                # (H, M)
+        offset = self.offset.cpu().to(torch.long)[:heads]                       # (H,)
+        pos = pos[None, :] + offset[:, None]                                    # (H, M)
         return torch.where(pos < self.limit, pos, -1)
 
     def expand(self, inverse: torch.Tensor) -> SlotMap:
