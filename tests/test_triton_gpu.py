@@ -24,8 +24,8 @@ import torch
 from triton_helpers import DEVICE, T, check_case, gpu, make_inputs, needs_interpreter, needs_runner
 
 from fast import sparse_attention
-from fast.kernels.variants import Launch
 from fast.attention import resolve_backend
+from fast.kernels.variants import Launch
 
 # (pattern, combine, layer, parameters at n = 1025 on the GPU, parameters at n = 75 on the CPU)
 CASES = [

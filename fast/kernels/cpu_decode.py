@@ -7,9 +7,8 @@ a small model that step is about a hundred one-row products (photos32: four
 blocks of 128 features), and eager PyTorch on the CPU spends 3-15 us dispatching
 each of them, several times the arithmetic. Here the same step is one loop nest
 that Numba compiles once (cached on disk beside this file, or in Numba's cache
-folder), so a step costs about its arithmetic: a whole 3072-token photos32
-sample takes about 1 s instead of 2.6-3.2 s on this project's 2-core machine
-(``python -m fast generate``, figures/data/generation.json).
+folder), so a step costs about its arithmetic (measured by ``python -m fast
+generate``: figures/data/generation.json).
 
 The kernel knows nothing about patterns: each head's reads arrive as a list of
 store rows, worked out by the caches (``fast.transformer.kv_cache``) from

@@ -56,7 +56,7 @@ row reads reaches that row's output and gradients as IEEE arithmetic carries it
 (a row with l = NaN is not taken for an empty one).
 
 Backward (FlashAttention-2, section 3.1.2): with each row's merged (m, l),
-P = 2^((S - m) c) / l is each part's exact share of the merged softmax, so
+P = 2^((S - m) c - log2 l) is each part's exact share of the merged softmax, so
     dV = P^T dO,  dS = P * (dO V^T - delta),  delta = rowsum(P * dO V^T) = rowsum(dO * O),
     dQ = scale dS K,  dK = scale dS^T Q.
 ``_dq_kernel`` walks a query block's key blocks (the forward table);
@@ -266,20 +266,21 @@ def _fwd_kernel(
 @triton.jit
 def _row_stats(M, L, base, q_pos, q_ok):
     """A query row's merged statistics for the backward: its max (+inf for rows that read
-    nothing, so that P = 0 there) and 1 / its sum."""
+    nothing, so that P = 0 there) and log2 of its sum."""
     m = tl.load(M + base + q_pos, mask=q_ok, other=float("inf"))
     l = tl.load(L + base + q_pos, mask=q_ok, other=0.0)
     empty = l == 0.0
-    return tl.where(empty, float("inf"), m), 1.0 / tl.where(empty, 1.0, l)
+    return tl.where(empty, float("inf"), m), tl.log2(tl.where(empty, 1.0, l))
 
 
 @triton.jit
-def _probs(q, k, m, inv_l, allowed, c, PRECISION: tl.constexpr, NEGATE: tl.constexpr):
-    """The recomputed P = 2^((s - m) c) / l of one tile, s = +-q k^T, 0 on pairs not read."""
+def _probs(q, k, m, log2_l, allowed, c, PRECISION: tl.constexpr, NEGATE: tl.constexpr):
+    """The recomputed P = 2^((s - m) c - log2 l) of one tile, s = +-q k^T, 0 on pairs not
+    read (the large terms cancel first: exactly 1 where a one-hot row has its maximum)."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
     if NEGATE:
         s = -s
-    p = tl.exp2((s - m[:, None]) * c) * inv_l[:, None]
+    p = tl.exp2((s - m[:, None]) * c - log2_l[:, None])
     return tl.where(allowed, p, 0.0)
 
 
@@ -326,7 +327,7 @@ def _dq_kernel(
                                  Q_MAP)
             q = _rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
             do = _rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
-            m_i, inv_l = _row_stats(M, L, s_base, q_pos, q_ok)
+            m_i, log2_l = _row_stats(M, L, s_base, q_pos, q_ok)
             if COMPUTE_DELTA:
                 o = _rows(O, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
                 delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
@@ -347,7 +348,7 @@ def _dq_kernel(
                 k = _rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
                 v = _rows(V, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
                 allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
-                p = _probs(q, k, m_i, inv_l, allowed, c, PRECISION, NEGATE)      # (BLOCK, BLOCK)
+                p = _probs(q, k, m_i, log2_l, allowed, c, PRECISION, NEGATE)      # (BLOCK, BLOCK)
                 dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
                 if DELTA_PASS:
                     delta += tl.sum(p * dp, 1)
@@ -425,10 +426,10 @@ def _dkdv_kernel(
                                      Q_MAP)
                 q = _rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
                 do = _rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
-                m_i, inv_l = _row_stats(M, L, s_base, q_pos, q_ok)
+                m_i, log2_l = _row_stats(M, L, s_base, q_pos, q_ok)
                 delta = tl.load(Delta + s_base + q_pos, mask=q_ok, other=0.0)
                 allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
-                p = _probs(q, k, m_i, inv_l, allowed, c, PRECISION, NEGATE)      # (BLOCK_q, BLOCK_k)
+                p = _probs(q, k, m_i, log2_l, allowed, c, PRECISION, NEGATE)  # (BLOCK_q, BLOCK_k)
                 dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
                 ds = p * (dp - delta[:, None])
                 dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)

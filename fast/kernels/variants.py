@@ -106,35 +106,36 @@ TUNED = (tuple(Launch(part=p, dtype=dt, block=128, warps=8, stages=3)
 
 VARIANTS = {v.name: v for v in (
     Variant("baseline", prediction=(
-        "The kernel as measured on an H100 (docs/gpu.md): a float32 zero-filled output, "
-        "every part after the first merges into it, then a cast pass; the gradients the "
-        "same, and delta in a separate pass. The reference point of every ratio.")),
+        "The kernel as first measured on a GPU (docs/gpu.md): a zero-filled float32 output "
+        "that every part merges into, then a cast pass; the gradients the same, and delta "
+        "in a separate pass. The reference point of every other variant.")),
     Variant("fused", fused=True, prediction=(
-        "Removes the zero-fill, the cast and a float32 round trip of the output (about "
-        "1.3 GB of traffic per strided call at (4, 16, 16384), a third of the call), and "
-        "the same for dq, dk, dv: strided forward from 1.34 ms to about 0.85 ms (6-7x "
-        "dense); peak memory of a forward+backward at n = 2**20 down by about 8 GiB.")),
+        "Saves the zero-fill, the cast and a float32 round trip of the output (by arithmetic "
+        "about a third of a strided call at (4, 16, 16384), float16), and the same for dq, "
+        "dk, dv and the delta pass: strided forward toward 6-7x dense there; the float32 "
+        "out, dq, dk, dv no longer held at once, so a forward+backward at n = 2**20 needs "
+        "about 8 GiB less. The largest expected gain.")),
     Variant("grouped", fused=True, launch=GROUPED, prediction=(
-        "On top of fused: four query blocks per program in the parts whose rows read few "
-        "tiles, so a program's fixed costs (start, table row reads, head decode) are paid "
-        "once per four; matters where those parts' grid is many tiny programs, most at "
-        "(1, 4, 16384); may lose where it leaves fewer programs than SMs.")),
+        "On top of fused: four query (key) blocks per program in the parts whose rows read "
+        "few tiles, so a program's fixed costs (start, table row reads, head decode) are "
+        "paid once per four. Matters where those parts' grid is many short programs, most "
+        "at (1, 4, 16384); loses where it leaves fewer programs than the GPU has SMs.")),
     Variant("tuned", fused=True, launch=TUNED, prediction=(
-        "On top of fused: the dense-like parts (fixed summary, full, natural order) at "
-        "128 x 128 tiles, 8 warps, 3 stages in float16/bfloat16, the strided column part "
-        "at 3 stages: 1.2-1.5x on those parts, which set the fixed pattern's time (fixed "
-        "toward 3x dense at (4, 16, 16384)). A starting point; the sweep fills the table.")),
+        "On top of fused: the dense-like parts (fixed summary, full, natural order) as "
+        "128 x 128 tiles, 8 warps, 3 stages in float16 / bfloat16, the strided column part "
+        "with 3 stages: 1.2-1.5x on those parts, which set the fixed pattern's time (fixed "
+        "toward 3x dense at (4, 16, 16384)). A starting point: the sweep fills the table.")),
     Variant("index", fused=True, index_math=True, prediction=(
-        "On top of fused: the strided column part's rows and the fixed summary's keys "
-        "addressed by arithmetic (no position load before each row load, contiguous rows "
-        "seen as such by the compiler): 10-20% on the column and summary parts.")),
+        "On top of fused: slot positions computed, not loaded (the strided transposition, "
+        "the fixed summary gather, natural order): no load waits before each row load and "
+        "the compiler sees contiguous rows; 10-20% on the column and summary parts.")),
     Variant("ranges", fused=True, ranges=True, prediction=(
-        "On top of fused: key block = start + t, token masks read only at a row's ends: "
-        "no table load on the critical path of each tile, and the fixed pattern's tables "
-        "at n = 2**20 in megabytes instead of 4 GiB (needed for n = 2**21 on 80 GB).")),
+        "On top of fused: key block = start + t, masks read only at a row's ends, so no "
+        "table load sits before each tile's loads; the fixed pattern's tables at n = 2**20 "
+        "in megabytes instead of 4 GiB (needed for n = 2**21 on an 80 GB GPU).")),
     Variant("all", fused=True, index_math=True, ranges=True, launch=GROUPED + TUNED,
-            prediction=("Every lever at once: if the levers are independent, the product of "
-                        "their gains.")),
+            prediction=("Every lever at once: the product of their gains if they are "
+                        "independent.")),
 )}
 DEFAULT = "baseline"
 
