@@ -215,6 +215,33 @@ def test_both_entry_points_share_one_tensor_check(case):
             entry(bad, bad, bad, "full")
 
 
+@needs_runner
+def test_inputs_are_checked_once_per_call(monkeypatch):
+    """q, k, v and the scale are checked once per call, at the entry the caller used:
+    ``fast.sparse_attention`` checks them and the kernel trusts it; the kernel's own
+    entry checks them itself."""
+    from fast import attention
+
+    counts = {}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    for module in (attention, T):
+        monkeypatch.setattr(module, "check_tensors", counted("tensors", module.check_tensors))
+        monkeypatch.setattr(module, "check_scale", counted("scale", module.check_scale))
+    q = torch.randn(1, 1, 20, 16)
+    for entry in (lambda: sparse_attention(q, q, q, "strided", stride=4, backend="triton"),
+                  lambda: T.triton_sparse_attention(q, q, q, "strided", stride=4,
+                                                    block_size=BLOCK)):
+        counts.clear()
+        entry()
+        assert counts == {"tensors": 1, "scale": 1}, counts
+
+
 def test_both_entry_points_share_one_scale_check():
     q = torch.zeros(1, 2, 20, 16)
     messages = []

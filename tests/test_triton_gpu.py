@@ -150,18 +150,19 @@ def _warm_then_strict(call, q, k, v, do) -> None:
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("pattern,params", [("strided", dict(stride=32)),
                                             ("fixed", dict(stride=64, c=16))])
-def test_gpu_forward_and_backward_never_wait_for_the_device(pattern, params):
+def test_gpu_forward_and_backward_never_wait_for_the_device(pattern, params, variant):
     """Once the layout is cached, neither the kernel's entry point nor
     ``fast.sparse_attention`` (auto backend: Triton on CUDA; its NaN check is off on
     CUDA unless asked for) reads anything back from the GPU."""
     q, k, v, do = make_inputs(1, 4, 1000, 64, device="cuda", dtype=torch.float16)
     for combine in ("merged", "multihead"):
         _warm_then_strict(lambda a, b, c, m=combine: T.triton_sparse_attention(
-            a, b, c, pattern, combine=m, **params), q, k, v, do)
+            a, b, c, pattern, combine=m, variant=variant, **params), q, k, v, do)
         _warm_then_strict(lambda a, b, c, m=combine: sparse_attention(
-            a, b, c, pattern, combine=m, **params), q, k, v, do)
+            a, b, c, pattern, combine=m, variant=variant, **params), q, k, v, do)
 
 
 @pytest.mark.gpu
