@@ -213,9 +213,9 @@ def _part_args(part, variant: Variant) -> PartArgs:
     kv_r, qt_r = part.ranges(first_head=one) if variant.ranges else (None, None)
     kv, kv_range = table(part.kv_count, part.kv_lut, kv_r)
     qt, qt_range = table(part.q_count, part.q_lut, qt_r)
-    tm = part.token_masks
+    tm = part.token_masks.to(torch.int8).contiguous()                    # (NM, B, B)
     if tm.shape[0] == 0:
-        tm = torch.zeros(1, part.block_size, part.block_size, dtype=torch.bool, device=device)
+        tm = torch.zeros(1, part.block_size, part.block_size, dtype=torch.int8, device=device)
     return PartArgs(hl, q_slots, k_slots, kv, qt, tm, dict(Q_MAP=q_map, K_MAP=k_map),
                     kv_range, qt_range)
 

@@ -185,7 +185,7 @@ def _fwd_kernel(
     # look-up table: counts (HL, NQB); listed index and mask (HL, NQB, W), or range rows
     # (HL, NQB, 4) and their listed masks (E,)
     Count, Index, Mask, W, Rows, Ends,
-    TokMask,                    # (NM, BLOCK, BLOCK) bool
+    TokMask,                    # (NM, BLOCK, BLOCK) int8
     # sizes
     N, H, HL, NQB, D,
     c,                          # |scale| log2(e) > 0 (the sign: NEGATE)
