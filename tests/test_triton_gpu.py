@@ -19,12 +19,24 @@ cross product is the GPU's).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
-from triton_helpers import DEVICE, T, check_case, gpu, make_inputs, needs_interpreter, needs_runner
+from triton_helpers import (
+    DEVICE,
+    T,
+    check_case,
+    flash_rule,
+    gpu,
+    make_inputs,
+    needs_interpreter,
+    needs_runner,
+    ref_masks,
+)
 
 from fast import sparse_attention
 from fast.attention import resolve_backend
+from fast.kernels.launch import BlockSparseAttention
 from fast.kernels.variants import Launch
 
 # (pattern, combine, layer, parameters at n = 1025 on the GPU, parameters at n = 75 on the CPU)
@@ -171,3 +183,29 @@ def test_gpu_auto_backend_is_the_compiled_kernel():
     """On CUDA the auto backend of a sparse pattern is the compiled Triton kernel."""
     assert resolve_backend("auto", "strided", torch.device("cuda"), torch.float16) == "triton"
     assert resolve_backend("auto", "full", torch.device("cuda"), torch.float16) == "structured"
+
+
+HALF = [SMALL["fixed"],   # the summary's keys cover few rows: dK/dV from a zeroed scratch
+        ("longformer", "merged", 0, dict(window=5, dilation=2, global_tokens=(5, 33)), 1, 40,
+         16)]            # the global queries cover few rows: dQ the same
+
+
+@needs_interpreter
+@pytest.mark.parametrize("variant", ["baseline", "fused", "all"])
+@pytest.mark.parametrize("case", HALF, ids=[c[0] for c in HALF])
+def test_cpu_twin_float16_writes(variant, case):
+    """Outputs and gradients in float16 under the interpreter (which runs float16 matmuls in
+    NumPy, though its public entry takes float32 only: the autograd Function is called
+    directly): the write paths of a dtype other than float32 -- the last part writing q's
+    dtype from a float32 scratch buffer, parts that do not cover every row -- by the
+    flash-attention rule against float64."""
+    pattern, combine, layer, params, H, n, d = case
+    v = T.VARIANTS[variant]
+    parts = T.variant_parts(pattern, n, H, combine, layer, params, 16, "cpu", "structured", v,
+                            torch.float16, d)
+    masks = torch.from_numpy(np.ascontiguousarray(ref_masks(pattern, n, H, combine, layer,
+                                                            **params)))
+    q, k, val, do = make_inputs(1, H, n, d, dtype=torch.float64)
+    flash_rule(lambda a, b, c: BlockSparseAttention.apply(a, b, c, parts, d ** -0.5, v),
+               (q, k, val), do, masks, d ** -0.5, torch.float16, 1e-5,
+               f"{pattern} {combine} {variant}")
