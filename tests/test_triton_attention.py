@@ -352,3 +352,27 @@ def test_parts_that_do_not_cover_every_row(variant):
             lambda q, k, v, ps=parts: T.attention_with_parts(q, k, v, ps, block_size=BLOCK,
                                                              variant=variant),
             masks, 1, H, n, d)
+
+
+def test_bad_variants_are_rejected():
+    """A variant is a name in VARIANTS, a Variant or None; settings are checked when made;
+    a variant for a backend other than Triton is refused, not ignored."""
+    from fast.kernels.variants import Launch, Variant, resolve
+
+    assert resolve(None) is T.VARIANTS["baseline"] and resolve("fused") is T.VARIANTS["fused"]
+    with pytest.raises(ValueError, match="variant must be one of"):
+        resolve("fastest")
+    with pytest.raises(TypeError, match="variant must be a name"):
+        resolve(3)
+    for bad in (dict(block=24), dict(block=8), dict(warps=3), dict(group=0), dict(stages=0)):
+        with pytest.raises(ValueError, match="Launch"):
+            Launch(**bad)
+    with pytest.raises(TypeError, match="Variant.fused"):
+        Variant("x", fused=1)
+    with pytest.raises(TypeError, match="tuple of Launch"):
+        Variant("x", launch=[Launch()])
+    q = torch.zeros(1, 1, 8, 16)
+    with pytest.raises(ValueError, match="selects a Triton kernel variant"):
+        sparse_attention(q, q, q, "strided", stride=4, backend="structured", variant="fused")
+    # every registered variant says what it should save
+    assert all(v.prediction for v in T.VARIANTS.values())
