@@ -27,7 +27,8 @@ Any finite ``scale`` is allowed, zero and negative ones included (scale 0 is uni
 attention over the positions a row reads): every backend gives the reference's
 answer. For scale <= 0 the scale is folded into q (q * scale with scale 1), since the
 fused CPU attention kernel under the structured path and under dense causal SDPA
-returns NaN for a non-positive scale (torch 2.13.0).
+returns NaN for a non-positive scale (torch 2.13.0); the Triton kernels take the scale
+as it is (``fast.kernels.launch.fold_scale`` says how).
 q, k, v and the scale are checked by ``fast.core.checks`` (the same checks as the
 Triton kernel's own entry point). Non-finite q, k or v (NaN, inf) are rejected
 there too (``check_finite``), in one read-only pass, since a NaN would otherwise
@@ -97,7 +98,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
                      stride: int | None = None, c: int | None = None,
                      combine: str = "merged", layer: int = 0, scale: float | None = None,
                      backend: str = "auto", check_finite: bool | None = None,
-                     **pattern_params) -> torch.Tensor:
+                     variant=None, **pattern_params) -> torch.Tensor:
     """Causal sparse attention of the Sparse Transformer.
 
     q, k, v: (B, H, n, d), one dtype (float64/float32/bfloat16/float16) and device,
@@ -112,6 +113,8 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     raises a RuntimeError; "naive" is twice differentiable.
     check_finite: reject NaN / inf in q, k, v (None: on the CPU only, where it costs no
     wait for a device).
+    variant: the Triton kernel variant (a name in ``fast.kernels.variants.VARIANTS`` or a
+    ``Variant``; None: the default), for the "triton" backend only.
     """
     if check_finite is None:
         check_finite = q.device.type == "cpu" if isinstance(q, torch.Tensor) else True
@@ -121,9 +124,14 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
                           {"stride": stride, "c": c, **pattern_params})
     scale = check_scale(scale, d)
     which = resolve_backend(backend, pattern, q.device, q.dtype)
-    if scale <= 0:
+    if variant is not None and which != "triton":
+        raise ValueError(f"variant {variant!r} selects a Triton kernel variant, but backend "
+                         f"{backend!r} runs {which!r} here; allowed: variant=None, or "
+                         f"backend='triton'")
+    if scale <= 0 and which != "triton":
         # the fused CPU kernel returns NaN for scale <= 0 (its running maximum assumes
-        # scale > 0); folding the scale into q gives every backend the same scores
+        # scale > 0); folding the scale into q gives every backend the same scores (the
+        # Triton kernels take any finite scale, fast.kernels.launch.fold_scale)
         q, scale = q * scale, 1.0                                        # (B, H, n, d)
 
     if which == "naive":
@@ -131,15 +139,15 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
                                       scale=scale, **params)
     if which == "triton":
         try:
-            from fast.kernels.triton_attention import triton_sparse_attention
+            from fast.kernels.triton_attention import attend
         except ModuleNotFoundError as err:
             if err.name not in ("fast.kernels.triton_attention", "triton"):
                 raise
             raise ImportError(f"backend 'triton' needs the module {err.name!r}, which is not "
                               f"installed or not written yet; use backend 'naive' or "
                               f"'structured'") from err
-        return triton_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
-                                       scale=scale, **params)
+        return attend(q, k, v, pattern, combine=combine, layer=layer, scale=scale, params=params,
+                      variant=variant)
     # "structured"
     if pattern == "full":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)

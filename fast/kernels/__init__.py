@@ -1,8 +1,8 @@
 """Block-sparse attention in Triton (Child et al., 2019, sec. 5.5).
 
-One job per module: ``triton_kernels`` (the @triton.jit kernels), ``tables``
-(a layout part's look-up tables on the device), ``launch`` (launchers and the
-autograd Function) and ``triton_attention`` (the public
+One job per module: ``triton_kernels`` (the @triton.jit kernels), ``variants``
+(the kernel variants, the speed levers selectable per call), ``launch``
+(launchers and the autograd Function) and ``triton_attention`` (the public
 ``triton_sparse_attention``, its checks and the layout cache; import from here).
 
 Triton is optional: importing this package imports nothing from Triton; the
