@@ -2,14 +2,13 @@
 
 Child et al., 2019, sections 5.2-5.6 (the residual block: pre-activation
 LayerNorm, attention, W_p, the GeLU feed-forward) and section 4.3 (the keys a
-head reads). ``fast.transformer.decoding.decode`` computes one new position per step.
-For
-a small model that step is about a hundred one-row products (photos32: four
-blocks of 128 features), and eager PyTorch on the CPU spends more time dispatching
-each of them than computing it. Here the same step is one loop nest that Numba
-compiles once (cached on disk beside this file, or in Numba's cache folder; in
-memory where neither can be written: ``_jit``), so a
-step costs about its arithmetic (``python -m fast generate`` times both engines:
+head reads). ``fast.transformer.decoding.decode`` computes one new position per
+step. For a small model that step is about a hundred one-row products (photos32:
+four blocks of 128 features), and eager PyTorch on the CPU spends more time
+dispatching each of them than computing it. Here the same step is one loop nest
+that Numba compiles once (cached on disk beside this file, or in Numba's cache
+folder; in memory where neither can be written: ``_jit``), so a step costs about
+its arithmetic (``python -m fast generate`` times both engines:
 figures/data/generation.json).
 
 The kernel knows nothing about patterns: each head's reads arrive as a list of
