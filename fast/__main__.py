@@ -22,8 +22,8 @@ from fast.core.cli import fail
 COMMANDS = {
     "train": ("fast.transformer.train", "train a Sparse Transformer (presets, every config field)"),
     "sample": ("fast.transformer.sample", "draw images or text from a checkpoint"),
-    "bench": ("fast.experiments.bench", "attention speed and memory against dense SDPA and "
-                                        "FlexAttention; figures/bench_<device>.png"),
+    "bench": ("fast.commands.bench", "attention speed and memory against dense SDPA and "
+                                     "FlexAttention; figures/bench_<device>.png"),
     "memory": ("fast.experiments.memory_report", "bytes kept for backward with and without "
                                                  "recomputation; figures/memory_*.png"),
     "table2": ("fast.experiments.table2", "dense, fixed and strided models on text and images "
