@@ -41,6 +41,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,15 +257,37 @@ def say(row: dict, t0: float) -> str:
     return f"{head} {'; '.join(cells)}; first call {row['first_fwd_s']:.2f} s"
 
 
+@dataclass
+class _Run:
+    """What every step of a running sweep shares."""
+    sweep: Sweep
+    copy_bps: float                 # the copy bandwidth measured at the start
+    log: Callable[[str], None]
+    t0: float = dataclasses.field(default_factory=time.time)
+
+    def spent(self) -> str | None:
+        """Why no new point starts: the time budget is spent; None while it is not."""
+        minutes = self.sweep.max_minutes
+        if minutes and time.time() > self.t0 + 60 * minutes:
+            return f"--max-minutes {minutes} spent before this point"
+        return None
+
+    def skip(self, name: str, pattern: str | None, dtype: str, H: int, n: int) -> str | None:
+        """``skip_reason``, or the time budget spent."""
+        return skip_reason(self.sweep, name, pattern, dtype, H, n) or self.spent()
+
+    def say(self, row: dict, suffix: str = "") -> None:
+        self.log(say(row, self.t0) + suffix)
+
+
 def run(sweep: Sweep, save=None, log=print) -> dict:
     """Measure the sweep; returns the record the JSON holds. ``save(data)`` is called
     after every (dtype, shape) with what is measured so far; ``log`` gets one line per
     row."""
-    device, method, t0 = sweep.device, sweep.method, time.time()
-    deadline = t0 + 60 * sweep.max_minutes if sweep.max_minutes else None
-    info = bench.machine_info(device)
+    t0 = time.time()
+    info = bench.machine_info(sweep.device)
     info["loadavg_start"] = os.getloadavg()
-    info["timer"] = "cuda events" if device == "cuda" else "perf_counter"
+    info["timer"] = "cuda events" if sweep.device == "cuda" else "perf_counter"
     try:
         import triton  # optional dependency
         info["triton"] = triton.__version__
@@ -272,9 +295,10 @@ def run(sweep: Sweep, save=None, log=print) -> dict:
         info["triton"] = None
     cost = estimate(sweep)
     log(f"sweep: {len(points(sweep))} points, {cost['measurements']} measurements, "
-        f"{method.describe()}; estimated at most {cost['estimate_s'] / 60:.1f} min (dense at "
-        f"{ASSUME_TFLOPS[device]} TFLOP/s, every contender at most 3x dense)")
-    copy = bench_point.copy_bandwidth(device, COPY_MIB[device] * 2**20, SAME)
+        f"{sweep.method.describe()}; estimated at most {cost['estimate_s'] / 60:.1f} min "
+        f"(dense at {ASSUME_TFLOPS[sweep.device]} TFLOP/s, every contender at most 3x dense)")
+    copy = bench_point.copy_bandwidth(sweep.device, COPY_MIB[sweep.device] * 2**20, SAME)
+    state = _Run(sweep, copy["bytes_per_s"], log, t0)
     data = {"machine": info, "config": config(sweep), "estimate": cost,
             "calibration": {"copy": copy, "sdpa_backend": {}}, "results": [], "long": []}
     last = None
@@ -283,53 +307,55 @@ def run(sweep: Sweep, save=None, log=print) -> dict:
             save(data)
         last = (dt, B, H)
         if dt not in data["calibration"]["sdpa_backend"]:
-            q, k, v, _ = bench_point.inputs(B, H, n, D, device, DTYPES[dt])
+            q, k, v, _ = bench_point.inputs(B, H, n, D, sweep.device, DTYPES[dt])
             data["calibration"]["sdpa_backend"][dt] = contenders.sdpa_backend(q, k, v)
             del q, k, v
-        dense = None
-        for pattern, params in [(None, {})] + list(PATTERN_PARAMS.items()):
-            for name in sweep.contenders:
-                if (name == "dense") != (pattern is None):
-                    continue
-                row = _row(name, pattern, dt, B, H, n)
-                reason = skip_reason(sweep, name, pattern, dt, H, n)
-                if reason is None and deadline and time.time() > deadline:
-                    reason = f"--max-minutes {sweep.max_minutes} spent before this point"
-                if reason is not None:
-                    row["skipped"] = reason
-                else:
-                    start = time.time()
-                    row.update(bench_point.run(bench_point.spec(
-                        name, pattern, params, B, H, n, device, dt, method), method,
-                        timeout=sweep.point_timeout_s))
-                    row["wall_s"] = time.time() - start
-                    if "skipped" not in row:
-                        _derived(row, row if name == "dense" else dense, params,
-                                 copy["bytes_per_s"])
-                if name == "dense":
-                    dense = row
-                data["results"].append(row)
-                log(say(row, t0))
-    if sweep.long_lived_ns:
-        if save is not None:
-            save(data)
-        data["same_process"] = run_long_lived(sweep, copy["bytes_per_s"], deadline, t0, log)
-    if sweep.long_ns:
-        if save is not None:
-            save(data)
-        data["long"] = run_long(sweep, copy["bytes_per_s"], deadline, t0, log)
+        data["results"] += run_point(state, dt, B, H, n)
+    for key, part, wanted in (("same_process", run_long_lived, sweep.long_lived_ns),
+                              ("long", run_long, sweep.long_ns)):
+        if wanted:
+            if save is not None:
+                save(data)
+            data[key] = part(state)
     info["loadavg_end"] = os.getloadavg()
     info["wall_s"] = time.time() - t0
     data["targets"] = targets(data)
     return data
 
 
-def run_long_lived(sweep: Sweep, copy_bps: float, deadline, t0, log) -> list[dict]:
+def run_point(state: _Run, dt: str, B: int, H: int, n: int) -> list[dict]:
+    """Every contender at one (dtype, B, H, n): dense first, then each pattern's; a row
+    each, measured by the sweep's method or skipped with the reason."""
+    sweep, rows, dense = state.sweep, [], None
+    for pattern, params in [(None, {})] + list(PATTERN_PARAMS.items()):
+        for name in sweep.contenders:
+            if (name == "dense") != (pattern is None):
+                continue
+            row = _row(name, pattern, dt, B, H, n)
+            reason = state.skip(name, pattern, dt, H, n)
+            if reason is not None:
+                row["skipped"] = reason
+            else:
+                start = time.time()
+                row.update(bench_point.run(bench_point.spec(
+                    name, pattern, params, B, H, n, sweep.device, dt, sweep.method),
+                    sweep.method, timeout=sweep.point_timeout_s))
+                row["wall_s"] = time.time() - start
+                if "skipped" not in row:
+                    _derived(row, row if name == "dense" else dense, params, state.copy_bps)
+            if name == "dense":
+                dense = row
+            rows.append(row)
+            state.say(row)
+    return rows
+
+
+def run_long_lived(state: _Run) -> list[dict]:
     """Dense and the structured path (those of them the sweep measures) at
     ``long_lived_ns``, every one in ONE fresh process, one after another
     (``LONG_LIVED``): the state of a process that has run attention before, as a
     training loop's is."""
-    rows, specs = [], []
+    sweep, rows, specs = state.sweep, [], []
     for dt in sweep.dtypes:
         for (B, H) in sweep.shapes:
             for n in sweep.long_lived_ns:
@@ -338,34 +364,31 @@ def run_long_lived(sweep: Sweep, copy_bps: float, deadline, t0, log) -> list[dic
                     if name not in sweep.contenders:
                         continue
                     row = _row(name, pattern, dt, B, H, n)
-                    reason = skip_reason(sweep, name, pattern, dt, H, n)
-                    if reason is None and deadline and time.time() > deadline:
-                        reason = f"--max-minutes {sweep.max_minutes} spent before this point"
+                    reason = state.skip(name, pattern, dt, H, n)
                     if reason is not None:
                         row["skipped"] = reason
                     else:
-                        specs.append((row, params, bench_point.spec(
+                        specs.append((row, bench_point.spec(
                             name, pattern, params, B, H, n, sweep.device, dt, LONG_LIVED)))
                     rows.append(row)
     if specs:
-        measured = bench_point.run([s for _, _, s in specs], FRESH,
+        measured = bench_point.run([s for _, s in specs], FRESH,
                                    timeout=sweep.point_timeout_s * len(specs))
-        for (row, _, _), res in zip(specs, measured):
+        for (row, _), res in zip(specs, measured):
             row.update(res)
     for row in rows:
         if "skipped" not in row:
             dense = bench.find(rows, contender="dense", dtype=row["dtype"], B=row["B"],
                                H=row["H"], n=row["n"])
-            params = PATTERN_PARAMS.get(row["pattern"], {})
-            _derived(row, dense, params, copy_bps)
-        log(say(row, t0) + " (one process)")
+            _derived(row, dense, PATTERN_PARAMS.get(row["pattern"], {}), state.copy_bps)
+        state.say(row, " (one process)")
     return rows
 
 
-def run_long(sweep: Sweep, copy_bps: float, deadline, t0, log) -> list[dict]:
+def run_long(state: _Run) -> list[dict]:
     """B = 1, H = 8, l = 256: the layout build, first call, steady times and peak memory
     of the Triton kernel (and dense up to ``long_dense_n_max``) at ``long_ns``."""
-    rows = []
+    sweep, rows = state.sweep, []
     B, H = LONG_SHAPE
     dt = sweep.dtypes[0]
     dtype = DTYPES[dt]
@@ -376,13 +399,12 @@ def run_long(sweep: Sweep, copy_bps: float, deadline, t0, log) -> list[dict]:
             name = "dense" if pattern is None else "triton block-sparse"
             row = _row(name, pattern, dt, B, H, n)
             row["qkvo_bytes"] = 4 * q.numel() * q.element_size()
-            why = contenders.why_not(name, sweep.device, dtype)
             if pattern is None and n > sweep.long_dense_n_max:
-                row["skipped"] = f"dense past the long sweep's {sweep.long_dense_n_max}"
-            elif why is not None:
+                why = f"dense past the long sweep's {sweep.long_dense_n_max}"
+            else:
+                why = contenders.why_not(name, sweep.device, dtype) or state.spent()
+            if why is not None:
                 row["skipped"] = why
-            elif deadline and time.time() > deadline:
-                row["skipped"] = f"--max-minutes {sweep.max_minutes} spent before this point"
             else:
                 fn = contenders.build(pattern or "strided", params, H, sweep.device, dtype,
                                       names=[name])[name]
@@ -390,13 +412,13 @@ def run_long(sweep: Sweep, copy_bps: float, deadline, t0, log) -> list[dict]:
                     row["layout_s"] = _layout_seconds(pattern, n, H, params, sweep.device)
                 row.update(bench_point.measure(fn, q, k, v, g, sweep.method))
                 if "skipped" not in row:
-                    _derived(row, row if pattern is None else dense, params, copy_bps)
+                    _derived(row, row if pattern is None else dense, params, state.copy_bps)
                     if row.get("peak_fb_bytes") is not None:
                         row["peak_fb_over_qkvo"] = row["peak_fb_bytes"] / row["qkvo_bytes"]
             if pattern is None:
                 dense = row
             rows.append(row)
-            log(say(row, t0))
+            state.say(row)
         del q, k, v, g
     return rows
 
