@@ -36,8 +36,12 @@ run. The rules, written once here and used by every measurement that times work
   and keeps one contender's leftovers from another's time; the minimum is the
   least disturbed repetition on a shared machine. One process is what a GPU
   needs (a CUDA context and the compiled kernels are made once) and what a
-  training loop is. The two give different times on the CPU for the same call:
-  docs/design.md, sec. 7 says why and what was measured.
+  training loop is. The two give different times on the CPU for the same call
+  (glibc's allocator gives large freed blocks back, so the first calls of a process,
+  and every call that allocates large scratch, fault fresh pages in; the fresh
+  method times a long call once and keeps the best of many short ones; two threads
+  on shared cores wait for each other): docs/design.md, sec. 7 says what was
+  measured, and the CPU sweep reports its target n measured both ways.
 
 The cost of a measurement follows from its method: at most the first call plus
 ``(warmup + max(min_reps, target_s / t))`` calls of t seconds (``estimate_s``),
