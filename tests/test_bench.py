@@ -1,6 +1,6 @@
 """Smoke test of the benchmark: the library (fast.measure: contenders, bench_point, bench),
-the sweep (fast.experiments.bench) and ``python -m fast bench`` (fast.commands.bench), at
-tiny n.
+the sweep (fast.experiments.bench_sweep, bench) and ``python -m fast bench``
+(fast.commands.bench), at tiny n.
 
 Child et al., 2019, Table 2: the benchmark compares sparse and dense attention.
 Timings are not checked (noisy, shared machine); the structure, the slope fit,
@@ -23,7 +23,8 @@ import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
 from fast.commands import bench as bench_cli
-from fast.experiments import bench as sweeps
+from fast.experiments import bench as runs
+from fast.experiments import bench_sweep as sweeps
 from fast.measure import bench, bench_point, child, contenders
 from fast.measure.timing import FRESH
 from fast.plots import bench as plots
@@ -107,7 +108,7 @@ def test_the_cpu_sweep_measures_its_target_n_again_in_one_process(tmp_path, monk
     sweep = sweeps.Sweep(ns=(128, 256), contenders=("dense", "structured"),
                          same_process_ns=(256, 4096), method=FRESH.with_(target_s=0.01))
     assert sweep.long_lived_ns == (256,)
-    data = sweeps.run(sweep, log=lambda line: None)
+    data = runs.run(sweep, log=lambda line: None)
     once = data["same_process"]
     assert [(r["contender"], r["pattern"], r["n"]) for r in once] == [
         ("dense", None, 256), ("structured", "strided", 256), ("structured", "fixed", 256)]

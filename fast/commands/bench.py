@@ -1,7 +1,7 @@
 """``python -m fast bench``: sparse attention against dense causal attention, a sweep over n.
 
 Child et al., 2019, section 5.5 and Table 2 (sparse patterns pay only for what
-they compute). The options build a ``fast.experiments.bench.Sweep`` (what to
+they compute). The options build a ``fast.experiments.bench_sweep.Sweep`` (what to
 measure; its docstring gives the three default runs) and the sweep is measured,
 written to JSON and drawn:
 
@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from fast.core import cli
-from fast.experiments.bench import Sweep, draw, measure_and_save, paths, powers, report
+from fast.experiments.bench import draw, measure_and_save, paths, report
+from fast.experiments.bench_sweep import Sweep, powers
 from fast.experiments.paths import FIGURES
 from fast.measure.contenders import DTYPES, NAMES
 

@@ -35,7 +35,7 @@ What runs where (``why_not``, ``has_backward``, ``default_names``):
   structured and both Triton layouts (naive, an n x n mask per point, is left
   out: at the GPU sweep's (B, H) = (4, 16) and n = 65536 it cannot fit, and the
   CPU figure already shows its O(n^2));
-* the sweep (``fast.experiments.bench``) limits the O(n^2) contenders on the
+* the sweep (``fast.experiments.bench_sweep``) limits the O(n^2) contenders on the
   CPU by n and mask size, and FlexAttention to a few n there (it compiles per n).
 """
 
