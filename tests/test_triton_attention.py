@@ -23,7 +23,8 @@ from fast import sparse_attention
 from fast.core.merge import merge
 from fast.kernels import launch as L
 from fast.layout import block_layout
-from fast.measure.bench_triton import contenders, ideal_speedup
+from fast.layout.costs import ideal_speedup
+from fast.measure.contenders import triton_contenders
 from reference import attention as A
 from reference import patterns as P
 
@@ -150,7 +151,7 @@ def test_layout_is_cached_and_results_are_deterministic():
 @needs_runner
 def test_bench_contenders_and_ideal_speedup():
     params = dict(stride=8, combine="multihead")
-    fns = contenders("strided", params, torch.float32, block_size=BLOCK)
+    fns = triton_contenders("strided", params, torch.float32, block_size=BLOCK)
     assert set(fns) == {"triton block-sparse", "triton natural order"}
     q, k, v, _ = make_inputs(1, 2, 48, 16)
     masks = ref_masks("strided", 48, 2, "multihead", 0, stride=8)

@@ -23,8 +23,8 @@ from fast.commands.cli import fail
 COMMANDS = {
     "train": ("fast.commands.train", "train a Sparse Transformer (presets, every config field)"),
     "sample": ("fast.commands.sample", "draw images or text from a checkpoint"),
-    "bench": ("fast.experiments.bench", "attention speed and memory against dense SDPA and "
-                                        "FlexAttention; figures/bench_<device>.png"),
+    "bench": ("fast.commands.bench", "attention speed and memory against dense SDPA and "
+                                     "FlexAttention; figures/bench_<device>.png"),
     "memory": ("fast.commands.memory", "bytes kept for backward with and without recomputation; "
                                        "figures/memory_*.png"),
     "table2": ("fast.commands.table2", "dense, fixed and strided models on text and images "

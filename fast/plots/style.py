@@ -39,7 +39,7 @@ NAMES = {"full": "dense"}   # a name -> how figures and tables show it (others u
 COLORS = {
     # the patterns
     "dense": GREY, "fixed": BLUE, "strided": ORANGE,
-    # the benchmark's other contenders (fast.measure.bench)
+    # the benchmark's other contenders (fast.measure.contenders)
     "naive": LIGHT_GREY, "flex": GREEN, "structured": PURPLE,
     "triton block-sparse": RED, "triton natural order": BLACK,
 }

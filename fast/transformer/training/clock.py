@@ -3,14 +3,15 @@
 Child et al., 2019, section 6 (training) and Table 2 (time per iteration). On CUDA a
 ``torch.cuda.synchronize`` per step, which timing by wall clock would need, is a wait
 that the loss scaler's one per step does not make necessary, so the loop times its
-steps with a pair of CUDA events each, read only where the host waits anyway.
+steps with a pair of marks of the device's own clock each (``fast.core.clock``: CUDA
+events on a GPU), read only where the host waits anyway.
 """
 
 from __future__ import annotations
 
-import time
-
 import torch
+
+from fast.core.clock import Clock
 
 
 class StepClock:
@@ -28,35 +29,22 @@ class StepClock:
     """
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.clock = Clock(device)
         self._done: list[float] = []
-        self._pending: list[tuple] = []      # CUDA: (start event, stop event) not yet read
-        self._t0 = 0.0
+        self._pending: list[tuple] = []      # (start mark, stop mark) not yet read
 
     def start(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self._pending.append((event, None))
-        else:
-            self._t0 = time.perf_counter()
+        self._pending.append((self.clock.mark(), None))
 
     def stop(self) -> None:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            self._pending[-1] = (self._pending[-1][0], event)
-        else:
-            self._done.append(time.perf_counter() - self._t0)
+        self._pending[-1] = (self._pending[-1][0], self.clock.mark())
 
     def collect(self) -> None:
-        """Read the CUDA events recorded so far (waits for the last one) and let them go;
-        the training loop calls it at its logging steps, where ``loss.item()`` waits
+        """Read the marks recorded so far (on CUDA: waits for the last one) and let them
+        go; the training loop calls it at its logging steps, where ``loss.item()`` waits
         anyway, so that a long run does not hold two events per step."""
-        if self._pending:
-            self._pending[-1][1].synchronize()
-            self._done += [a.elapsed_time(b) / 1e3 for a, b in self._pending]
-            self._pending = []
+        self._done += self.clock.elapsed(self._pending)
+        self._pending = []
 
     def seconds(self) -> list[float]:
         self.collect()
