@@ -12,7 +12,8 @@ schedule), on batches of random bytes (a step's time does not depend on the
 values):
 
 * ``--warm`` steps (10) first, untimed (compilation, layouts, allocator);
-* ``--steps`` steps timed one by one with CUDA events (wall clock on the CPU);
+* ``--steps`` steps timed one by one on the device's clock (``fast.measure.timing.repeat``:
+  CUDA events on a GPU, the wall clock on the CPU);
   the median is reported, every step kept;
 * one more step under ``torch.cuda.set_sync_debug_mode("warn")``: every time
   the host waits for the GPU inside a step is counted (the loss scaler's check
@@ -32,6 +33,7 @@ import warnings
 import torch
 
 from fast.measure.bench import machine_info
+from fast.measure.timing import repeat, synchronize
 from fast.transformer.config import ModelConfig, TrainConfig
 from fast.transformer.network.devices import resolve_precision
 from fast.transformer.network.model import SparseTransformer
@@ -95,24 +97,9 @@ def time_cell(shape: dict, pattern: str, batch: int, device: torch.device, *, wa
     t0 = time.perf_counter()
     for _ in range(warm):
         step()
-    if cuda:
-        torch.cuda.synchronize()
+    synchronize(device)
     warm_s = time.perf_counter() - t0
-    times = []
-    for _ in range(steps):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            times.append((start, end))
-        else:
-            t = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t)
-    if cuda:
-        torch.cuda.synchronize()
-        times = [s.elapsed_time(e) / 1e3 for s, e in times]
+    times = repeat(step, device, steps, counters=False)["s"]    # one mark pair per step
     syncs = _count_syncs(step) if cuda else None
     peak = torch.cuda.max_memory_allocated() if cuda else None
     return {"pattern": pattern, "batch": batch, **{k: v for k, v in shape.items()},
