@@ -25,6 +25,7 @@ from torch.nn.attention.flex_attention import create_block_mask
 from fast.commands import bench as bench_cli
 from fast.experiments import bench as runs
 from fast.experiments import bench_sweep as sweeps
+from fast.kernels.variants import DEFAULT, VARIANTS
 from fast.measure import bench, bench_point, child, contenders
 from fast.measure.timing import FRESH
 from fast.plots import bench as plots
@@ -390,6 +391,18 @@ def test_a_sweep_refuses_what_it_cannot_measure():
                                        "among 1024, 2048, 4096"),
     (["--long-n-min", "2048", "--long-n-max", "1024", "--same-process"],
      "--long-n-min 2048 with --long-n-max 1024; allowed: --long-n-min <= --long-n-max"),
+    (["--variants"], "--variants with the CPU's fresh process per point; allowed: --variants "
+                     "with --same-process or --device cuda"),
+    (["--variants", "fused", "--contenders", "dense", "flex", "--same-process"],
+     "--variants with --contenders dense flex; allowed: --contenders with at least one of "
+     "triton block-sparse, triton natural order"),
+    (["--variants", "--same-process", "--long"], "--variants with --long; allowed: --variants "
+                                                 "alone or --long alone"),
+    (["--variants", "--same-process", "--replot"], "--variants with --replot; allowed:"),
+    (["--variants", "fastest", "--same-process"], "argument --variants: got 'fastest'; "
+                                                  "allowed: one of baseline, fused,"),
+    (["--variants", "--same-process", "--flex-n", "1024"],
+     "--flex-n 1024 is not an n of the sweep; allowed: n among 128"),
 ])
 def test_bench_refuses_options_that_would_be_ignored(argv, says, capsys, tmp_path):
     with pytest.raises(SystemExit) as end:
@@ -413,3 +426,136 @@ def test_options_change_the_sweep_they_name():
         "same", "median", 0.5)
     assert same.file_name() == "bench_cpu_same_process" and same.long_lived_ns == ()
     assert bench_cli.sweep_from(bench_cli.parse_args([])).long_lived_ns == (16384,)
+
+
+# ----------------------------------------------------------------------------
+# The variant sweep: every kernel variant side by side, and which one wins where
+# ----------------------------------------------------------------------------
+
+def test_variant_sweep_defaults_are_the_gpu_targets_within_the_budget():
+    sweep = bench_cli.sweep_from(bench_cli.parse_args(["--device", "cuda", "--variants"]))
+    assert sweep.variants == tuple(VARIANTS) and sweep.dtypes == ("float16",)
+    assert sweeps.points(sweep) == [("float16", 4, 16, 16384), ("float16", 1, 4, 16384),
+                                    ("float16", 1, 16, 65536)]
+    assert sweep.contenders == ("dense", "triton block-sparse", "flex") and sweep.flex_ns is None
+    assert sweep.method.process == "same" and sweep.method.max_reps == 100
+    assert sweep.max_minutes == 7 and sweep.file_name() == "bench_cuda_variants"
+    cost = sweeps.estimate(sweep)
+    runs = 2 + len(VARIANTS)                       # dense, flex and each variant
+    assert cost["measurements"] == 2 * 3 * (1 + 2 * (runs - 1))
+    assert cost["estimate_s"] < 8 * 60, cost                 # the budget: under 8 minutes
+    assert sweep.variants_of("flex") == (None,) and sweep.variants_of("dense") == (None,)
+    assert sweep.variants_of("triton natural order") == tuple(VARIANTS)
+    # named variants, and points of one's own; the normal sweep's Triton rows: the default
+    some = bench_cli.sweep_from(bench_cli.parse_args([
+        "--device", "cuda", "--variants", "fused", "all", "fused", "--shapes", "2x8",
+        "--n-min", "4096", "--n-max", "8192", "--max-minutes", "3"]))
+    assert some.variants == ("fused", "all") and some.max_minutes == 3
+    assert sweeps.points(some) == [("float16", 2, 8, 4096), ("float16", 2, 8, 8192)]
+    normal = bench_cli.sweep_from(bench_cli.parse_args(["--device", "cuda"]))
+    assert normal.variants == () and normal.variants_of("triton block-sparse") == (DEFAULT,)
+
+
+@pytest.mark.skipif(contenders.why_not("triton block-sparse", "cpu", torch.float32) is not None,
+                    reason="the Triton kernels run on the CPU only under TRITON_INTERPRET=1")
+def test_variant_sweep_on_the_cpu_times_prints_and_picks_every_variant(tmp_path, capsys):
+    """``--variants --same-process``: the GPU's variant sweep with a wall clock, the
+    kernels interpreted, at n = 64: every variant measured beside dense, each row's
+    speed-up / % of ideal / floor, the winners per pattern and part (the fastest
+    variant), the default, the JSON and the printed table; no figure."""
+    names = ["baseline", "fused"]
+    assert bench_cli.main(["--variants", *names, "--same-process", "--n-min", "64",
+                           "--n-max", "64", "--target", "0", "--min-reps", "1",
+                           "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads((tmp_path / "data" / "bench_cpu_same_process_variants.json").read_text())
+    assert not (tmp_path / "bench_cpu_same_process_variants.png").exists()
+    assert data["config"]["variants"] == names and set(data["config"]["variant_settings"]) == \
+        set(names) and data["config"]["variant_settings"]["fused"]["fused"] is True
+    assert data["estimate"]["measurements"] == 2 * (1 + 2 * (1 + len(names) + 1 - 1))
+    got = [(r["contender"], r["pattern"], r.get("variant")) for r in data["results"]]
+    assert got == [("dense", None, None)] + [
+        (c, p, v) for p in contenders.PATTERN_PARAMS
+        for c, v in [("triton block-sparse", v) for v in names] + [("flex", None)]]
+    rows = {(r["pattern"], r["variant"]): r for r in data["results"] if r.get("variant")}
+    for r in rows.values():
+        assert r["fwd_s"] == statistics.median(r["fwd_s_all"]) and r["fb_s"] > 0
+        for what in ("fwd", "fb"):
+            d = r[what]
+            assert math.isclose(d["speedup"], data["results"][0][what + "_s"] / r[what + "_s"])
+            assert d["pct_ideal"] == 100 * d["speedup"] / r["ideal"]
+            assert d["floor_s"] == max(d["floor_bytes_s"], d["floor_tiles_s"]) > 0
+    assert all("skipped" in r for r in data["results"] if r["contender"] == "flex")
+    w = data["winners"]
+    assert [(e["pattern"], e["part"]) for e in w["entries"]] == [
+        (p, part) for p in contenders.PATTERN_PARAMS for part in ("fwd", "fb")]
+    for e in w["entries"]:
+        times = {v: rows[e["pattern"], v][e["part"] + "_s"] for v in names}
+        assert e["times_s"] == times and e["variant"] == min(times, key=times.get)
+        assert e["runner_up"] == max(times, key=times.get)
+        assert math.isclose(e["over_baseline"], times["baseline"] / e["s"])
+    assert set(w["scores"]) == set(names) and w["default"] in names
+    best = max(names, key=lambda v: w["scores"][v]["geomean"])
+    assert w["default"] == best and math.isclose(
+        w["scores"][best]["geomean"], math.prod(e["s"] / e["times_s"][best]
+                                                for e in w["entries"]) ** (1 / 4))
+    # the printout: every variant's row with its speed-up, % of ideal and floor; the winners
+    for p in contenders.PATTERN_PARAMS:
+        assert f"n=64, {p} (" in printed
+    lines = [ln for ln in printed.splitlines() if ln.startswith("  triton block-sparse (")]
+    assert len(lines) == 2 * len(names), lines
+    for v, line in zip(names * 2, lines):
+        assert f"({v})" in line and line.count("x ") >= 4 and "%" in line and (
+            "(tiles)" in line or "(bytes)" in line), line
+    for e in w["entries"]:
+        assert any(ln.split()[:7] == ["float32", "1", "4", "64", e["pattern"], e["part"],
+                                      e["variant"]] for ln in printed.splitlines()), e
+    assert f"default: {w['default']} -- to make it the default, set DEFAULT = " \
+           f"{w['default']!r} in fast/kernels/variants.py" in printed
+
+
+def test_variant_sweep_stops_at_its_budget_and_says_what_it_skipped(tmp_path, capsys):
+    assert bench_cli.main(["--variants", "--same-process", "--n-min", "64", "--n-max", "64",
+                           "--max-minutes", "1e-9", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "data" / "bench_cpu_same_process_variants.json").read_text())
+    assert len(data["results"]) == 1 + 2 * (len(VARIANTS) + 1)
+    assert all("skipped" in r for r in data["results"])
+    assert all("--max-minutes 1e-09 spent" in r["skipped"] for r in data["results"]
+               if r["contender"] != "flex")              # flex: not at this n on the CPU
+    assert data["winners"]["entries"] == [] and data["winners"]["default"] is None
+    printed = capsys.readouterr().out
+    assert printed.startswith("sweep: 1 points, ") and "estimated at most" in printed
+    assert "default: none (no variant was measured at every entry)" in printed
+
+
+def _variant_row(variant, pattern, fwd_s, fb_s, dense=(1.0, 3.0)):
+    row = {"contender": "triton block-sparse", "pattern": pattern, "dtype": "float16", "B": 4,
+           "H": 16, "n": 16384, "variant": variant, "fwd_s": fwd_s, "fb_s": fb_s}
+    for what, t, d in (("fwd", fwd_s, dense[0]), ("fb", fb_s, dense[1])):
+        row[what] = bench.derive(t, d, 10.0, 1000, 10.0 ** 6)
+    return row
+
+
+def test_winners_pick_the_fastest_variant_and_a_default_measured_everywhere():
+    rows = [_variant_row("baseline", "strided", 0.4, 1.2), _variant_row("fused", "strided", 0.2,
+                                                                        1.5),
+            _variant_row("all", "strided", 0.1, 0.9), _variant_row("baseline", "fixed", 0.5, 1.0),
+            _variant_row("fused", "fixed", 0.45, 0.8),
+            {**_variant_row("all", "fixed", 1, 1), "skipped": "out of memory"}]
+    w = bench.winners(rows)
+    assert [(e["pattern"], e["part"], e["variant"], e["runner_up"]) for e in w["entries"]] == [
+        ("strided", "fwd", "all", "fused"), ("strided", "fb", "all", "baseline"),
+        ("fixed", "fwd", "fused", "baseline"), ("fixed", "fb", "fused", "baseline")]
+    e = w["entries"][0]
+    assert (e["s"], e["over_baseline"], e["speedup"], e["pct_ideal"]) == (0.1, 4.0, 10.0, 100.0)
+    assert math.isclose(e["margin"], 1.0)
+    assert w["scores"]["all"] == {"wins": 2, "entries": 2, "of": 4, "geomean": 1.0}
+    assert w["scores"]["fused"]["wins"] == 2 and w["scores"]["fused"]["entries"] == 4
+    # "all" wins where it ran but missed an entry: the default is measured everywhere
+    assert w["default"] == "fused"
+    assert math.isclose(w["scores"]["fused"]["geomean"], (0.5 * 0.6 * 1 * 1) ** 0.25)
+    t = bench.gpu_targets(rows)
+    assert t["strided fwd B=4 H=16 n=16384"]["variant"] == "all"
+    assert t["strided fwd B=4 H=16 n=16384"]["speedup"] == 10.0
+    assert t["fixed fb B=4 H=16 n=16384"]["variant"] == "fused"
+    assert bench.winners([])["default"] is None

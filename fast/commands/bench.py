@@ -9,11 +9,15 @@ written to JSON and drawn:
     python -m fast bench --quick          # n <= 4096, no FlexAttention, short repetitions
     python -m fast bench --same-process   # the same sweep in one process (medians)
     python -m fast bench --device cuda [--long | --only-long] [--out DIR]
+    python -m fast bench --device cuda --variants [NAME ...]   # the kernel variants
     python -m fast bench --replot [--device cuda]   # redraw the figure from the saved JSON
 
 Writes figures/data/bench_cpu.json (machine, versions, load average, every
 timing) and figures/bench_cpu.png (``fast.plots.bench``); bench_cpu_same_process.*
-with --same-process, bench_cuda.* on CUDA.
+with --same-process, bench_cuda.* on CUDA. ``--variants`` times every kernel variant
+(``fast.kernels.variants.VARIANTS``, or those named) at the GPU targets' points and
+writes data/bench_cuda_variants.json with its "winners" (no figure: the table and the
+winners are printed).
 """
 
 from __future__ import annotations
@@ -26,13 +30,15 @@ import torch
 
 from fast.commands import cli
 from fast.experiments.bench import RECORD, draw, measure_and_save, paths, report
-from fast.experiments.bench_sweep import Sweep, powers
+from fast.experiments.bench_sweep import Sweep, points, powers
 from fast.experiments.cache import CacheError, read_cache
 from fast.experiments.paths import FIGURES
-from fast.measure.contenders import DTYPES, NAMES
+from fast.kernels.variants import VARIANTS
+from fast.measure.contenders import DTYPES, NAMES, TRITON
 
 PROG = "python -m fast bench"
 QUICK_N_MAX = 4096
+N_MIN, N_MAX = 1024, 65536          # the sweep's n when --n-min / --n-max are not given
 
 
 def shape(text: str) -> tuple[int, int]:
@@ -58,8 +64,8 @@ def parser() -> cli.Parser:
                         "default on the CPU: a fresh process per point, minimum")
     p.add_argument("--quick", action="store_true",
                    help=f"n up to {QUICK_N_MAX}, no FlexAttention, short repetitions")
-    p.add_argument("--n-min", type=n, default=1024)
-    p.add_argument("--n-max", type=n, default=65536)
+    p.add_argument("--n-min", type=n, default=None, help=f"default {N_MIN}")
+    p.add_argument("--n-max", type=n, default=None, help=f"default {N_MAX}")
     p.add_argument("--dtypes", nargs="+", type=cli.choice(DTYPES), default=None,
                    help="default: float16 bfloat16 on CUDA, float32 on the CPU")
     p.add_argument("--shapes", nargs="+", type=shape, default=None,
@@ -97,6 +103,12 @@ def parser() -> cli.Parser:
                         "(default: figures/)")
     p.add_argument("--replot", action="store_true",
                    help="measure nothing: redraw bench_<device>.png from the saved JSON")
+    p.add_argument("--variants", nargs="*", type=cli.choice(VARIANTS), default=None,
+                   help="the variant sweep: these kernel variants (none named: all) side by "
+                        "side at the GPU targets' points, float16, (B, H, n) = (4, 16, 16384), "
+                        "(1, 4, 16384), (1, 16, 65536) (--shapes / --n-min / --n-max replace "
+                        "them), with dense and FlexAttention; no new point after 7 minutes; "
+                        "writes data/bench_<device>_variants.json with the winners")
     return p
 
 
@@ -104,6 +116,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The options, each checked, and checked against each other (one line and exit 2
     on a bad one)."""
     args = parser().parse_or_exit(argv)
+    args.n_given = args.n_min is not None or args.n_max is not None
+    args.n_min = N_MIN if args.n_min is None else args.n_min
+    args.n_max = N_MAX if args.n_max is None else args.n_max
     for lo, hi in (("n_min", "n_max"), ("long_n_min", "long_n_max")):
         if getattr(args, lo) > getattr(args, hi):
             flag, other = f"--{lo.replace('_', '-')}", f"--{hi.replace('_', '-')}"
@@ -116,29 +131,60 @@ def parse_args(argv=None) -> argparse.Namespace:
         flag = "--only-long" if args.only_long else "--long"
         cli.fail(PROG, f"{flag} with the CPU's fresh process per point; allowed: {flag} with "
                        f"--same-process or --device cuda (the long sweep runs in one process)")
+    if args.variants is not None:
+        _check_variant_sweep(args)
     if args.flex_n is not None:
-        ns = powers(args.n_min, min(args.n_max, QUICK_N_MAX) if args.quick else args.n_max)
+        try:
+            ns = sorted({p[3] for p in points(sweep_from(args))})
+        except ValueError:                  # said by main, with the sweep's own words
+            ns = powers(args.n_min, args.n_max)
         off = [x for x in args.flex_n if x not in ns]
         if off:
             cli.fail(PROG, f"--flex-n {' '.join(map(str, off))} is not an n of the sweep; "
-                           f"allowed: n among {', '.join(map(str, ns))}")
+                           f"allowed: n among {', '.join(map(str, ns)) or 'none (no sweep)'}")
     return args
+
+
+def _check_variant_sweep(args: argparse.Namespace) -> None:
+    """--variants with an option it cannot honour: one line and exit 2."""
+    for flag, given in (("--long", args.long), ("--only-long", args.only_long),
+                        ("--quick", args.quick), ("--replot", args.replot)):
+        if given:
+            cli.fail(PROG, f"--variants with {flag}; allowed: --variants alone or {flag} "
+                           f"alone (the variant sweep times the targets' points and draws "
+                           f"no figure: it prints its table and winners)")
+    if args.device == "cpu" and not args.same_process:
+        cli.fail(PROG, "--variants with the CPU's fresh process per point; allowed: --variants "
+                       "with --same-process or --device cuda (the variant sweep runs in one "
+                       "process)")
+    if args.contenders is not None and not set(args.contenders) & set(TRITON):
+        cli.fail(PROG, f"--variants with --contenders {' '.join(args.contenders)}; allowed: "
+                       f"--contenders with at least one of {', '.join(TRITON)} (the variants "
+                       f"are the Triton kernel's)")
 
 
 def sweep_from(args: argparse.Namespace) -> Sweep:
     """The ``Sweep`` the options ask for: the device's defaults, changed by each option
-    given (ValueError from ``Sweep`` on values that do not fit together)."""
+    given (ValueError from ``Sweep`` on values that do not fit together). The variant
+    sweep keeps its points unless --shapes, --n-min or --n-max replace them."""
     same = args.same_process or args.device == "cuda"
-    base = Sweep.defaults(args.device, same)
+    variants = tuple(dict.fromkeys(args.variants or VARIANTS)) if args.variants is not None \
+        else ()
+    base = Sweep.defaults(args.device, same, variants)
     target = 0.3 if args.quick and args.target is None else args.target
     method = base.method.with_(target_s=target, min_reps=args.min_reps)
     if method.min_reps > method.max_reps:
         method = method.with_(max_reps=method.min_reps)
     n_max = min(args.n_max, QUICK_N_MAX) if args.quick else args.n_max
     chosen = args.contenders or [c for c in base.contenders if not (args.quick and c == "flex")]
+    if variants:
+        ns = powers(args.n_min, n_max) if args.n_given else None
+        target_points = () if args.n_given or args.shapes else None
+    else:
+        ns = () if args.only_long else powers(args.n_min, n_max)
+        target_points = () if args.only_long else None
     return Sweep.defaults(
-        args.device, same, method=method,
-        ns=() if args.only_long else powers(args.n_min, n_max),
+        args.device, same, variants, method=method, ns=ns,
         dtypes=tuple(args.dtypes) if args.dtypes else None,
         shapes=tuple(args.shapes) if args.shapes else None,
         contenders=tuple(dict.fromkeys(chosen)),
@@ -147,7 +193,7 @@ def sweep_from(args: argparse.Namespace) -> Sweep:
         max_minutes=args.max_minutes,
         long_ns=powers(args.long_n_min, args.long_n_max) if args.long or args.only_long
         else None,
-        target_points=() if args.only_long else None)
+        target_points=target_points)
 
 
 def main(argv=None) -> int:
@@ -173,7 +219,8 @@ def main(argv=None) -> int:
     cli.writable_or_exit(PROG, out, out / "data")
     data, path, png = measure_and_save(sweep, out, log=lambda line: print(line, flush=True))
     print(report(data))
-    print(f"\nwrote {path} and {png} ({data['machine']['wall_s']:.0f} s)")
+    wrote = f"{path} and {png}" if png is not None else f"{path}"
+    print(f"\nwrote {wrote} ({data['machine']['wall_s']:.0f} s)")
     return 0
 
 

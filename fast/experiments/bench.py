@@ -45,8 +45,16 @@ from fast.plots.bench import plot, plot_gpu
 # Measuring
 # ----------------------------------------------------------------------------
 
-def _row(name, pattern, dtype, B, H, n) -> dict:
-    return {"contender": name, "pattern": pattern, "dtype": dtype, "B": B, "H": H, "n": n}
+def _row(name, pattern, dtype, B, H, n, variant=None) -> dict:
+    row = {"contender": name, "pattern": pattern, "dtype": dtype, "B": B, "H": H, "n": n}
+    if variant is not None:
+        row["variant"] = variant
+    return row
+
+
+def _name(row: dict) -> str:
+    """The contender, and its kernel variant where it has one."""
+    return row["contender"] + (f" ({row['variant']})" if row.get("variant") else "")
 
 
 def _derived(row: dict, dense: dict | None, params: dict, copy_bps: float) -> None:
@@ -72,7 +80,7 @@ def _derived(row: dict, dense: dict | None, params: dict, copy_bps: float) -> No
 def say(row: dict, t0: float) -> str:
     """One line for one measured (or skipped) row."""
     head = (f"[{time.time() - t0:5.0f} s] {row['dtype']} B={row['B']} H={row['H']} "
-            f"n={row['n']:6d} {row['pattern'] or '':8} {row['contender']:21}")
+            f"n={row['n']:6d} {row['pattern'] or '':8} {_name(row):30}")
     if "skipped" in row:
         return f"{head} skipped: {row['skipped']}"
     cells = []
@@ -81,7 +89,9 @@ def say(row: dict, t0: float) -> str:
             d = row.get("fwd" if key == "fwd_s" else "fb", {})
             sp = f" {d['speedup']:.2f}x ({d['pct_ideal']:.0f}% of {d['ideal']:.1f}x)" \
                 if d.get("speedup") and row["pattern"] else ""
-            cells.append(f"{what} {row[key] * 1e3:9.3f} ms{sp}, {d.get('x_floor', 0):.1f}x floor")
+            floor = (f", floor {d['floor_s'] * 1e3:.3f} ms ({d['floor_by']}) "
+                     f"{d['x_floor']:.1f}x" if d.get("floor_s") else "")
+            cells.append(f"{what} {row[key] * 1e3:9.3f} ms{sp}{floor}")
     if row.get("bwd_over_fwd"):
         cells.append(f"bwd/fwd {row['bwd_over_fwd']:.2f}")
     return f"{head} {'; '.join(cells)}; first call {row['first_fwd_s']:.2f} s"
@@ -131,10 +141,17 @@ def run(sweep: Sweep, save=None, log=print) -> dict:
     state = _Run(sweep, copy["bytes_per_s"], log, t0)
     data = {"machine": info, "config": config(sweep), "estimate": cost,
             "calibration": {"copy": copy, "sdpa_backend": {}}, "results": [], "long": []}
+
+    def keep():
+        if sweep.variants:
+            data["winners"] = bench.winners(data["results"])
+        if save is not None:
+            save(data)
+
     last = None
     for dt, B, H, n in points(sweep):
-        if save is not None and last not in (None, (dt, B, H)):
-            save(data)
+        if last not in (None, (dt, B, H)):
+            keep()
         last = (dt, B, H)
         if dt not in data["calibration"]["sdpa_backend"]:
             q, k, v, _ = bench_point.inputs(B, H, n, D, sweep.device, DTYPES[dt])
@@ -144,39 +161,43 @@ def run(sweep: Sweep, save=None, log=print) -> dict:
     for key, part, wanted in (("same_process", run_long_lived, sweep.long_lived_ns),
                               ("long", run_long, sweep.long_ns)):
         if wanted:
-            if save is not None:
-                save(data)
+            keep()
             data[key] = part(state)
     info["loadavg_end"] = os.getloadavg()
     info["wall_s"] = time.time() - t0
     data["targets"] = targets(data)
+    if sweep.variants:
+        data["winners"] = bench.winners(data["results"])
     return data
 
 
 def run_point(state: _Run, dt: str, B: int, H: int, n: int) -> list[dict]:
-    """Every contender at one (dtype, B, H, n): dense first, then each pattern's; a row
-    each, measured by the sweep's method or skipped with the reason."""
+    """Every contender at one (dtype, B, H, n): dense first, then each pattern's (a
+    Triton contender once per kernel variant, ``Sweep.variants_of``); a row each,
+    measured by the sweep's method or skipped with the reason."""
     sweep, rows, dense = state.sweep, [], None
     for pattern, params in [(None, {})] + list(PATTERN_PARAMS.items()):
         for name in sweep.contenders:
             if (name == "dense") != (pattern is None):
                 continue
-            row = _row(name, pattern, dt, B, H, n)
-            reason = state.skip(name, pattern, dt, H, n)
-            if reason is not None:
-                row["skipped"] = reason
-            else:
-                start = time.time()
-                row.update(bench_point.run(bench_point.spec(
-                    name, pattern, params, B, H, n, sweep.device, dt, sweep.method),
-                    sweep.method, timeout=sweep.point_timeout_s))
-                row["wall_s"] = time.time() - start
-                if "skipped" not in row:
-                    _derived(row, row if name == "dense" else dense, params, state.copy_bps)
-            if name == "dense":
-                dense = row
-            rows.append(row)
-            state.say(row)
+            for variant in sweep.variants_of(name):
+                row = _row(name, pattern, dt, B, H, n, variant)
+                reason = state.skip(name, pattern, dt, H, n)
+                if reason is not None:
+                    row["skipped"] = reason
+                else:
+                    start = time.time()
+                    row.update(bench_point.run(bench_point.spec(
+                        name, pattern, params, B, H, n, sweep.device, dt, sweep.method,
+                        variant), sweep.method, timeout=sweep.point_timeout_s))
+                    row["wall_s"] = time.time() - start
+                    if "skipped" not in row:
+                        _derived(row, row if name == "dense" else dense, params,
+                                 state.copy_bps)
+                if name == "dense":
+                    dense = row
+                rows.append(row)
+                state.say(row)
     return rows
 
 
@@ -227,7 +248,7 @@ def run_long(state: _Run) -> list[dict]:
         dense = None
         for pattern, params in [(None, {})] + list(LONG_PARAMS.items()):
             name = "dense" if pattern is None else "triton block-sparse"
-            row = _row(name, pattern, dt, B, H, n)
+            row = _row(name, pattern, dt, B, H, n, sweep.variants_of(name)[0])
             row["qkvo_bytes"] = 4 * q.numel() * q.element_size()
             if pattern is None and n > sweep.long_dense_n_max:
                 why = f"dense past the long sweep's {sweep.long_dense_n_max}"
@@ -237,7 +258,7 @@ def run_long(state: _Run) -> list[dict]:
                 row["skipped"] = why
             else:
                 fn = contenders.build(pattern or "strided", params, H, sweep.device, dtype,
-                                      names=[name])[name]
+                                      names=[name], variant=row.get("variant"))[name]
                 if pattern is not None:
                     row["layout_s"] = _layout_seconds(pattern, n, H, params, sweep.device)
                 row.update(bench_point.measure(fn, q, k, v, g, sweep.method))
@@ -306,27 +327,34 @@ def draw(sweep: Sweep, data: dict, png: Path) -> Path:
     return (plot_gpu if sweep.method.process == "same" else plot)(data, png)
 
 
-def measure_and_save(sweep: Sweep, out: Path, log=print) -> tuple[dict, Path, Path]:
-    """``run`` the sweep, rewriting its JSON under ``out`` as it goes; then the figure.
-    Returns (the record, the JSON's path, the figure's path)."""
+def measure_and_save(sweep: Sweep, out: Path, log=print) -> tuple[dict, Path, Path | None]:
+    """``run`` the sweep, rewriting its JSON under ``out`` as it goes; then the figure
+    (none for the variant sweep: its table and winners are printed). Returns (the record,
+    the JSON's path, the figure's path or None)."""
     path, png = paths(sweep, out)
     data = run(sweep, save=lambda d: write_json(path, d, indent=1), log=log)
     write_json(path, data, indent=1)
+    if sweep.variants:
+        return data, path, None
     draw(sweep, data, png)
     return data, path, png
 
 
 def report(data: dict) -> str:
     """What a run prints at its end: per dtype and shape, each contender's time,
-    speed-up over dense and backward / forward ratio for every n; then the targets."""
+    speed-up over dense and backward / forward ratio for every n (the variant sweep:
+    ``variant_report``); then the targets."""
     lines = []
     rows = data["results"]
-    for dt in data["config"]["dtypes"]:
-        for B, H in data["config"]["shapes"]:
-            sel = [r for r in rows if r["dtype"] == dt and (r.get("B"), r.get("H")) in
-                   ((B, H), (None, None))]
-            if sel:
-                lines += _table(sel, f"{dt}, B={B}, H={H}")
+    if data["config"].get("variants"):
+        lines += variant_report(data)
+    else:
+        for dt in data["config"]["dtypes"]:
+            for B, H in data["config"]["shapes"]:
+                sel = [r for r in rows if r["dtype"] == dt and (r.get("B"), r.get("H")) in
+                       ((B, H), (None, None))]
+                if sel:
+                    lines += _table(sel, f"{dt}, B={B}, H={H}")
     if data.get("same_process"):
         lines += _table(data["same_process"], "the same points in ONE process (the median "
                                               "after warm-up calls)")
@@ -337,8 +365,9 @@ def report(data: dict) -> str:
             got = "not measured" if g["speedup"] is None else (
                 f"{g['speedup']:.2f}x ({g['pct_ideal']:.0f}% of ideal, {g['x_floor']:.1f}x "
                 f"floor)")
-            lines.append(f"  {key:34} goal >= {g['goal']:>4}x: {got}")
-    else:
+            by = f" ({g['variant']})" if g.get("variant") else ""
+            lines.append(f"  {key:34} goal >= {g['goal']:>4}x: {got}{by}")
+    elif not data["config"].get("variants"):          # the CPU's targets need its sweep
         for dt, values in t.items():
             lines += ["", f"targets ({dt}):"]
             lines += [f"  {k:44} {v if v is None else round(v, 3)}" for k, v in values.items()]
@@ -379,3 +408,68 @@ def _table(rows: list[dict], title: str) -> list[str]:
                          "peak": "peak MiB"}[what]
                 out.append(f"{pattern:8} {name + ' ' + label:32} " + " ".join(cells))
     return out
+
+
+def variant_report(data: dict) -> list[str]:
+    """The variant sweep's table: per point and pattern, each contender (the Triton
+    ones per kernel variant) forward and forward+backward: time, speed-up over dense,
+    % of ideal, floor (ms, and what sets it) and time / floor; then the winners per
+    point, pattern and part and the variant to make the default (``bench.winners``)."""
+    rows, lines = data["results"], []
+    keys = list(dict.fromkeys((r["dtype"], r["B"], r["H"], r["n"]) for r in rows))
+    head = (f"  {'contender (variant)':36} " + " | ".join(
+        f"{what + ' ms':>10} {'speed-up':>8} {'% ideal':>7} {'floor ms':>15} {'x floor':>7}"
+        for what in ("fwd", "fwd+bwd")) + f" | {'first s':>7}")
+    for dt, B, H, n in keys:
+        here = [r for r in rows if (r["dtype"], r["B"], r["H"], r["n"]) == (dt, B, H, n)]
+        for pattern in PATTERN_PARAMS:
+            sel = [r for r in here if r["pattern"] in (None, pattern)]
+            ideal = next((r["ideal"] for r in sel if r["pattern"] and r.get("ideal")), None)
+            settings = ", ".join(f"{k}={v}" for k, v in PATTERN_PARAMS[pattern].items())
+            lines += ["", f"{dt}, B={B}, H={H}, n={n}, {pattern} ({settings}); ideal "
+                          + (f"{ideal:.1f}x" if ideal else "-") + ":", head]
+            for r in sel:
+                lines.append(f"  {_name(r):36} " + _variant_cells(r))
+    w = data.get("winners") or {}
+    lines += ["", f"winners ({w.get('contender')}; {w.get('rule')}):",
+              f"  {'dtype':8} {'B':>2} {'H':>3} {'n':>6} {'pattern':8} {'part':4} "
+              f"{'variant':10} {'ms':>9} {'speed-up':>8} {'% ideal':>7} {'x floor':>7} "
+              f"{'runner-up':>18} {'x baseline':>10}"]
+    for e in w.get("entries", []):
+        second = (f"{e['runner_up']} +{100 * e['margin']:.1f}%" if e["runner_up"] else "-")
+        lines.append(f"  {e['dtype']:8} {e['B']:>2} {e['H']:>3} {e['n']:>6} {e['pattern']:8} "
+                     f"{e['part']:4} {e['variant']:10} {e['s'] * 1e3:9.3f} "
+                     f"{_num(e['speedup'], 'x'):>8} {_num(e['pct_ideal'], '%', 0):>7} "
+                     f"{_num(e['x_floor'], 'x'):>7} {second:>18} "
+                     f"{_num(e['over_baseline'], 'x'):>10}")
+    for v, sc in w.get("scores", {}).items():
+        lines.append(f"  {v:10} wins {sc['wins']} of {sc['of']}, measured at {sc['entries']}, "
+                     f"geometric mean {_num(sc['geomean'], '', 3)}")
+    if w.get("default"):
+        lines.append(f"default: {w['default']} -- to make it the default, set "
+                     f"DEFAULT = {w['default']!r} in fast/kernels/variants.py "
+                     f"(docs/gpu.md, Part 2)")
+    else:
+        lines.append("default: none (no variant was measured at every entry)")
+    return lines
+
+
+def _variant_cells(r: dict) -> str:
+    """One row of the variant table (``variant_report``)."""
+    if "skipped" in r:
+        return f"skipped: {r['skipped']}"
+    cells = []
+    for what in ("fwd", "fb"):
+        d = r.get(what) or {}
+        if not r.get(f"{what}_s"):
+            cells.append(f"{'-':>10} {'':>8} {'':>7} {'':>15} {'':>7}")
+            continue
+        floor = f"{d['floor_s'] * 1e3:.3f} ({d['floor_by']})"
+        cells.append(f"{r[what + '_s'] * 1e3:10.3f} {_num(d.get('speedup'), 'x'):>8} "
+                     f"{_num(d.get('pct_ideal'), '%', 0):>7} {floor:>15} "
+                     f"{_num(d.get('x_floor'), 'x'):>7}")
+    return " | ".join(cells) + f" | {r.get('first_fwd_s', 0):7.2f}"
+
+
+def _num(x, unit: str, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}{unit}"

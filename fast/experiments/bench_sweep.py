@@ -7,7 +7,7 @@ what one ``python -m fast bench`` run measures: the device, the timing method
 process and the median), the dtypes, the (B, H) shapes, the n, the contenders
 (``fast.measure.contenders``) and the limits; it is checked when made (ValueError
 saying what was given and what is allowed). ``Sweep.defaults(device,
-same_process)`` gives the three runs the command makes:
+same_process, variants)`` gives the runs the command makes:
 
 * the CPU (``make bench``): float32, (B, H) = (1, 4), d = 64, n = 1024 .. 65536,
   dense, naive, FlexAttention and the structured path, a fresh process per point
@@ -24,7 +24,17 @@ same_process)`` gives the three runs the command makes:
   ``SAME`` (CUDA events), and one more point, (B, H, n) = (1, 16, 65536), for the
   long-n target; the run starts no new point after 9 minutes. The long sweep
   (``long_ns``, ``make gpu-long``): B = 1, H = 8, l = 256, n = 2^17 .. 2^20, the
-  layout build, the first call and the peak memory against the bytes of q, k, v, o.
+  layout build, the first call and the peak memory against the bytes of q, k, v, o;
+* the variant sweep (``--variants``, ``make gpu-variants``): every kernel variant
+  of ``fast.kernels.variants.VARIANTS`` (``variants``) side by side in one
+  process, against dense causal SDPA and FlexAttention measured in the same run,
+  at the GPU targets' points: float16, (B, H, n) = (4, 16, 16384), then
+  (1, 4, 16384) and (1, 16, 65536) (``VARIANT_POINTS``), strided and fixed at
+  each; at most ``VARIANT_METHOD.max_reps`` repetitions a measurement, and no new
+  point after 7 minutes, so that it should end within 8 on an H100. The Triton
+  contenders are measured once per variant (``variants_of``), FlexAttention and
+  dense once. With ``--same-process`` on the CPU it is a check of the method, at
+  (1, 4, 128) by default (the kernels interpreted, float32).
 
 ``points`` lists what is measured, ``skip_reason`` why a contender is not at a
 point, ``estimate`` what the run costs (printed before it starts) and ``config``
@@ -38,12 +48,20 @@ import json
 import math
 from dataclasses import dataclass
 
+import torch
+
+from fast.kernels.variants import DEFAULT, VARIANTS, Variant
 from fast.layout.costs import DEFAULT_BLOCK
 from fast.measure import contenders
 from fast.measure.contenders import DTYPES, LONG_PARAMS, PATTERN_PARAMS, D
 from fast.measure.timing import FRESH, SAME, Method, estimate_s
 
 TARGET_POINT = (1, 16, 65536)     # CUDA: one more point, for the long-n target
+# the variant sweep on CUDA: the targets' points, the one that costs most last
+VARIANT_POINTS = ((4, 16, 16384), (1, 4, 16384), (1, 16, 65536))
+VARIANT_CONTENDERS = ("dense", "triton block-sparse", "flex")
+VARIANT_METHOD = SAME.with_(max_reps=100)
+VARIANT_MINUTES = 7.0
 LONG_SHAPE = (1, 8)               # (B, H) of the long sweep
 ASSUME_TFLOPS = {"cpu": 0.05, "cuda": 300.0}   # dense throughput the estimate assumes
 COPY_MIB = {"cpu": 64, "cuda": 1024}           # MiB copied to measure the bandwidth
@@ -74,6 +92,8 @@ class Sweep:
     long_dense_n_max: int = 2 ** 19
     max_minutes: float | None = None                  # start no point after this
     point_timeout_s: float = 600.0                    # FRESH: seconds a point may take
+    variants: tuple[str, ...] = ()                    # kernel variants side by side (names
+                                                      # of VARIANTS); (): the default one
 
     def __post_init__(self):
         def bad(what, given, allowed):
@@ -101,12 +121,35 @@ class Sweep:
         if not self.mask_gb >= 0 or (self.max_minutes is not None and not self.max_minutes > 0):
             bad("limits mask_gb, max_minutes", (self.mask_gb, self.max_minutes),
                 "mask_gb >= 0 and max_minutes > 0 or None")
+        if self.variants:
+            if any(v not in VARIANTS for v in self.variants) or len(set(self.variants)) < len(
+                    self.variants):
+                bad("variants", self.variants, f"names from {', '.join(VARIANTS)}, each once")
+            if self.method.process != "same" or self.long_ns:
+                bad("variants with the method and long_ns", (self.method.process, self.long_ns),
+                    "the same-process method and no long sweep (the variant sweep times the "
+                    "targets' points in one process)")
+            if not set(self.contenders) & set(contenders.TRITON):
+                bad("variants with the contenders", self.contenders,
+                    f"at least one of {', '.join(contenders.TRITON)}")
 
     @classmethod
-    def defaults(cls, device: str = "cpu", same_process: bool = False, **changes) -> Sweep:
+    def defaults(cls, device: str = "cpu", same_process: bool = False,
+                 variants: tuple[str, ...] = (), **changes) -> Sweep:
         """The run ``python -m fast bench`` makes on ``device`` (CUDA: always one
-        process), with ``changes`` (fields; None keeps the default)."""
-        if device == "cuda":
+        process), the variant sweep of ``variants`` when given, with ``changes``
+        (fields; None keeps the default)."""
+        if variants:
+            cuda = device == "cuda"
+            base = cls(device=device, method=VARIANT_METHOD, variants=tuple(variants),
+                       dtypes=("float16",) if cuda else ("float32",),
+                       shapes=(VARIANT_POINTS[0][:2],) if cuda else ((1, 4),),
+                       ns=(VARIANT_POINTS[0][2],) if cuda else (128,),
+                       target_points=VARIANT_POINTS[1:] if cuda else (),
+                       contenders=VARIANT_CONTENDERS, dense_n_max=None, naive_n_max=None,
+                       flex_ns=None if cuda else cls.flex_ns, same_process_ns=(),
+                       max_minutes=VARIANT_MINUTES)
+        elif device == "cuda":
             base = cls(device="cuda", method=SAME, dtypes=("float16", "bfloat16"),
                        shapes=((1, 4), (4, 16)), contenders=contenders.default_names("cuda"),
                        dense_n_max=None, naive_n_max=None, flex_ns=None,
@@ -126,9 +169,18 @@ class Sweep:
         return tuple(n for n in self.same_process_ns if n in self.ns)
 
     def file_name(self) -> str:
-        """bench_cpu, bench_cpu_same_process or bench_cuda."""
+        """bench_cpu, bench_cpu_same_process or bench_cuda (+ "_variants" for the variant
+        sweep)."""
         same = self.method.process == "same" and self.device == "cpu"
-        return f"bench_{self.device}" + ("_same_process" if same else "")
+        return (f"bench_{self.device}" + ("_same_process" if same else "")
+                + ("_variants" if self.variants else ""))
+
+    def variants_of(self, name: str) -> tuple[str | None, ...]:
+        """The kernel variants contender ``name`` is measured with: a Triton contender
+        with each of ``variants`` (or the default one), the others once (None)."""
+        if name not in contenders.TRITON:
+            return (None,)
+        return self.variants or (DEFAULT,)
 
 
 # ----------------------------------------------------------------------------
@@ -165,11 +217,13 @@ def estimate(sweep: Sweep) -> dict:
     """Measurements and an upper estimate of the sweep's seconds, from its size: each
     measurement at most its first call plus (warm-up + repetitions) calls of t
     seconds, t from the FLOPs at ``ASSUME_TFLOPS``, every contender at most 3x dense
-    (3.5x more with the backward), plus 20 s of compilation per dtype and contender."""
+    (3.5x more with the backward), plus 20 s of compilation per dtype and contender
+    (each kernel variant a contender of its own)."""
     tflops = ASSUME_TFLOPS[sweep.device]
-    total = 20.0 * len(sweep.dtypes) * len(sweep.contenders)
+    runs = sum(len(sweep.variants_of(name)) for name in sweep.contenders)
+    total = 20.0 * len(sweep.dtypes) * runs
     count = 0
-    per_point = 1 + len(PATTERN_PARAMS) * (len(sweep.contenders) - 1)
+    per_point = 1 + len(PATTERN_PARAMS) * (runs - 1)
     for _, B, H, n in points(sweep):
         fwd = 2 * B * H * n * n * D / (tflops * 1e12)                      # causal half
         for t in (3 * fwd, 3 * 3.5 * fwd):
@@ -198,5 +252,18 @@ def config(sweep: Sweep) -> dict:
                                  "method": LONG_LIVED.describe()}
                                 if sweep.long_lived_ns else None),
         "memory": ("torch.cuda.max_memory_allocated above the inputs" if sweep.device == "cuda"
-                   else cpu_memory)})
+                   else cpu_memory),
+        "default_variant": DEFAULT,
+        "variant_settings": {name: variant_settings(VARIANTS[name])
+                             for name in sweep.variants or (DEFAULT,)}})
     return json.loads(json.dumps(out))               # tuples as lists, as read back
+
+
+def variant_settings(variant: Variant) -> dict:
+    """A kernel variant's switches, launch rules and prediction, as the record keeps them
+    (so that a record still says what each name meant after the variants change)."""
+    rules = [{k: str(v) if isinstance(v, torch.dtype) else v
+              for k, v in dataclasses.asdict(rule).items() if v is not None}
+             for rule in variant.launch]
+    return {"fused": variant.fused, "index_math": variant.index_math, "ranges": variant.ranges,
+            "launch": rules, "prediction": variant.prediction}

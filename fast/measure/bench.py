@@ -15,7 +15,10 @@ measures each); the functions here read them:
 * ``summarize``: the CPU targets the README reports (speed-ups at n = 16384, the
   strided time slope over n = 4096 .. 65536, peak memory at n = 65536) and each
   contender's backward / forward time ratio at n = 16384;
-* ``gpu_targets``: the GPU goals, the Triton kernel against dense;
+* ``gpu_targets``: the GPU goals, the Triton kernel against dense (its fastest
+  kernel variant where several were measured);
+* ``winners``: the fastest kernel variant per point, pattern and part, and the one
+  to make the default (``fast.kernels.variants.DEFAULT``);
 * ``fitted_slope``, ``find``, ``entry``, ``contender_names``: reading rows;
 * ``machine_info``: the machine and versions a record was made on.
 """
@@ -148,14 +151,66 @@ GPU_GOALS = [((4, 16, 16384), "strided", "fwd", 12.0), ((4, 16, 16384), "strided
 
 def gpu_targets(results: list[dict]) -> dict:
     """The GPU targets, float16, Triton block-sparse against dense causal SDPA in the same
-    run: "<pattern> <fwd|fb> B= H= n=" -> {goal, speedup, pct_ideal, x_floor}."""
+    run: "<pattern> <fwd|fb> B= H= n=" -> {goal, speedup, pct_ideal, x_floor, variant};
+    where several kernel variants were measured, the fastest one's."""
     out = {}
     for (B, H, n), pattern, what, goal in GPU_GOALS:
-        row = next((r for r in results if r["contender"] == "triton block-sparse"
-                    and r["pattern"] == pattern and (r.get("B"), r.get("H"), r["n"]) == (B, H, n)
-                    and r["dtype"] == "float16" and what in r), None)
+        rows = [r for r in results if r["contender"] == "triton block-sparse"
+                and r["pattern"] == pattern and (r.get("B"), r.get("H"), r["n"]) == (B, H, n)
+                and r["dtype"] == "float16" and r.get(what, {}).get("speedup")]
+        row = max(rows, key=lambda r: r[what]["speedup"], default=None)
         d = row[what] if row else {}
         out[f"{pattern} {what} B={B} H={H} n={n}"] = {
             "goal": goal, "speedup": d.get("speedup"), "pct_ideal": d.get("pct_ideal"),
-            "x_floor": d.get("x_floor")}
+            "x_floor": d.get("x_floor"), "variant": row.get("variant") if row else None}
     return out
+
+
+WINNER_RULE = ("per (dtype, B, H, n, pattern) and part (fwd: forward, fb: forward + "
+               "backward), the variant with the shortest time; the default is the variant "
+               "measured at every entry with the highest geometric mean of (the entry's "
+               "shortest time / its time), 1 for a variant that wins everywhere")
+
+
+def winners(results: list[dict], contender: str = "triton block-sparse") -> dict:
+    """Which kernel variant of ``contender`` is fastest where (``WINNER_RULE``), in the
+    form a change of the default reads: {"entries": one per (dtype, B, H, n, pattern,
+    part) with the winner, its time, speed-up, % of ideal, floor, the runner-up and its
+    margin, its gain over the baseline and every variant's time; "scores": per variant its
+    wins, entries measured and geometric mean; "default": the variant to make the
+    default (None when no variant was measured everywhere); "rule"}."""
+    measured: dict = {}                    # (dtype, B, H, n, pattern) -> {variant: row}
+    for r in results:
+        if r["contender"] == contender and r.get("variant") and "skipped" not in r:
+            key = (r["dtype"], r["B"], r["H"], r["n"], r["pattern"])
+            measured.setdefault(key, {})[r["variant"]] = r
+    variants = list(dict.fromkeys(r["variant"] for r in results
+                                  if r["contender"] == contender and r.get("variant")))
+    entries = []
+    for (dt, B, H, n, pattern), by_variant in measured.items():
+        for part in ("fwd", "fb"):
+            times = {v: r[f"{part}_s"] for v, r in by_variant.items() if r.get(f"{part}_s")}
+            if not times:
+                continue
+            first, *rest = sorted(times, key=times.get)
+            d = by_variant[first].get(part, {})
+            entries.append({
+                "dtype": dt, "B": B, "H": H, "n": n, "pattern": pattern, "part": part,
+                "variant": first, "s": times[first], "speedup": d.get("speedup"),
+                "pct_ideal": d.get("pct_ideal"), "floor_s": d.get("floor_s"),
+                "floor_by": d.get("floor_by"), "x_floor": d.get("x_floor"),
+                "runner_up": rest[0] if rest else None,
+                "margin": times[rest[0]] / times[first] - 1 if rest else None,
+                "over_baseline": (times["baseline"] / times[first]
+                                  if "baseline" in times else None),
+                "times_s": times})
+    scores = {}
+    for v in variants:
+        rel = [e["s"] / e["times_s"][v] for e in entries if v in e["times_s"]]
+        scores[v] = {"wins": sum(e["variant"] == v for e in entries), "entries": len(rel),
+                     "of": len(entries),
+                     "geomean": math.exp(sum(map(math.log, rel)) / len(rel)) if rel else None}
+    complete = [v for v in variants if entries and scores[v]["entries"] == len(entries)]
+    default = max(complete, key=lambda v: scores[v]["geomean"], default=None)
+    return {"contender": contender, "entries": entries, "scores": scores, "default": default,
+            "rule": WINNER_RULE}

@@ -98,13 +98,15 @@ def _timed(what: str, call, device, method: Method, builds_mask: bool) -> dict:
 
 
 def spec(name: str, pattern: str | None, params: dict, B: int, H: int, n: int, device: str,
-         dtype: str, method: Method) -> dict:
+         dtype: str, method: Method, variant: str | None = None) -> dict:
     """A point as plain data (what ``run`` and a fresh process take); dense, which has no
-    pattern, is built with the first pattern's parameters (it reads none of them)."""
+    pattern, is built with the first pattern's parameters (it reads none of them).
+    ``variant``: a Triton contender's kernel variant (None: the default)."""
     if pattern is None:
         pattern, params = next(iter(contenders.PATTERN_PARAMS.items()))
     return {"name": name, "pattern": pattern, "params": dict(params), "B": B, "H": H, "n": n,
-            "device": str(device), "dtype": dtype, "method": dataclasses.asdict(method)}
+            "device": str(device), "dtype": dtype, "method": dataclasses.asdict(method),
+            "variant": variant}
 
 
 def measure_spec(spec: dict) -> dict:
@@ -113,7 +115,7 @@ def measure_spec(spec: dict) -> dict:
     dtype = contenders.DTYPES[spec["dtype"]]
     device = torch.device(spec["device"])
     fns = contenders.build(spec["pattern"], spec["params"], spec["H"], device, dtype,
-                           names=[spec["name"]])
+                           names=[spec["name"]], variant=spec.get("variant"))
     if spec["name"] not in fns:
         return {"skipped": contenders.why_not(spec["name"], device, dtype)}
     q, k, v, grad = inputs(spec["B"], spec["H"], spec["n"], contenders.D, device, dtype)

@@ -22,6 +22,10 @@ merged heads), each contender is a function ``fn(q, k, v) -> out``, q (B, H, n, 
   triton natural order  the same kernel on the one-part natural-order layout: a
                         block-sparse kernel without the transposition / gathering
 
+Both Triton contenders run one kernel variant (``fast.kernels.variants``, the speed
+levers of docs/gpu.md): ``build(..., variant=name)``, the default one otherwise; the
+variant sweep (``python -m fast bench --variants``) builds them once per variant.
+
 What runs where (``why_not``, ``has_backward``, ``default_names``):
 
 * every contender runs on the CPU and on CUDA, in every dtype its function takes,
@@ -52,6 +56,7 @@ from fast.attention import sparse_attention
 from fast.backends import masks as masks_torch
 from fast.backends.flex import mask_mod
 from fast.backends.naive import masked_attention
+from fast.kernels.variants import resolve
 from fast.layout.costs import DEFAULT_BLOCK
 
 D = 64                                            # head dimension of every sweep
@@ -132,13 +137,21 @@ def mask_bytes(pattern: str, n: int, n_heads: int) -> int:
 # ----------------------------------------------------------------------------
 
 def build(pattern: str, params: dict, n_heads: int, device, dtype: torch.dtype,
-          names=NAMES) -> dict:
+          names=NAMES, variant: str | None = None) -> dict:
     """{name: fn(q, k, v) -> out} for one pattern, of the ``names`` that run on
     ``device`` in ``dtype`` (in the order of ``NAMES``). ``params``: the pattern's
-    parameters. A function may carry marks the measurement reads: ``compiles`` (call
-    it once before the first call), ``builds_mask`` (its first call builds what later
-    calls reuse; ``reset()`` forgets it), ``density`` (FlexAttention's, per n)."""
+    parameters; ``variant``: the Triton contenders' kernel variant (a name in
+    ``fast.kernels.variants.VARIANTS``; None: the default), given only with a Triton
+    contender among ``names``. A function may carry marks the measurement reads:
+    ``compiles`` (call it once before the first call), ``builds_mask`` (its first call
+    builds what later calls reuse; ``reset()`` forgets it), ``density``
+    (FlexAttention's, per n)."""
     _check(names, device, dtype)
+    if variant is not None:
+        resolve(variant)                             # a name it knows, before any work
+        if not any(name in TRITON for name in names):
+            raise ValueError(f"variant {variant!r} with contenders {list(names)}; allowed: "
+                             f"a variant with one of {', '.join(TRITON)}")
     device = torch.device(device)
     out = {}
     for name in NAMES:
@@ -153,8 +166,9 @@ def build(pattern: str, params: dict, n_heads: int, device, dtype: torch.dtype,
         elif name == "structured":
             out[name] = structured(pattern, params)
     if any(name in names for name in TRITON):
-        out.update({k: v for k, v in triton_contenders(pattern, params, dtype).items() if k in names
-                    and why_not(k, device, dtype) is None})
+        out.update({k: v for k, v in triton_contenders(pattern, params, dtype, variant=variant
+                                                       ).items()
+                    if k in names and why_not(k, device, dtype) is None})
     return out
 
 
@@ -241,12 +255,13 @@ def block_density(mask) -> float:
 
 
 def triton_contenders(pattern: str, params: dict, dtype: torch.dtype,
-                      block_size: int = DEFAULT_BLOCK) -> dict:
+                      block_size: int = DEFAULT_BLOCK, variant: str | None = None) -> dict:
     """The Triton contenders for one pattern: {name: fn(q, k, v) -> out}.
 
     params: the pattern's parameters, optionally with "combine" and "layer".
     ``dtype`` is the one the caller will pass; a dtype the kernel does not take
-    fails here, before any timing.
+    fails here, before any timing. ``variant``: the kernel variant both contenders
+    run (``fast.kernels.variants``; None: its ``DEFAULT``).
     """
     # optional dependency: the kernel module needs Triton
     from fast.kernels.triton_attention import GPU_DTYPES, triton_sparse_attention
@@ -258,7 +273,8 @@ def triton_contenders(pattern: str, params: dict, dtype: torch.dtype,
     def make(order):
         def fn(q, k, v):
             return triton_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
-                                           block_size=block_size, order=order, **rest)
+                                           block_size=block_size, order=order,
+                                           variant=variant, **rest)
         return fn
 
     out = {"triton block-sparse": make("structured")}
