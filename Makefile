@@ -26,7 +26,8 @@ TORCH_STAMP := $(VENV)/.torch-installed
 LAB_STAMP   := $(VENV)/.lab-installed
 
 .PHONY: install test lint notebooks figures bench lab clean help FORCE
-.PHONY: test-gpu gpu-check gpu-tests gpu-bench gpu-long gpu-train-time gpu-layout-time
+.PHONY: test-gpu gpu-check gpu-tests gpu-tests-0 gpu-tests-1 gpu-tests-2 gpu-variants gpu-bench gpu-long
+.PHONY: gpu-train-time gpu-layout-time
 
 help:
 	@echo "make figures  - install, then regenerate every figure in figures/"
@@ -36,7 +37,8 @@ help:
 	@echo "make bench    - CPU attention benchmark (figures/data/bench_cpu.json)"
 	@echo "make lint     - ruff and the import-layer contract (part of make test)"
 	@echo "TORCH=cpu (default) | cu128 | ... | pypi picks the PyTorch build (see Makefile)"
-	@echo "make gpu-check OUT=dir - GPU tests, benchmark, long sweep, training time (docs/gpu.md)"
+	@echo "make gpu-check OUT=dir - GPU tests, variant sweep, benchmark, long sweep, training time"
+	@echo "                        (docs/gpu.md; each part alone: make gpu-variants, ...)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -91,42 +93,36 @@ lab: $(LAB_STAMP)
 	$(VENV)/bin/jupyter lab notebooks
 
 # GPU (docs/gpu.md). test-gpu: the tests marked gpu with the kernels compiled, when CUDA
-# is present (one line saying why not otherwise). gpu-check: those tests, the benchmark,
-# its long sweep, Table 2's training time and the layout build time, results under OUT;
-# each part is its own target (a lent machine may limit one command to 10 minutes).
+# is present (one line saying why not otherwise). gpu-check: everything a GPU session
+# runs, in order, results and logs under OUT, by one driver (python -m fast gpu-check,
+# which needs no make: docs/gpu.md gives its command lines); each part is also its own
+# target, for a machine that limits one command to 10 minutes:
+#   gpu-tests-0, -1, -2       the gpu tests: those without a kernel variant, then each
+#                             half of the variants (gpu-tests: all three)
+#   gpu-variants              every kernel variant at the targets' points; the winners
+#   gpu-bench                 the benchmark (bench_cuda.json, bench_cuda.png)
+#   gpu-long                  the long sweep, n = 2^17 .. 2^20
+#   gpu-train-time            Table 2's time per training iteration
+#   gpu-layout-time           the host's part of a first call at n = 2^20
 # They use $(PY) as it is: make install first, or pass PY=python3 where torch is installed.
+# GPU_TEST_ARGS: more pytest arguments for the gpu tests, e.g. GPU_TEST_ARGS="-x -k strided";
+# GPU_CHECK_ARGS: more driver options, e.g. GPU_CHECK_ARGS="--minutes 9.5" or "--dry-run".
 OUT ?= gpu-results
-GPU_RUN = bash -o pipefail -c
+GPU_CHECK = $(PY) -m fast gpu-check --out $(OUT) $(if $(GPU_TEST_ARGS),--test-args="$(GPU_TEST_ARGS)") $(GPU_CHECK_ARGS)
 
 test-gpu:
 	@if $(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
 		TRITON_INTERPRET=0 $(PY) -m pytest tests -m gpu -p no:cacheprovider -q; \
 	else echo "test-gpu: skipped (no CUDA device: torch.cuda.is_available() is False)"; fi
 
-# GPU_TEST_ARGS: more pytest arguments, e.g. GPU_TEST_ARGS="-k baseline" runs one kernel variant
+gpu-check:
+	$(GPU_CHECK)
+
 gpu-tests:
-	mkdir -p $(OUT)
-	$(GPU_RUN) 'TRITON_INTERPRET=0 $(PY) -m pytest tests -m gpu -p no:cacheprovider -q -rA \
-		$(GPU_TEST_ARGS) --junitxml=$(OUT)/gpu-tests.xml 2>&1 | tee $(OUT)/gpu-tests.log'
+	$(GPU_CHECK) --parts tests-0 tests-1 tests-2
 
-gpu-bench:
-	mkdir -p $(OUT)
-	$(GPU_RUN) '$(PY) -m fast bench --device cuda --out $(OUT) 2>&1 | tee $(OUT)/bench.log'
-
-gpu-long:
-	mkdir -p $(OUT)/long
-	$(GPU_RUN) '$(PY) -m fast bench --device cuda --only-long --out $(OUT)/long 2>&1 \
-		| tee $(OUT)/long/bench.log'
-
-gpu-train-time:
-	mkdir -p $(OUT)
-	$(GPU_RUN) '$(PY) -m fast train-time --out $(OUT) 2>&1 | tee $(OUT)/train-time.log'
-
-gpu-layout-time:
-	mkdir -p $(OUT)
-	$(GPU_RUN) '$(PY) -m fast layout-time 2>&1 | tee $(OUT)/layout-time.log'
-
-gpu-check: gpu-tests gpu-bench gpu-long gpu-train-time gpu-layout-time
+gpu-tests-0 gpu-tests-1 gpu-tests-2 gpu-variants gpu-bench gpu-long gpu-train-time gpu-layout-time:
+	$(GPU_CHECK) --parts $(patsubst gpu-%,%,$@)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -9,6 +9,8 @@ Kept small and stable on purpose, other test files import from it:
 * ``rng``                       a seeded ``np.random.Generator`` fixture;
 * ``one_thread``                one intra-op torch thread for a module's tiny models
                                 (``pytestmark = pytest.mark.usefixtures("one_thread")``);
+* ``--kernel-variants NAMES``  only the tests of these kernel variants (``none``: those
+                                without one), the GPU session's groups;
 * hypothesis profile "ci" (loaded by default): ``deadline=None`` (the machine is
   shared and slow, so timing-based failures would be noise), few examples and a
   derandomized search so that a run is reproducible. Set
@@ -41,6 +43,37 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 SEED = 0  # the one seed of the test suite
+NO_VARIANT = "none"  # --kernel-variants: the tests that take no kernel variant
+
+
+def pytest_addoption(parser):
+    parser.addoption("--kernel-variants", default=None, metavar="NAMES",
+                     help="run only the tests of these kernel variants (names of "
+                          "fast.kernels.variants.VARIANTS separated by commas; 'none': the "
+                          "tests without a variant parameter), e.g. none,baseline,fused")
+
+
+def pytest_collection_modifyitems(config, items):
+    """``--kernel-variants``: keep the tests whose ``variant`` parameter is named (the GPU
+    session runs the ``gpu`` tests in groups of variants: fast.experiments.gpu_check)."""
+    wanted = config.getoption("--kernel-variants")
+    if wanted is None:
+        return
+    from fast.kernels.variants import VARIANTS
+
+    names = [s.strip() for s in wanted.split(",") if s.strip()]
+    unknown = [s for s in names if s != NO_VARIANT and s not in VARIANTS]
+    if not names or unknown:
+        raise pytest.UsageError(f"--kernel-variants {wanted!r}; allowed: names from "
+                                f"{NO_VARIANT}, {', '.join(VARIANTS)}, separated by commas")
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        variant = params.get("variant", NO_VARIANT)
+        (keep if getattr(variant, "name", variant) in names else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def make_qkv(n: int, d: int, batch: tuple[int, ...] = (), seed: int = SEED, d_v: int | None = None):

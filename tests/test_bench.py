@@ -93,6 +93,18 @@ def test_quick_run_writes_json_and_figure(tmp_path, monkeypatch):
     assert (tmp_path / "bench_cpu.png").stat().st_size > 10_000
 
 
+def test_a_point_that_fails_in_this_process_is_recorded_not_raised(monkeypatch):
+    """The same-process method records a failing point as the fresh one does (a kernel
+    variant that does not compile on a GPU must not end the sweep)."""
+    def broken(spec):
+        raise RuntimeError("PassManager::run failed\nmore lines")
+    monkeypatch.setattr(bench_point, "measure_spec", broken)
+    spec = bench_point.spec("dense", None, {}, 1, 1, 8, "cpu", "float32", sweeps.SAME)
+    assert bench_point.run(spec, sweeps.SAME) == {
+        "skipped": "failed: RuntimeError: PassManager::run failed"}
+    assert bench_point.run([spec, spec], sweeps.SAME)[1]["skipped"].startswith("failed: ")
+
+
 def test_one_point_in_a_fresh_process():
     spec = bench_point.spec("structured", "strided", {"stride": 128}, 1, 4, 256, "cpu",
                             "float32", FRESH.with_(target_s=0.01))
@@ -486,7 +498,12 @@ def test_variant_sweep_on_the_cpu_times_prints_and_picks_every_variant(tmp_path,
             assert d["pct_ideal"] == 100 * d["speedup"] / r["ideal"]
             assert d["floor_s"] == max(d["floor_bytes_s"], d["floor_tiles_s"]) > 0
     assert all("skipped" in r for r in data["results"] if r["contender"] == "flex")
+    for (_, v), r in rows.items():                  # each variant against the first one
+        diff = r["agreement"]["max_rel_diff"]
+        assert r["agreement"]["reference"] == "baseline"
+        assert (diff == 0.0) if v == "baseline" else (0 < diff < 1e-4), r["agreement"]
     w = data["winners"]
+    assert w["disagree"] == []
     assert [(e["pattern"], e["part"]) for e in w["entries"]] == [
         (p, part) for p in contenders.PATTERN_PARAMS for part in ("fwd", "fb")]
     for e in w["entries"]:
@@ -507,6 +524,7 @@ def test_variant_sweep_on_the_cpu_times_prints_and_picks_every_variant(tmp_path,
     for v, line in zip(names * 2, lines):
         assert f"({v})" in line and line.count("x ") >= 4 and "%" in line and (
             "(tiles)" in line or "(bytes)" in line), line
+        assert line.endswith("ref" if v == "baseline" else "e-0" + line[-1]), line
     for e in w["entries"]:
         assert any(ln.split()[:7] == ["float32", "1", "4", "64", e["pattern"], e["part"],
                                       e["variant"]] for ln in printed.splitlines()), e
@@ -556,6 +574,19 @@ def test_winners_pick_the_fastest_variant_and_a_default_measured_everywhere():
     assert math.isclose(w["scores"]["fused"]["geomean"], (0.5 * 0.6 * 1 * 1) ** 0.25)
     t = bench.gpu_targets(rows)
     assert t["strided fwd B=4 H=16 n=16384"]["variant"] == "all"
+    # a variant that computes something else wins nothing, and says so
+    wrong = {**_variant_row("grouped", "strided", 0.01, 0.01),
+             "agreement": {"reference": "baseline", "max_rel_diff": 0.5}}
+    ok = {**_variant_row("index", "strided", 0.3, 1.1),
+          "agreement": {"reference": "baseline", "max_rel_diff": bench.AGREE}}
+    w2 = bench.winners(rows + [wrong, ok])
+    assert [e["variant"] for e in w2["entries"]] == [e["variant"] for e in w["entries"]]
+    assert w2["entries"][0]["times_s"]["index"] == 0.3                 # at the limit: kept
+    assert w2["scores"]["grouped"] == {"wins": 0, "entries": 0, "of": 4, "geomean": None}
+    assert w2["default"] == "fused"
+    assert w2["disagree"] == [{"dtype": "float16", "B": 4, "H": 16, "n": 16384,
+                               "pattern": "strided", "variant": "grouped",
+                               "reference": "baseline", "max_rel_diff": 0.5}]
     assert t["strided fwd B=4 H=16 n=16384"]["speedup"] == 10.0
     assert t["fixed fb B=4 H=16 n=16384"]["variant"] == "fused"
     assert bench.winners([])["default"] is None

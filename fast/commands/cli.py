@@ -12,7 +12,8 @@ works everywhere. Written once here:
   with "-" (``--lr -1e-3``, ``--beta1 -inf``) is read as a value, so that the value's
   own check can say what is wrong with it;
 * value parsers for ``type=``: ``integer``, ``finite``, ``boolean``, ``choice``,
-  ``names`` (a comma list of choices), ``text``, ``int_tuple``, ``optional`` (``none``
+  ``names`` (a comma list of choices), ``text``, ``words`` (arguments for another
+  program), ``int_tuple``, ``optional`` (``none``
   -> None), ``device`` (a device of this machine), and for paths ``existing_file``,
   ``existing_path``, ``writable_folder`` and ``output_file`` (its folder exists or can
   be made, and is writable), each with bounds where it takes them;
@@ -35,6 +36,7 @@ import difflib
 import math
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -234,6 +236,18 @@ def text(value: str) -> str:
     if not value or any(ord(ch) < 32 for ch in value):
         raise _bad(value, "a non-empty text without control characters")
     return value
+
+
+def words(value: str) -> list[str]:
+    """Arguments passed on to another program (``-x -k 'strided and fused'``), split as
+    a POSIX shell splits them; at least one."""
+    try:
+        out = shlex.split(value)
+    except ValueError:                      # an unclosed quote
+        out = []
+    if not out:
+        raise _bad(value, "arguments split as a shell splits them, e.g. '-x -k strided'")
+    return out
 
 
 def int_tuple(length: int, lo: int = 1, hi: int = MAX_INT):

@@ -42,6 +42,8 @@ COMMANDS = {
                                                  "2^20 (the host's part of a first call)"),
     "train-time": ("fast.commands.train_time", "seconds per training iteration of dense, fixed "
                                                "and strided models at Table 2's shapes (GPU)"),
+    "gpu-check": ("fast.commands.gpu_check", "everything a GPU session runs: the gpu tests, "
+                                             "the variant sweep, the benchmark, Table 2's time"),
 }
 
 

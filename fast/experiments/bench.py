@@ -180,6 +180,7 @@ def run_point(state: _Run, dt: str, B: int, H: int, n: int) -> list[dict]:
         for name in sweep.contenders:
             if (name == "dense") != (pattern is None):
                 continue
+            check = _Agreement(sweep, name, pattern, params, dt, B, H, n)
             for variant in sweep.variants_of(name):
                 row = _row(name, pattern, dt, B, H, n, variant)
                 reason = state.skip(name, pattern, dt, H, n)
@@ -194,11 +195,43 @@ def run_point(state: _Run, dt: str, B: int, H: int, n: int) -> list[dict]:
                     if "skipped" not in row:
                         _derived(row, row if name == "dense" else dense, params,
                                  state.copy_bps)
+                        check(row)
                 if name == "dense":
                     dense = row
                 rows.append(row)
                 state.say(row)
     return rows
+
+
+class _Agreement:
+    """The variant sweep's check that every kernel variant computes what the first one
+    measured does (``reference``; the baseline when it is swept): each variant's output
+    and q, k, v gradients on the point's inputs against the reference's, as
+    ``row["agreement"] = {"reference", "max_rel_diff"}`` (``bench_point.max_rel_diff``;
+    ``fast.measure.bench.winners`` leaves out a variant past ``AGREE``). A sanity check at
+    the measured shape; the proof is the gpu tests' (docs/gpu.md)."""
+
+    def __init__(self, sweep: Sweep, name, pattern, params, dt, B, H, n):
+        self.on = len(sweep.variants_of(name)) > 1
+        self.contender = (pattern, params, H, sweep.device, DTYPES[dt], name)
+        self.shape = (B, H, n)
+        self.reference = None                       # (variant, its outputs)
+
+    def __call__(self, row: dict) -> None:
+        if not self.on:
+            return
+        pattern, params, H, device, dtype, name = self.contender
+        try:
+            fn = contenders.build(pattern, params, H, device, dtype, names=[name],
+                                  variant=row["variant"])[name]
+            got = bench_point.outputs(fn, *bench_point.inputs(*self.shape, D, device, dtype))
+        except Exception as err:                    # recorded: the variant is left out
+            row["agreement"] = {"reference": None, "error": f"{type(err).__name__}: {err}"[:200]}
+            return
+        if self.reference is None:
+            self.reference = (row["variant"], got)
+        row["agreement"] = {"reference": self.reference[0],
+                            "max_rel_diff": bench_point.max_rel_diff(got, self.reference[1])}
 
 
 def run_long_lived(state: _Run) -> list[dict]:
@@ -413,13 +446,15 @@ def _table(rows: list[dict], title: str) -> list[str]:
 def variant_report(data: dict) -> list[str]:
     """The variant sweep's table: per point and pattern, each contender (the Triton
     ones per kernel variant) forward and forward+backward: time, speed-up over dense,
-    % of ideal, floor (ms, and what sets it) and time / floor; then the winners per
-    point, pattern and part and the variant to make the default (``bench.winners``)."""
+    % of ideal, floor (ms, and what sets it) and time / floor, the first call, and the
+    largest relative difference from the reference variant ("vs ref"); then the
+    winners per point, pattern and part, the variants left out, and the variant to make
+    the default (``bench.winners``)."""
     rows, lines = data["results"], []
     keys = list(dict.fromkeys((r["dtype"], r["B"], r["H"], r["n"]) for r in rows))
     head = (f"  {'contender (variant)':36} " + " | ".join(
         f"{what + ' ms':>10} {'speed-up':>8} {'% ideal':>7} {'floor ms':>15} {'x floor':>7}"
-        for what in ("fwd", "fwd+bwd")) + f" | {'first s':>7}")
+        for what in ("fwd", "fwd+bwd")) + f" | {'first s':>7} | {'vs ref':>7}")
     for dt, B, H, n in keys:
         here = [r for r in rows if (r["dtype"], r["B"], r["H"], r["n"]) == (dt, B, H, n)]
         for pattern in PATTERN_PARAMS:
@@ -442,6 +477,10 @@ def variant_report(data: dict) -> list[str]:
                      f"{_num(e['speedup'], 'x'):>8} {_num(e['pct_ideal'], '%', 0):>7} "
                      f"{_num(e['x_floor'], 'x'):>7} {second:>18} "
                      f"{_num(e['over_baseline'], 'x'):>10}")
+    for x in w.get("disagree", []):
+        why = x.get("error") or f"max relative difference {x['max_rel_diff']:.1e}"
+        lines.append(f"  left out: {x['variant']} at {x['dtype']} B={x['B']} H={x['H']} "
+                     f"n={x['n']} {x['pattern']}, disagrees with {x['reference']} ({why})")
     for v, sc in w.get("scores", {}).items():
         lines.append(f"  {v:10} wins {sc['wins']} of {sc['of']}, measured at {sc['entries']}, "
                      f"geometric mean {_num(sc['geomean'], '', 3)}")
@@ -468,7 +507,10 @@ def _variant_cells(r: dict) -> str:
         cells.append(f"{r[what + '_s'] * 1e3:10.3f} {_num(d.get('speedup'), 'x'):>8} "
                      f"{_num(d.get('pct_ideal'), '%', 0):>7} {floor:>15} "
                      f"{_num(d.get('x_floor'), 'x'):>7}")
-    return " | ".join(cells) + f" | {r.get('first_fwd_s', 0):7.2f}"
+    check = r.get("agreement")
+    said = ("" if check is None else "error" if "error" in check
+            else "ref" if check["reference"] == r["variant"] else f"{check['max_rel_diff']:.0e}")
+    return " | ".join(cells) + f" | {r.get('first_fwd_s', 0):7.2f} | {said:>7}"
 
 
 def _num(x, unit: str, digits: int = 2) -> str:

@@ -166,10 +166,24 @@ def gpu_targets(results: list[dict]) -> dict:
     return out
 
 
+# A kernel variant whose output or q, k, v gradients differ from the reference variant's
+# by more than this (max |difference| / max |reference|, per tensor) computes something
+# else: it wins nothing. Two correct variants differ in their float32 summation order and
+# in where the probabilities are rounded to the input dtype (another tile size rounds them
+# at other running maxima): a few roundings of float16 (2^-11 each); a missed, doubled or
+# misplaced tile moves values by their own size.
+AGREE = 1e-2
 WINNER_RULE = ("per (dtype, B, H, n, pattern) and part (fwd: forward, fb: forward + "
-               "backward), the variant with the shortest time; the default is the variant "
-               "measured at every entry with the highest geometric mean of (the entry's "
-               "shortest time / its time), 1 for a variant that wins everywhere")
+               "backward), the variant with the shortest time among those that agree with "
+               f"the reference variant (max relative difference <= {AGREE:g}); the default is "
+               "the variant measured at every entry with the highest geometric mean of (the "
+               "entry's shortest time / its time), 1 for a variant that wins everywhere")
+
+
+def agrees(row: dict) -> bool:
+    """Whether a row computes what its reference variant does (no check made: True)."""
+    check = row.get("agreement")
+    return check is None or check.get("max_rel_diff", math.inf) <= AGREE
 
 
 def winners(results: list[dict], contender: str = "triton block-sparse") -> dict:
@@ -178,12 +192,18 @@ def winners(results: list[dict], contender: str = "triton block-sparse") -> dict
     part) with the winner, its time, speed-up, % of ideal, floor, the runner-up and its
     margin, its gain over the baseline and every variant's time; "scores": per variant its
     wins, entries measured and geometric mean; "default": the variant to make the
-    default (None when no variant was measured everywhere); "rule"}."""
+    default (None when no variant was measured everywhere); "disagree": the rows left
+    out because they disagree with their reference variant (``agrees``); "rule"}."""
     measured: dict = {}                    # (dtype, B, H, n, pattern) -> {variant: row}
+    disagree = []
     for r in results:
         if r["contender"] == contender and r.get("variant") and "skipped" not in r:
             key = (r["dtype"], r["B"], r["H"], r["n"], r["pattern"])
-            measured.setdefault(key, {})[r["variant"]] = r
+            if agrees(r):
+                measured.setdefault(key, {})[r["variant"]] = r
+            else:
+                disagree.append({**dict(zip(("dtype", "B", "H", "n", "pattern"), key)),
+                                 "variant": r["variant"], **r["agreement"]})
     variants = list(dict.fromkeys(r["variant"] for r in results
                                   if r["contender"] == contender and r.get("variant")))
     entries = []
@@ -213,4 +233,4 @@ def winners(results: list[dict], contender: str = "triton block-sparse") -> dict
     complete = [v for v in variants if entries and scores[v]["entries"] == len(entries)]
     default = max(complete, key=lambda v: scores[v]["geomean"], default=None)
     return {"contender": contender, "entries": entries, "scores": scores, "default": default,
-            "rule": WINNER_RULE}
+            "disagree": disagree, "rule": WINNER_RULE}

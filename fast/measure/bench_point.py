@@ -24,7 +24,9 @@ and minor page faults are kept beside its time (``fwd_cpu_s_all``,
 ``run(spec, method)`` measures a point described by a JSON-able spec in this
 process or, for the ``FRESH`` method, in a fresh one (``fast.measure.child``, so
 that its peak memory is its own); a point that fails, runs out of time or out of
-GPU memory is recorded as {"skipped": why}, not raised.
+GPU memory is recorded as {"skipped": why}, not raised. ``outputs`` and
+``max_rel_diff`` compare two contenders' results on the same inputs (the variant
+sweep checks each kernel variant against the first one that way).
 """
 
 from __future__ import annotations
@@ -138,13 +140,37 @@ def run(spec_or_specs, method: Method, timeout: float | None = None):
     A point that fails or times out is {"skipped": why}."""
     many = isinstance(spec_or_specs, list)
     if method.process == "same":
-        return measure_specs(spec_or_specs) if many else measure_spec(spec_or_specs)
+        if many:
+            return [run(s, method) for s in spec_or_specs]
+        try:
+            return measure_spec(spec_or_specs)
+        except Exception as err:        # a kernel that fails to compile or run: recorded
+            return {"skipped": f"failed: {type(err).__name__}: "
+                               f"{(str(err).strip().splitlines() or [''])[0][:200]}"}
     function = "fast.measure.bench_point:" + ("measure_specs" if many else "measure_spec")
     out = run_child(function, spec_or_specs, timeout=timeout)
     if "result" in out:
         return out["result"]
     return [{"skipped": out["error"]} for _ in spec_or_specs] if many else \
         {"skipped": out["error"]}
+
+
+def outputs(fn, q, k, v, grad) -> list[torch.Tensor]:
+    """The output and the q, k, v gradients of one forward + backward of ``fn`` (what a
+    comparison of two contenders on the same inputs reads)."""
+    qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+    out = fn(qg, kg, vg)
+    out.backward(grad)
+    return [out.detach(), qg.grad, kg.grad, vg.grad]
+
+
+def max_rel_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """The largest over the tensors of max |got - want| / max |want| (in float32)."""
+    worst = 0.0
+    for g, w in zip(got, want, strict=True):
+        scale = float(w.float().abs().max())
+        worst = max(worst, float((g.float() - w.float()).abs().max()) / max(scale, 1e-30))
+    return worst
 
 
 def copy_bandwidth(device, nbytes: int, method: Method) -> dict:
