@@ -42,9 +42,11 @@ def test_every_part_is_a_command_line_its_command_accepts(tmp_path):
     assert every["variants"].writes == ("data/bench_cuda_variants.json",)
     train_time.parser().parse_args(list(every["train-time"].argv[3:]))
     layout_time.parser().parse_args(list(every["layout-time"].argv[3:]))
+    files = driver.gpu_test_files()
+    assert "tests/test_triton_gpu.py" in files and "tests/test_install.py" not in files
     for name in driver.TEST_GROUPS:
         argv = every[name].argv
-        assert argv[:6] == ("-m", "pytest", "tests", "-m", "gpu", "-p")
+        assert argv[:2 + len(files) + 3] == ("-m", "pytest", *files, "-m", "gpu", "-p")
         assert argv[argv.index("--kernel-variants") + 1] == ",".join(driver.TEST_GROUPS[name])
         assert argv[-3:] == ("-n", "4", "-x") and every[name].env == {"TRITON_INTERPRET": "0"}
     assert "-n" not in driver.parts(tmp_path, workers=1)[0].argv
@@ -78,16 +80,21 @@ def test_kernel_variants_option_keeps_the_tests_of_the_variants_named():
 
 
 def test_kernel_variants_option_selects_gpu_tests_in_pytest():
+    """Over the whole suite: the tests without a variant and those of one group are
+    selected, no other variant's; every file they are in is one the driver gives pytest."""
     group = driver.TEST_GROUPS["tests-2"]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/test_triton_gpu.py", "-m", "gpu", "-q",
-         "--collect-only", "-p", "no:cacheprovider", "--kernel-variants", ",".join(group)],
+        [sys.executable, "-m", "pytest", "tests", "-m", "gpu", "-q", "--collect-only",
+         "-p", "no:cacheprovider", "--kernel-variants", ",".join(("none", *group))],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, PYTHONPATH=str(ROOT)))
     ids = [line for line in proc.stdout.splitlines() if "::" in line]
     assert proc.returncode == 0 and ids, proc.stdout + proc.stderr
-    assert all(line.endswith(tuple(f"-{v}]" for v in group)) for line in ids), ids
+    others = tuple(f"-{v}]" for v in VARIANTS if v not in group)
+    assert not [line for line in ids if line.endswith(others)]
     assert {v for v in group if any(line.endswith(f"-{v}]") for line in ids)} == set(group)
+    assert any(line.endswith("test_decoder_on_cuda") for line in ids)       # no variant
+    assert {line.split("::")[0] for line in ids} == set(driver.gpu_test_files())
 
 
 def _stand_in(name, code, minutes=0.001, env=None):

@@ -8,7 +8,8 @@ or its make target); ``PARTS`` lists them in the order a session needs them, eac
 with what it writes under the output folder and its estimated minutes on an H100
 (estimates, not yet measured there; docs/gpu.md keeps the measured ones):
 
-  tests-0, -1, -2   the tests marked ``gpu`` (``TRITON_INTERPRET=0 pytest -m gpu``),
+  tests-0, -1, -2   the tests marked ``gpu`` (``TRITON_INTERPRET=0 pytest -m gpu`` over
+                    the files that hold them, ``gpu_test_files``),
                     split by kernel variant (``TEST_GROUPS``): the tests that take
                     no variant (they run the default one: the training step, the
                     decoder, ``sparse_attention``), then each half of ``VARIANTS``
@@ -80,12 +81,23 @@ def test_workers(wanted: int = 0) -> int:
     return max(1, min(MAX_TEST_WORKERS, os.cpu_count() or 1))
 
 
+def gpu_test_files(root: Path = ROOT) -> tuple[str, ...]:
+    """The test files that hold tests marked ``gpu`` (paths from ``root``). pytest is given
+    these only: other test files import the notebook tools (nbformat, nbclient, of the dev
+    extra), which a machine with PyTorch alone lacks, and one file that fails to import
+    stops pytest before any test runs."""
+    return tuple(sorted(str(p.relative_to(root)) for p in (root / "tests").glob("test_*.py")
+                        if "mark.gpu" in p.read_text()))
+
+
 def parts(out: Path, workers: int = 1, test_args: tuple[str, ...] = ()) -> list[Part]:
     """Every part of a GPU session, in order, writing under ``out``."""
+    files = gpu_test_files()
+
     def tests(name):
         group = TEST_GROUPS[name]
         xdist = ("-n", str(workers)) if workers > 1 else ()
-        return Part(name, ("-m", "pytest", "tests", "-m", "gpu", "-p", "no:cacheprovider", "-q",
+        return Part(name, ("-m", "pytest", *files, "-m", "gpu", "-p", "no:cacheprovider", "-q",
                            "-rA", "--kernel-variants", ",".join(group), *xdist, *test_args),
                     f"{name}.log", TEST_MINUTES[name], f"the gpu tests of: {', '.join(group)}",
                     env={"TRITON_INTERPRET": "0"})
