@@ -19,10 +19,9 @@ from pathlib import Path
 import torch
 
 from fast.commands import cli
-from fast.experiments.gpu_check import parts, plan, run, test_workers
+from fast.experiments.gpu_check import PART_NAMES, parts, plan, run, test_workers
 
 COMMAND = "python -m fast gpu-check"
-NAMES = tuple(p.name for p in parts(Path("OUT")))
 
 
 def parser() -> cli.Parser:
@@ -30,7 +29,7 @@ def parser() -> cli.Parser:
     p = cli.Parser(COMMAND, description=cli.about(__doc__))
     p.add_argument("--out", type=cli.writable_folder, default="gpu-results",
                    help="folder for every log and result (default gpu-results)")
-    p.add_argument("--parts", nargs="+", type=cli.choice(NAMES), default=list(NAMES),
+    p.add_argument("--parts", nargs="+", type=cli.choice(PART_NAMES), default=list(PART_NAMES),
                    help="the parts to run, in the order of the list above (default: all)")
     p.add_argument("--minutes", type=cli.finite(0.0, 10**4, lo_open=True), default=None,
                    help="start no part whose estimate no longer fits in this many minutes "

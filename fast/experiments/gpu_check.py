@@ -52,6 +52,7 @@ _HALF = (len(VARIANTS) + 1) // 2
 TEST_GROUPS = {"tests-0": (NO_VARIANT,), "tests-1": tuple(list(VARIANTS)[:_HALF]),
                "tests-2": tuple(list(VARIANTS)[_HALF:])}
 TEST_MINUTES = {"tests-0": 1.5, "tests-1": 4.0, "tests-2": 4.0}
+PART_NAMES = (*TEST_GROUPS, "variants", "bench", "long", "train-time", "layout-time")
 MAX_TEST_WORKERS = 8
 BENCH_MINUTES = 8    # the benchmark's own limit here: its last point and figure within 10
 RECORD = "gpu-check.json"
