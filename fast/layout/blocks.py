@@ -425,9 +425,13 @@ def _facts(part: LayoutPart) -> PartFacts:
         same = one_row(pos) or bool((pos == pos[:1]).all())
         rows = pos[:1] if same else pos                                   # distinct rows
         if slot_map is not None:
-            want = slot_map.positions(rows.shape[0])
-            if not (torch.equal(want, rows.long())
-                    and (not same or bool((slot_map.offset == slot_map.offset[0]).all()))):
+            # every head's row equal but the map's offsets not: the map must give that one
+            # row to every head (it does where every slot is padding, -1, as in a summary
+            # part of a sequence shorter than its first summary)
+            heads = pos.shape[0] if same and not bool((slot_map.offset == slot_map.offset[0])
+                                                      .all()) else rows.shape[0]
+            want = slot_map.positions(heads)
+            if not torch.equal(want, rows.long().expand(heads, -1)):
                 raise ValueError(f"layout part {part.name!r}: {side}_pos disagrees with its "
                                  "slot map")
         else:   # a slot map holds each position once by construction
