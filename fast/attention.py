@@ -50,6 +50,8 @@ import torch.nn.functional as F
 from fast.backends.naive import naive_sparse_attention
 from fast.backends.structured import structured_attention
 from fast.core.checks import check_scale, check_tensors
+from fast.core.nonfinite import attention_reach, causal_reach, quarantine
+from fast.core.precision import fold_dtype
 from reference.params import check_params
 
 BACKENDS = ("auto", "structured", "naive", "triton")
@@ -121,11 +123,22 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
                           {"stride": stride, "c": c, **pattern_params})
     scale = check_scale(scale, d)
     which = resolve_backend(backend, pattern, q.device, q.dtype)
-    if scale <= 0:
-        # the fused CPU kernel returns NaN for scale <= 0 (its running maximum assumes
-        # scale > 0); folding the scale into q gives every backend the same scores
-        q, scale = q * scale, 1.0                                        # (B, H, n, d)
+    run = functools.partial(_run, which, pattern, combine, layer, params)
+    dtype, fold = q.dtype, fold_dtype(scale, q.dtype)
+    if fold is not None:          # see fold_dtype: q * scale in the dtype it fits, scale 1
+        q, k, v = q.to(fold) * scale, k.to(fold), v.to(fold)            # (B, H, n, d)
+        scale = 1.0
+    if not check_finite and which in ("naive", "structured"):
+        reach = causal_reach if pattern == "full" else attention_reach(
+            functools.partial(run, scale=1.0))
+        out = quarantine(functools.partial(run, scale=scale), q, k, v, reach)
+    else:
+        out = run(q, k, v, scale=scale)
+    return out.to(dtype)
 
+
+def _run(which, pattern, combine, layer, params, q, k, v, *, scale):
+    """The chosen backend on checked inputs."""
     if which == "naive":
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
                                       scale=scale, **params)

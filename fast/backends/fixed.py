@@ -56,27 +56,59 @@ def _scatter_add(dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> Non
     dst.scatter_add_(1, idx[..., None].expand(*idx.shape, dst.shape[-1]), src.to(dst.dtype))
 
 
+def _tri(m: int) -> int:
+    return m * (m + 1) // 2
+
+
+def _block_pairs(n: int, l: int) -> int:
+    """Pairs of A(1) among rows < n: sum over i < n of (i mod l) + 1."""
+    whole, rest = divmod(n, l)
+    return whole * _tri(l) + _tri(rest)
+
+
+def _earlier_pairs(n: int, l: int, c: int) -> int:
+    """Pairs of one head's summaries of earlier blocks among rows < n: c floor(i / l)."""
+    whole, rest = divmod(n, l)
+    return c * (l * whole * (whole - 1) // 2 + rest * whole)
+
+
+def _own_pairs(n: int, l: int, c: int, lo: int) -> int:
+    """Pairs of one head's summaries [lo, lo + c) of its own block, j <= i, rows < n."""
+    def block(r):            # rows s < r of one block: sum of clip(s + 1 - lo, 0, c)
+        m = max(0, r - lo)
+        return _tri(min(m, c)) + max(0, m - c) * c
+    whole, rest = divmod(n, l)
+    return whole * block(l) + block(rest)
+
+
 class BlockCausal:
     """A(1) of the fixed pattern: floor(j / l) == floor(i / l), j <= i."""
 
     def __init__(self, l: int, scale: float):
         self.l, self.scale = l, scale
 
+    def pairs(self, n: int, heads: int) -> int:
+        """Pairs ``heads`` rows of G read among rows < n: sum of (i mod l) + 1 each."""
+        return heads * _block_pairs(n, self.l)
+
     def _blocks(self, t):
-        return t.unflatten(1, (-1, self.l)).flatten(0, 1).unsqueeze(1)   # (G M, 1, l, ...)
+        return t.unflatten(1, (-1, self.l))                              # (G, M, l, ...) view
 
     def forward(self, q, k, v):
-        G, N, d = q.shape
-        o, lse = attention_forward(self._blocks(q), self._blocks(k), self._blocks(v),
-                                   is_causal=True, scale=self.scale)    # (G M, 1, l, d)
-        return [(0, o.reshape(G, N, d), lse.reshape(G, N))]
+        b = self._blocks
+        o, lse = attention_forward(b(q), b(k), b(v), is_causal=True,
+                                   scale=self.scale)                    # (G, M, l, d)
+        return [(0, o, lse)]
 
-    def backward(self, q, k, v, go, out, lse, dq, dk, dv):
+    def backward(self, q, k, v, go, out, lse, dq, dk, dv, init: bool = False):
         b = self._blocks
         g = attention_backward(b(go), b(q), b(k), b(v), b(out), b(lse), is_causal=True,
-                               scale=self.scale)
+                               scale=self.scale)                        # (G, M, l, d) each
         for acc, grad in zip((dq, dk, dv), g):
-            b(acc).add_(grad)
+            if init:                                 # it covers every row: write, not add
+                b(acc).copy_(grad)
+            else:
+                b(acc).add_(grad)
 
 
 class SummaryEarlier:
@@ -84,6 +116,9 @@ class SummaryEarlier:
 
     def __init__(self, l: int, c: int, los: list[int], scale: float):
         self.l, self.c, self.los, self.scale = l, c, los, scale
+
+    def pairs(self, n: int, heads: int) -> int:
+        return heads * _earlier_pairs(n, self.l, self.c)
 
     def forward(self, q, k, v):
         G, N, d = q.shape
@@ -101,9 +136,12 @@ class SummaryEarlier:
             lse[:, (b - 1) * l:b * l] = s[:, 0]
         return [(l, out, lse)]
 
-    def backward(self, q, k, v, go, out, lse, dq, dk, dv):
+    def backward(self, q, k, v, go, out, lse, dq, dk, dv, init: bool = False):
         G, N, d = q.shape
         l, c, M = self.l, self.c, N // self.l
+        if init:
+            for g in (dq, dk, dv):
+                g.zero_()
         if M < 2:
             return
         idx = _gather_index(G, M - 1, l, c, self.los, q.device)
@@ -150,6 +188,16 @@ class Summary:
         if block and (own or self.loop is not None):
             raise ValueError("block=True is the merged head: c must divide l and own=False")
         self.block = block
+
+    def pairs(self, n: int, heads: int) -> int:
+        """Pairs ``heads`` rows of G (row g is head g mod len(los)) read among rows < n."""
+        l, c = self.l, self.c
+        total = heads * _earlier_pairs(n, l, c)
+        if self.own:
+            total += heads // len(self.los) * sum(_own_pairs(n, l, c, lo) for lo in self.los)
+        if self.block:
+            total += heads * _block_pairs(n, l)
+        return total
 
     # -- masks --------------------------------------------------------------
     def _tail_mask(self, dtype, device):
@@ -230,9 +278,12 @@ class Summary:
             chunks.append((0, o, lse.masked_fill(empty, float("-inf"))))
         return chunks
 
-    def backward(self, q, k, v, go, out, lse, dq, dk, dv):
+    def backward(self, q, k, v, go, out, lse, dq, dk, dv, init: bool = False):
         G, N, d = q.shape
         l, c, M = self.l, self.c, N // self.l
+        if init:
+            for g in (dq, dk, dv):
+                g.zero_()
         idx = _gather_index(G, M, l, c, self.los, q.device)
         ks, vs = _gather(k, idx), _gather(v, idx)                        # (G, M c, d)
         dks = torch.zeros(G, M * c, d, dtype=dk.dtype, device=dk.device)

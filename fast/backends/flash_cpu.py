@@ -31,6 +31,15 @@ softmax, and delta = rowsum(dO * O) is the merged one (FlashAttention-2, Dao,
 ``causal_prefix_forward`` / ``causal_prefix_backward``: plain causal attention
 over the first l rows of (G, N, d) tensors, the first block that the strided
 local band and the fixed merged head both start with.
+
+``spans``: every kernel call returns new tensors (its output and log-sum-exp,
+or its three gradients, zero-filled before it accumulates into them). A new
+tensor above the C library's mmap threshold (32 MiB at most, glibc) is mapped
+fresh and page-faulted on every call, which costs about as much as the
+attention it holds (docs/design.md, section 5, "Where the time goes"); pieces
+whose kernel outputs would be that large cut their calls into spans of at most
+``SLAB_BYTES``, which also keeps each call's outputs in cache while they are
+folded or merged.
 """
 
 from __future__ import annotations
@@ -66,6 +75,17 @@ def attention_backward(grad_out, q, k, v, out, lse, *, is_causal: bool = False, 
         return _OPS._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, q, k, v, out, lse, 0.0, is_causal, attn_mask=mask, scale=scale)
     return _math_backward(grad_out, q, k, v, out, lse, is_causal, mask, scale)
+
+
+# Largest output of one kernel call that a piece plans for (see ``spans``).
+SLAB_BYTES = 8 << 20
+
+
+def spans(count: int, bytes_each: int, budget: int = SLAB_BYTES) -> list[tuple[int, int]]:
+    """[(a, b), ...]: range(count) cut into consecutive runs of at most ``budget``
+    bytes, ``bytes_each`` per item (at least one item per run); [] for count 0."""
+    per = max(1, budget // max(1, bytes_each))
+    return [(a, min(count, a + per)) for a in range(0, count, per)]
 
 
 def _first(t: torch.Tensor, l: int) -> torch.Tensor:

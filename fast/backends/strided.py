@@ -9,17 +9,27 @@ i = r l + s sit at row r, column s of that grid (n padded up to N = M l).
   head). From row l on, queries go in chunks of C rows (C divides l); chunk
   w reads the C + l keys before and at it, a strided window of k (no copy),
   through a fixed (C, C + l) band mask  s < t <= s + l  (query s, key t).
+  Its backward gets each chunk's key and value gradients as (C + l)-row
+  windows, which overlap (C + l) / C times; they are folded back into dk, dv
+  slab by slab (``flash_cpu.spans``), so the windows of one slab are small and
+  still in cache when folded.
 * ``Column`` -- A(2), (i - j) mod l == 0. Transposing the grid makes every
   column a contiguous sequence of M rows, and the column head is causal
   attention along it. With ``strict=True`` the key row r reads only rows < r
   (the diagonal j = i already belongs to the local band), which is what the
-  merged head needs so that no position is counted twice.
+  merged head needs so that no position is counted twice. The kernel returns
+  the gradients of the transposed problem in natural row order (its outputs
+  are laid out (G, R, l, d)), so they are written back in one pass; as the
+  first piece of a backward it writes them instead of adding (``init``).
 
 Each piece returns (start_row, out, lse) chunks -- out (G, R, d) in natural row
 order, or (G, R1, R2, d) with R1 R2 consecutive rows blocked as the kernel left
-them -- and adds its share of the gradient given the merged out and lse (see
-``fast.backends.flash_cpu``).
-Tensors are (G, N, d), G = batch x heads, contiguous.
+them -- and its backward adds its share of the gradient given the merged out and
+lse (see ``fast.backends.flash_cpu``); with ``init=True`` the gradient buffers
+hold garbage and the piece writes every row of them. ``pairs(n, heads)`` counts
+the (query, key) pairs that ``heads`` rows of G read through the piece among the
+first n positions (its share of the ideal work).
+Tensors are (G, N, d), G = batch x heads, rows of stride d (G may be strided).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ from fast.backends.flash_cpu import (
     attention_forward,
     causal_prefix_backward,
     causal_prefix_forward,
+    spans,
 )
 
 _MASKS: dict = {}
@@ -59,23 +70,24 @@ def band_chunk(l: int) -> int:
     return l
 
 
-def _windows(t: torch.Tensor, l: int, C: int) -> torch.Tensor:
-    """Overlapping key windows, a view: (G, N, d) -> (G, nc, C + l, d), window w =
-    rows [w C, w C + C + l), the keys of query chunk w (rows l + w C ...)."""
+def _windows(t: torch.Tensor, l: int, C: int, a: int = 0, b: int | None = None) -> torch.Tensor:
+    """Overlapping key windows a..b-1, a view: (G, N, d) -> (G, b - a, C + l, d),
+    window w = rows [w C, w C + C + l), the keys of query chunk w (rows l + w C ...)."""
     G, N, d = t.shape
-    nc = (N - l) // C
-    return t.as_strided((G, nc, C + l, d), (t.stride(0), C * t.stride(1), t.stride(1), 1),
-                        t.storage_offset())
+    b = (N - l) // C if b is None else b
+    return t.as_strided((G, b - a, C + l, d), (t.stride(0), C * t.stride(1), t.stride(1), 1),
+                        t.storage_offset() + a * C * t.stride(1))
 
 
-def _fold_add(dst: torch.Tensor, dwin: torch.Tensor, l: int, C: int) -> None:
-    """dst (G, N, d) += the overlapping windows dwin (G, nc, C + l, d) (inverse of
-    ``_windows``): window w's slice j (rows j C .. j C + C) lands at chunk w + j."""
-    G, N, d = dst.shape
-    nc = dwin.shape[1]
-    chunks = dst.view(G, N // C, C, d)                                  # (G, N/C, C, d)
-    for j in range((C + l) // C):
-        chunks[:, j:j + nc].add_(dwin[:, :, j * C:(j + 1) * C].to(dst.dtype))
+def _fold_add(dst: torch.Tensor, dwin: torch.Tensor, C: int) -> None:
+    """dst (G, R, d) += the overlapping windows dwin (G, nc, C + l, d), window w
+    starting at row w C (the inverse of ``_windows``): window w's slice j (rows
+    j C .. j C + C) lands at chunk w + j. R = nc C + l."""
+    G, R, d = dst.shape
+    nc, width = dwin.shape[1], dwin.shape[2]
+    chunks = dst.view(G, R // C, C, d)                                  # (G, R/C, C, d)
+    for j in range(width // C):
+        chunks[:, j:j + nc].add_(dwin[:, :, j * C:(j + 1) * C])
 
 
 class LocalBand:
@@ -84,30 +96,52 @@ class LocalBand:
     def __init__(self, l: int, scale: float):
         self.l, self.scale, self.C = l, scale, band_chunk(l)
 
+    def pairs(self, n: int, heads: int) -> int:
+        """Pairs ``heads`` rows of G read among rows < n: sum of min(i + 1, l) each."""
+        l, full = self.l, max(0, n - self.l)
+        first = min(n, l)
+        return heads * (first * (first + 1) // 2 + full * l)
+
+    def _slabs(self, q, rows: int) -> list[tuple[int, int]]:
+        """Chunk ranges whose kernel outputs, ``rows`` rows of (G, d) per chunk (C for
+        the forward's output, C + l for the backward's key and value windows), fit
+        a slab (``flash_cpu.spans``)."""
+        G, N, d = q.shape
+        return spans((N - self.l) // self.C, G * rows * d * q.element_size())
+
     def forward(self, q, k, v):
         G, N, d = q.shape
         l, C = self.l, self.C
         chunks = [(0, *causal_prefix_forward(q, k, v, l, self.scale))]  # block 0: (G, l, d)
         if N > l:
             qb = q[:, l:].unflatten(1, (-1, C))                          # (G, nc, C, d)
-            o, lse = attention_forward(qb, _windows(k, l, C), _windows(v, l, C),
-                                       mask=band_mask(C, l, q.dtype, q.device),
-                                       scale=self.scale)                # (G, nc, C, d)
-            chunks.append((l, o, lse))   # rows blocked (nc, C): no copy to natural order
+            mask = band_mask(C, l, q.dtype, q.device)
+            for a, b in self._slabs(q, C):
+                o, lse = attention_forward(qb[:, a:b], _windows(k, l, C, a, b),
+                                           _windows(v, l, C, a, b), mask=mask,
+                                           scale=self.scale)            # (G, b-a, C, d)
+                chunks.append((l + a * C, o, lse))  # rows blocked (b-a, C): no copy
         return chunks
 
-    def backward(self, q, k, v, go, out, lse, dq, dk, dv):
+    def backward(self, q, k, v, go, out, lse, dq, dk, dv, init: bool = False):
         G, N, d = q.shape
         l, C = self.l, self.C
+        if init:
+            for g in (dq, dk, dv):
+                g.zero_()
         causal_prefix_backward(q, k, v, go, out, lse, dq, dk, dv, l, self.scale)
-        if N > l:
-            rows = lambda t: t[:, l:].unflatten(1, (-1, C))             # (G, nc, C, ...)
+        if N == l:
+            return
+        rows = lambda t: t[:, l:].unflatten(1, (-1, C))                 # (G, nc, C, ...)
+        mask = band_mask(C, l, q.dtype, q.device)
+        for a, b in self._slabs(q, C + l):
             dqb, dkw, dvw = attention_backward(
-                rows(go), rows(q), _windows(k, l, C), _windows(v, l, C), rows(out),
-                rows(lse), mask=band_mask(C, l, q.dtype, q.device), scale=self.scale)
-            rows(dq).add_(dqb)
-            _fold_add(dk, dkw, l, C)
-            _fold_add(dv, dvw, l, C)
+                rows(go)[:, a:b], rows(q)[:, a:b], _windows(k, l, C, a, b),
+                _windows(v, l, C, a, b), rows(out)[:, a:b], rows(lse)[:, a:b], mask=mask,
+                scale=self.scale)                   # dqb (G, b-a, C, d); dkw (G, b-a, C+l, d)
+            rows(dq)[:, a:b].add_(dqb)
+            _fold_add(dk[:, a * C:b * C + l], dkw, C)
+            _fold_add(dv[:, a * C:b * C + l], dvw, C)
 
 
 def _columns(t: torch.Tensor, l: int, start: int, stop: int) -> torch.Tensor:
@@ -122,6 +156,13 @@ class Column:
 
     def __init__(self, l: int, scale: float, strict: bool):
         self.l, self.scale, self.strict = l, scale, strict
+
+    def pairs(self, n: int, heads: int) -> int:
+        """Pairs ``heads`` rows of G read among rows < n: floor(i / l) each (+ 1 for
+        j = i unless strict)."""
+        whole, rest = divmod(n, self.l)
+        earlier = self.l * whole * (whole - 1) // 2 + rest * whole
+        return heads * (earlier if self.strict else earlier + n)
 
     def _qkv_rows(self, N: int):
         """(query rows, key rows): grid row r reads key rows <= r, or < r if strict."""
@@ -138,16 +179,24 @@ class Column:
                                    scale=self.scale)                    # (G, l, R, d)
         return [(qa, o.transpose(1, 2).flatten(1, 2), lse.transpose(1, 2).flatten(1, 2))]
 
-    def backward(self, q, k, v, go, out, lse, dq, dk, dv):
+    def backward(self, q, k, v, go, out, lse, dq, dk, dv, init: bool = False):
         G, N, d = q.shape
         (qa, qb), (ka, kb) = self._qkv_rows(N)
         if qb <= qa:
+            if init:
+                for g in (dq, dk, dv):
+                    g.zero_()
             return
         l = self.l
         g = attention_backward(_columns(go, l, qa, qb), _columns(q, l, qa, qb),
                                _columns(k, l, ka, kb), _columns(v, l, ka, kb),
                                _columns(out, l, qa, qb), _columns(lse, l, qa, qb),
-                               is_causal=True, scale=self.scale)
-        _columns(dq, l, qa, qb).add_(g[0])
-        _columns(dk, l, ka, kb).add_(g[1])
-        _columns(dv, l, ka, kb).add_(g[2])
+                               is_causal=True, scale=self.scale)      # (G, l, R, d) each
+        for acc, grad, (a, b) in zip((dq, dk, dv), g, ((qa, qb), (ka, kb), (ka, kb))):
+            grad = grad.transpose(1, 2).flatten(1, 2)                   # (G, b - a, d) natural
+            if init:
+                acc[:, a:b].copy_(grad)
+                acc[:, :a].zero_()
+                acc[:, b:].zero_()
+            else:
+                acc[:, a:b].add_(grad)

@@ -90,9 +90,11 @@ def _pieces(pattern: str, group: list, scale: float, l: int, c: int | None) -> l
     """The pieces that compute what the heads of ``group`` (one set of parts) read."""
     role = group[0]
     if pattern == "strided":
-        pieces = [LocalBand(l, scale)] if role.reads("local") else []
-        if role.reads("column"):  # strict: the diagonal is already in the local band
-            pieces.append(Column(l, scale, strict=role.reads("local")))
+        # the column first: its gradients come back in natural order and it writes
+        # them (init) where a later piece adds; strict: j = i is in the local band
+        pieces = [Column(l, scale, strict=role.reads("local"))] if role.reads("column") else []
+        if role.reads("local"):
+            pieces.append(LocalBand(l, scale))
         return pieces
     # fixed: each head gathers its own summary sub-block, from lo = its summary[0]
     los = [r.summary[0] for r in group]
@@ -105,7 +107,7 @@ def _pieces(pattern: str, group: list, scale: float, l: int, c: int | None) -> l
     return [BlockCausal(l, scale), Summary(l, c, los, scale, own=False)]
 
 
-def _combine(chunk_lists, out, lse) -> None:
+def merge_chunks(chunk_lists, out, lse) -> None:
     """Write the pieces' chunks into out (G, N, d) and lse (G, N): rows covered by
     one chunk are copied, rows covered by several are merged through the lse.
     A chunk (start, o, m) holds rows [start, start + R) either in natural order,
@@ -139,10 +141,47 @@ def _combine(chunk_lists, out, lse) -> None:
             merge_into(dst_o, dst_m, dst_o, dst_m, o, m)
 
 
-def _group(t: torch.Tensor, heads: slice) -> torch.Tensor:
-    """(B, H, N, ...) -> the heads' (B Hg, N, ...), contiguous (a view when possible)."""
-    t = t[:, heads]
-    return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]).contiguous()
+def group(t: torch.Tensor, heads: slice) -> tuple[torch.Tensor, bool]:
+    """(B, H, N, ...) -> (the heads' (B Hg, N, ...), whether it is a view of t).
+
+    A view whenever batch and heads merge into one dimension (one batch element,
+    all heads, or every other head of an even number of heads): the pieces read
+    and write through it, so a group costs no copy. Otherwise a copy."""
+    flat = t[:, heads].flatten(0, 1)                                    # (B Hg, N, ...)
+    return flat, flat.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+
+
+def pad_rows(t: torch.Tensor, N: int) -> torch.Tensor:
+    """(B, H, n, d) -> (B, H, N, d) with zero rows after the real ones; t itself
+    (a view, no copy) when n = N and its rows have stride d."""
+    n = t.shape[2]
+    if N != n:
+        return F.pad(t, (0, 0, 0, N - n))
+    return t if t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] else t.contiguous()
+
+
+# float32 keeps a row's softmax weights, recomputed from its log-sum-exp, only to
+# about ulp(|lse|): beyond this |lse| a float32 call is recomputed in float64.
+EXACT_LSE = 64.0
+
+
+def _forward(groups, low, acc):
+    """(out (B, H, N, d), lse (B, H, N)) in ``acc`` of the padded q, k, v ``low``."""
+    q, k, v = (t.to(acc) for t in low)
+    B, H, N, d = q.shape
+    out = torch.empty(B, H, N, d, dtype=acc, device=q.device)
+    lse = torch.empty(B, H, N, dtype=acc, device=q.device)
+    for heads, pieces in groups:
+        (qg, _), (kg, _), (vg, _) = group(q, heads), group(k, heads), group(v, heads)
+        if qg.shape[0] == 0:
+            continue
+        (og, o_view), (lg, l_view) = group(out, heads), group(lse, heads)
+        merge_chunks([p.forward(qg, kg, vg) for p in pieces], og, lg)   # (G, N, d), (G, N)
+        if not o_view:
+            out[:, heads] = og.view(B, -1, N, d)
+        if not l_view:
+            lse[:, heads] = lg.view(B, -1, N)
+    return out, lse
 
 
 class _StructuredAttention(torch.autograd.Function):
@@ -150,28 +189,14 @@ class _StructuredAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, groups, stride):
         B, H, n, d = q.shape
         N = -(-n // stride) * stride
-        pad = lambda t: F.pad(t, (0, 0, 0, N - n)) if N != n else t.contiguous()
-        low = pad(q), pad(k), pad(v)                                     # (B, H, N, d)
-        q, k, v = (t.to(acc_dtype(t.dtype)) for t in low)  # "Precision" above
-        out = torch.empty(B, H, N, d, dtype=q.dtype, device=q.device)
-        lse = torch.empty(B, H, N, dtype=q.dtype, device=q.device)
-        for heads, pieces in groups:
-            qg, kg, vg = _group(q, heads), _group(k, heads), _group(v, heads)   # (G, N, d)
-            if qg.shape[0] == 0:
-                continue
-            chunk_lists = [p.forward(qg, kg, vg) for p in pieces]
-            if len(groups) == 1:
-                _combine(chunk_lists, out.view(B * H, N, d), lse.view(B * H, N))
-            else:
-                og = torch.empty_like(qg)
-                lg = torch.empty(qg.shape[:2], dtype=lse.dtype, device=q.device)
-                _combine(chunk_lists, og, lg)
-                out[:, heads] = og.view(B, -1, N, d)
-                lse[:, heads] = lg.view(B, -1, N)
+        low = pad_rows(q, N), pad_rows(k, N), pad_rows(v, N)            # (B, H, N, d)
+        out, lse = _forward(groups, low, acc_dtype(q.dtype))   # "Precision" above
+        if out.dtype == torch.float32 and lse.nan_to_num(neginf=0.0).abs().amax() > EXACT_LSE:
+            out, lse = _forward(groups, low, torch.float64)
         ctx.save_for_backward(*low, out, lse)       # q, k, v as given; out, lse in acc
         ctx.groups, ctx.n = groups, n
         out = out.to(low[0].dtype)
-        return out if N == n else out[:, :, :n].contiguous()
+        return out if N == n else out[:, :, :n]
 
     @staticmethod
     @once_differentiable("the structured backend of sparse_attention")
@@ -180,26 +205,22 @@ class _StructuredAttention(torch.autograd.Function):
         dtype, acc = low[0].dtype, out.dtype
         q, k, v = (t.to(acc) for t in low)
         B, H, N, d = q.shape
-        n = ctx.n
-        grad_out = grad_out.to(acc)
-        go = F.pad(grad_out, (0, 0, 0, N - n)) if N != n else grad_out.contiguous()
+        go = pad_rows(grad_out.to(acc), N)                              # (B, H, N, d)
         # rows that read nothing (lse = -inf) must contribute nothing: exp(s - inf) = 0
         lse_b = lse.masked_fill(lse == float("-inf"), float("inf"))
-        grads = [torch.zeros(B, H, N, d, dtype=acc, device=q.device) for _ in range(3)]
+        # every row of every group is written by its group's first piece (init)
+        grads = [torch.empty(B, H, N, d, dtype=acc, device=q.device) for _ in range(3)]
         for heads, pieces in ctx.groups:
-            views = [_group(t, heads) for t in (q, k, v, go, out, lse_b)]
+            views = [group(t, heads)[0] for t in (q, k, v, go, out, lse_b)]
             if views[0].shape[0] == 0:
                 continue
-            if len(ctx.groups) == 1:
-                gq, gk, gv = (g.view(B * H, N, d) for g in grads)
-            else:
-                gq, gk, gv = (torch.zeros_like(views[0], dtype=acc) for _ in range(3))
-            for p in pieces:
-                p.backward(*views, gq, gk, gv)
-            if len(ctx.groups) > 1:
-                for g, part in zip(grads, (gq, gk, gv)):
-                    g[:, heads] = part.view(B, -1, N, d)
-        dq, dk, dv = (g[:, :, :n].to(dtype) for g in grads)
+            accs = [group(g, heads) for g in grads]
+            for i, p in enumerate(pieces):
+                p.backward(*views, *(a for a, _ in accs), init=i == 0)
+            for g, (a, is_view) in zip(grads, accs):
+                if not is_view:
+                    g[:, heads] = a.view(B, -1, N, d)
+        dq, dk, dv = (g[:, :, :ctx.n].to(dtype) for g in grads)
         return dq, dk, dv, None, None
 
 
