@@ -25,12 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from fast.backends.flash_cpu import (
-    attention_backward,
-    attention_forward,
-    causal_prefix_backward,
-    causal_prefix_forward,
-)
+from fast.backends.flash_cpu import attention_backward, attention_forward
 from fast.core.precision import acc_dtype
 
 
@@ -81,6 +76,29 @@ def _own_pairs(n: int, l: int, c: int, lo: int) -> int:
     return whole * block(l) + block(rest)
 
 
+def _first(t: torch.Tensor, l: int) -> torch.Tensor:
+    """Rows [0, l) of (G, N, ...) as one attention problem: (G, 1, l, ...), a view."""
+    return t[:, :l].unsqueeze(1)
+
+
+def causal_prefix_forward(q, k, v, l: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (G, l, d), lse (G, l)) of plain causal attention over rows [0, l) of
+    q, k, v (G, N, d): the first block, where no row reads anything before it."""
+    o, lse = attention_forward(_first(q, l), _first(k, l), _first(v, l), is_causal=True,
+                               scale=scale)                             # (G, 1, l, d)
+    return o.squeeze(1), lse.squeeze(1)
+
+
+def causal_prefix_backward(q, k, v, go, out, lse, dq, dk, dv, l: int, scale: float) -> None:
+    """Add the gradient of ``causal_prefix_forward`` into rows [0, l) of dq, dk, dv
+    (G, N, d), given the merged out and lse of those rows."""
+    g = attention_backward(*(_first(t, l) for t in (go, q, k, v, out, lse)), is_causal=True,
+                           scale=scale)
+    for acc, grad in zip((dq, dk, dv), g):
+        acc[:, :l].add_(grad.squeeze(1))
+
+
+
 class BlockCausal:
     """A(1) of the fixed pattern: floor(j / l) == floor(i / l), j <= i."""
 
@@ -100,15 +118,15 @@ class BlockCausal:
                                    scale=self.scale)                    # (G, M, l, d)
         return [(0, o, lse)]
 
-    def backward(self, q, k, v, go, out, lse, dq, dk, dv, init: bool = False):
+    def backward(self, q, k, v, go, out, lse, grads=None):
         b = self._blocks
         g = attention_backward(b(go), b(q), b(k), b(v), b(out), b(lse), is_causal=True,
                                scale=self.scale)                        # (G, M, l, d) each
-        for acc, grad in zip((dq, dk, dv), g):
-            if init:                                 # it covers every row: write, not add
-                b(acc).copy_(grad)
-            else:
-                b(acc).add_(grad)
+        if grads is None:                            # it covers every row: write, not add
+            return [grad.flatten(1, 2).contiguous() for grad in g]       # (G, N, d)
+        for acc, grad in zip(grads, g):
+            b(acc).add_(grad)
+        return grads
 
 
 class SummaryEarlier:
@@ -136,14 +154,13 @@ class SummaryEarlier:
             lse[:, (b - 1) * l:b * l] = s[:, 0]
         return [(l, out, lse)]
 
-    def backward(self, q, k, v, go, out, lse, dq, dk, dv, init: bool = False):
+    def backward(self, q, k, v, go, out, lse, grads=None):
         G, N, d = q.shape
         l, c, M = self.l, self.c, N // self.l
-        if init:
-            for g in (dq, dk, dv):
-                g.zero_()
+        grads = [torch.zeros_like(q) for _ in range(3)] if grads is None else grads
+        dq, dk, dv = grads
         if M < 2:
-            return
+            return grads
         idx = _gather_index(G, M - 1, l, c, self.los, q.device)
         ks, vs = _gather(k, idx), _gather(v, idx)
         dks = torch.zeros(G, (M - 1) * c, d, dtype=dk.dtype, device=dk.device)
@@ -158,6 +175,7 @@ class SummaryEarlier:
             dvs[:, :b * c].add_(gv[:, 0])
         _scatter_add(dk, idx, dks)
         _scatter_add(dv, idx, dvs)
+        return grads
 
 
 class Summary:
@@ -173,7 +191,7 @@ class Summary:
     * ``block=True`` (the merged head): the tail and A(1) share one call -- each
       block's queries read [block b-1's summaries | block b] (c + l keys, one
       copy) through a fixed (l, c + l) mask; block 0 is plain causal
-      (``flash_cpu.causal_prefix_forward``, as in the strided local band).
+      (``causal_prefix_forward``).
 
     fold + tail = the summaries of all earlier blocks, exactly once. Needs c | l;
     otherwise (one summary head only, see reference.patterns.check_summary)
@@ -278,18 +296,17 @@ class Summary:
             chunks.append((0, o, lse.masked_fill(empty, float("-inf"))))
         return chunks
 
-    def backward(self, q, k, v, go, out, lse, dq, dk, dv, init: bool = False):
+    def backward(self, q, k, v, go, out, lse, grads=None):
         G, N, d = q.shape
         l, c, M = self.l, self.c, N // self.l
-        if init:
-            for g in (dq, dk, dv):
-                g.zero_()
+        grads = [torch.zeros_like(q) for _ in range(3)] if grads is None else grads
+        dq, dk, dv = grads
         idx = _gather_index(G, M, l, c, self.los, q.device)
         ks, vs = _gather(k, idx), _gather(v, idx)                        # (G, M c, d)
         dks = torch.zeros(G, M * c, d, dtype=dk.dtype, device=dk.device)
         dvs = torch.zeros_like(dks)
         if M >= 2 and self.loop is not None:
-            self.loop.backward(q, k, v, go, out, lse, dq, dk, dv)
+            self.loop.backward(q, k, v, go, out, lse, grads)
         elif M >= 2:
             g, S = l // c, (M - 1) * c
             f = lambda t: self._fold(t, M)
@@ -328,3 +345,4 @@ class Summary:
             dvs.add_(gv.flatten(1, 2))
         _scatter_add(dk, idx, dks)
         _scatter_add(dv, idx, dvs)
+        return grads

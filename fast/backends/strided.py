@@ -4,57 +4,53 @@ Child et al., 2019, section 4.3 (Fig. 3b) and section 5.5 ("a stride-l pattern
 is computed by transposing the sequence into an (n/l, l) grid"). Positions
 i = r l + s sit at row r, column s of that grid (n padded up to N = M l).
 
-* ``LocalBand`` -- A(1), 0 <= i - j < l. Block 0 (rows [0, l)) is plain causal
-  attention (``flash_cpu.causal_prefix_forward``, shared with the fixed merged
-  head). From row l on, queries go in chunks of C rows (C divides l); chunk
-  w reads the C + l keys before and at it, a strided window of k (no copy),
-  through a fixed (C, C + l) band mask  s < t <= s + l  (query s, key t).
-  Its backward gets each chunk's key and value gradients as (C + l)-row
-  windows, which overlap (C + l) / C times; they are folded back into dk, dv
-  slab by slab (``flash_cpu.spans``), so the windows of one slab are small and
-  still in cache when folded.
-* ``Column`` -- A(2), (i - j) mod l == 0. Transposing the grid makes every
-  column a contiguous sequence of M rows, and the column head is causal
-  attention along it. With ``strict=True`` the key row r reads only rows < r
-  (the diagonal j = i already belongs to the local band), which is what the
-  merged head needs so that no position is counted twice. The kernel returns
-  the gradients of the transposed problem in natural row order (its outputs
-  are laid out (G, R, l, d)), so they are written back in one pass; as the
-  first piece of a backward it writes them instead of adding (``init``).
+* ``Column`` -- A(2), (i - j) mod l == 0, j <= i. Transposing the grid makes
+  every column a contiguous sequence of M rows, and the column head is causal
+  attention along it: one batch of (M, M) causal problems over views of q, k,
+  v. The kernel lays its outputs out (G, M, l, d): back in the natural order,
+  the column's output and gradients cover every row, so the merged head keeps
+  them as its own buffers and merges or adds the band into them (no buffer, no
+  zero-fill, no copy of its own).
+* ``LocalBand`` -- A(1), 0 <= i - j < l; beside the column (the merged head) it
+  is ``strict``, 0 < i - j < l, since j = i is the column's: no position is
+  counted twice. Block 0 is plain causal attention (for strict, queries [1, l)
+  over keys [0, l - 1)). From row l on, queries go in chunks of C rows (C
+  divides l); chunk w reads the C + l keys before and at it, a strided window
+  of k (no copy), through a fixed (C, C + l) band mask (``band_mask``). Its
+  backward gets each chunk's key and value gradients as (C + l)-row windows,
+  which overlap (C + l) / C times; they are folded back into dk, dv slab by
+  slab (``flash_cpu.spans``), so the windows of one slab are small and still in
+  cache when folded.
 
 Each piece returns (start_row, out, lse) chunks -- out (G, R, d) in natural row
 order, or (G, R1, R2, d) with R1 R2 consecutive rows blocked as the kernel left
-them -- and its backward adds its share of the gradient given the merged out and
-lse (see ``fast.backends.flash_cpu``); with ``init=True`` the gradient buffers
-hold garbage and the piece writes every row of them. ``pairs(n, heads)`` counts
-the (query, key) pairs that ``heads`` rows of G read through the piece among the
-first n positions (its share of the ideal work).
-Tensors are (G, N, d), G = batch x heads, rows of stride d (G may be strided).
+them -- and its backward, given the merged out and lse (see
+``fast.backends.flash_cpu``), adds its share of the gradient into the group's
+buffers [dq, dk, dv] (G, N, d) and returns them; the group's first piece gets
+None and returns new ones. ``pairs(n, heads)`` counts the (query, key) pairs
+that ``heads`` rows of G read through the piece among the first n positions
+(its share of the ideal work). Tensors are (G, N, d), G = batch x heads, rows
+of stride d (G may be strided).
 """
 
 from __future__ import annotations
 
 import torch
 
-from fast.backends.flash_cpu import (
-    attention_backward,
-    attention_forward,
-    causal_prefix_backward,
-    causal_prefix_forward,
-    spans,
-)
+from fast.backends.flash_cpu import attention_backward, attention_forward, spans
 
 _MASKS: dict = {}
 
 
-def band_mask(C: int, l: int, dtype, device) -> torch.Tensor:
+def band_mask(C: int, l: int, strict: bool, dtype, device) -> torch.Tensor:
     """Additive (1, 1, C, C + l) mask: query s of a chunk reads window key t iff
-    s < t <= s + l (the window starts l positions before the chunk)."""
-    key = ("band", C, l, dtype, device)
+    s < t <= s + l (the window starts l positions before the chunk; t = s + l is
+    the query itself), or s < t < s + l if strict."""
+    key = ("band", C, l, strict, dtype, device)
     if key not in _MASKS:
         s = torch.arange(C, device=device)[:, None]
         t = torch.arange(C + l, device=device)[None, :]
-        allowed = (t > s) & (t <= s + l)                                # (C, C + l)
+        allowed = (t > s) & (t < s + l + int(not strict))               # (C, C + l)
         mask = torch.zeros(C, C + l, dtype=dtype, device=device)
         _MASKS[key] = mask.masked_fill_(~allowed, float("-inf"))[None, None]
     return _MASKS[key]
@@ -91,16 +87,18 @@ def _fold_add(dst: torch.Tensor, dwin: torch.Tensor, C: int) -> None:
 
 
 class LocalBand:
-    """A(1) of the strided pattern: the last l positions, i itself included."""
+    """A(1) of the strided pattern: the last l positions, i itself included
+    (0 <= i - j < l), or without i (``strict``: 0 < i - j < l, beside the column)."""
 
-    def __init__(self, l: int, scale: float):
-        self.l, self.scale, self.C = l, scale, band_chunk(l)
+    def __init__(self, l: int, scale: float, strict: bool = False):
+        self.l, self.scale, self.C, self.strict = l, scale, band_chunk(l), strict
 
     def pairs(self, n: int, heads: int) -> int:
-        """Pairs ``heads`` rows of G read among rows < n: sum of min(i + 1, l) each."""
+        """Pairs ``heads`` rows of G read among rows < n: sum of min(i + 1, l) each
+        (one fewer per row if strict)."""
         l, full = self.l, max(0, n - self.l)
         first = min(n, l)
-        return heads * (first * (first + 1) // 2 + full * l)
+        return heads * (first * (first + 1) // 2 + full * l - (n if self.strict else 0))
 
     def _slabs(self, q, rows: int) -> list[tuple[int, int]]:
         """Chunk ranges whose kernel outputs, ``rows`` rows of (G, d) per chunk (C for
@@ -109,13 +107,25 @@ class LocalBand:
         G, N, d = q.shape
         return spans((N - self.l) // self.C, G * rows * d * q.element_size())
 
+    def _prefix(self, t, keys: bool):
+        """Block 0 as one causal problem (G, 1, L, ...): rows [0, l), or, if strict,
+        queries [1, l) over keys [0, l - 1) (row i then reads j < i)."""
+        l = self.l
+        if not self.strict:
+            return t[:, :l].unsqueeze(1)
+        return (t[:, :l - 1] if keys else t[:, 1:l]).unsqueeze(1)
+
     def forward(self, q, k, v):
         G, N, d = q.shape
-        l, C = self.l, self.C
-        chunks = [(0, *causal_prefix_forward(q, k, v, l, self.scale))]  # block 0: (G, l, d)
+        l, C, p = self.l, self.C, self._prefix
+        chunks = []
+        if l > int(self.strict):                   # block 0 (rows [1, l) if strict)
+            o, lse = attention_forward(p(q, False), p(k, True), p(v, True), is_causal=True,
+                                       scale=self.scale)                # (G, 1, L, d)
+            chunks.append((int(self.strict), o[:, 0], lse[:, 0]))
         if N > l:
             qb = q[:, l:].unflatten(1, (-1, C))                          # (G, nc, C, d)
-            mask = band_mask(C, l, q.dtype, q.device)
+            mask = band_mask(C, l, self.strict, q.dtype, q.device)
             for a, b in self._slabs(q, C):
                 o, lse = attention_forward(qb[:, a:b], _windows(k, l, C, a, b),
                                            _windows(v, l, C, a, b), mask=mask,
@@ -123,17 +133,22 @@ class LocalBand:
                 chunks.append((l + a * C, o, lse))  # rows blocked (b-a, C): no copy
         return chunks
 
-    def backward(self, q, k, v, go, out, lse, dq, dk, dv, init: bool = False):
+    def backward(self, q, k, v, go, out, lse, grads=None):
         G, N, d = q.shape
-        l, C = self.l, self.C
-        if init:
-            for g in (dq, dk, dv):
-                g.zero_()
-        causal_prefix_backward(q, k, v, go, out, lse, dq, dk, dv, l, self.scale)
+        l, C, p = self.l, self.C, self._prefix
+        if grads is None:
+            grads = [torch.zeros_like(q) for _ in range(3)]
+        dq, dk, dv = grads
+        if l > int(self.strict):
+            g = attention_backward(p(go, False), p(q, False), p(k, True), p(v, True),
+                                   p(out, False), p(lse, False), is_causal=True,
+                                   scale=self.scale)                  # (G, 1, L, d) each
+            for acc, grad, keys in zip((dq, dk, dv), g, (False, True, True)):
+                p(acc, keys).add_(grad)
         if N == l:
-            return
+            return grads
         rows = lambda t: t[:, l:].unflatten(1, (-1, C))                 # (G, nc, C, ...)
-        mask = band_mask(C, l, q.dtype, q.device)
+        mask = band_mask(C, l, self.strict, q.dtype, q.device)
         for a, b in self._slabs(q, C + l):
             dqb, dkw, dvw = attention_backward(
                 rows(go)[:, a:b], rows(q)[:, a:b], _windows(k, l, C, a, b),
@@ -142,61 +157,50 @@ class LocalBand:
             rows(dq)[:, a:b].add_(dqb)
             _fold_add(dk[:, a * C:b * C + l], dkw, C)
             _fold_add(dv[:, a * C:b * C + l], dvw, C)
+        return grads
 
 
-def _columns(t: torch.Tensor, l: int, start: int, stop: int) -> torch.Tensor:
-    """Rows [start, stop) of (G, N, ...) as the transposed grid (G, l, R, ...), a view:
-    column s becomes the contiguous-in-index sequence of its R grid rows."""
-    return t[:, start:stop].unflatten(1, (-1, l)).transpose(1, 2)
+def _columns(t: torch.Tensor, l: int) -> torch.Tensor:
+    """(G, N, ...) as the transposed grid (G, l, M, ...), a view: column s becomes the
+    contiguous-in-index sequence of its M grid rows."""
+    return t.unflatten(1, (-1, l)).transpose(1, 2)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``_columns``: (G, l, M, ...) -> (G, N, ...), natural row order (a view
+    when the kernel laid t out (G, M, l, ...), as it does)."""
+    return t.transpose(1, 2).flatten(1, 2)
 
 
 class Column:
-    """A(2) of the strided pattern: every l-th earlier position, (i - j) mod l == 0.
-    strict=True leaves out j = i (for the merged head)."""
+    """A(2) of the strided pattern: every l-th position, (i - j) mod l == 0, j <= i
+    (j = i included: a band beside it is strict). Every grid row reads the rows
+    before it in its column, so every row is a query and every row a key, and the
+    column is causal attention along the M rows of each column: problems of M rows,
+    which the kernel's vector loops take whole when M is a multiple of their width
+    (a strict column, M - 1 rows, ran slower)."""
 
-    def __init__(self, l: int, scale: float, strict: bool):
-        self.l, self.scale, self.strict = l, scale, strict
+    def __init__(self, l: int, scale: float):
+        self.l, self.scale = l, scale
 
     def pairs(self, n: int, heads: int) -> int:
-        """Pairs ``heads`` rows of G read among rows < n: floor(i / l) each (+ 1 for
-        j = i unless strict)."""
+        """Pairs ``heads`` rows of G read among rows < n: floor(i / l) + 1 each."""
         whole, rest = divmod(n, self.l)
-        earlier = self.l * whole * (whole - 1) // 2 + rest * whole
-        return heads * (earlier if self.strict else earlier + n)
-
-    def _qkv_rows(self, N: int):
-        """(query rows, key rows): grid row r reads key rows <= r, or < r if strict."""
-        l = self.l
-        return ((l, N), (0, N - l)) if self.strict else ((0, N), (0, N))
+        return heads * (self.l * whole * (whole - 1) // 2 + rest * whole + n)
 
     def forward(self, q, k, v):
-        G, N, d = q.shape
-        (qa, qb), (ka, kb) = self._qkv_rows(N)
-        if qb <= qa:
-            return []
-        o, lse = attention_forward(_columns(q, self.l, qa, qb), _columns(k, self.l, ka, kb),
-                                   _columns(v, self.l, ka, kb), is_causal=True,
-                                   scale=self.scale)                    # (G, l, R, d)
-        return [(qa, o.transpose(1, 2).flatten(1, 2), lse.transpose(1, 2).flatten(1, 2))]
+        c = lambda t: _columns(t, self.l)
+        o, lse = attention_forward(c(q), c(k), c(v), is_causal=True,
+                                   scale=self.scale)                    # (G, l, M, d)
+        return [(0, _rows(o), _rows(lse))]
 
-    def backward(self, q, k, v, go, out, lse, dq, dk, dv, init: bool = False):
-        G, N, d = q.shape
-        (qa, qb), (ka, kb) = self._qkv_rows(N)
-        if qb <= qa:
-            if init:
-                for g in (dq, dk, dv):
-                    g.zero_()
-            return
-        l = self.l
-        g = attention_backward(_columns(go, l, qa, qb), _columns(q, l, qa, qb),
-                               _columns(k, l, ka, kb), _columns(v, l, ka, kb),
-                               _columns(out, l, qa, qb), _columns(lse, l, qa, qb),
-                               is_causal=True, scale=self.scale)      # (G, l, R, d) each
-        for acc, grad, (a, b) in zip((dq, dk, dv), g, ((qa, qb), (ka, kb), (ka, kb))):
-            grad = grad.transpose(1, 2).flatten(1, 2)                   # (G, b - a, d) natural
-            if init:
-                acc[:, a:b].copy_(grad)
-                acc[:, :a].zero_()
-                acc[:, b:].zero_()
-            else:
-                acc[:, a:b].add_(grad)
+    def backward(self, q, k, v, go, out, lse, grads=None):
+        c = lambda t: _columns(t, self.l)
+        g = attention_backward(c(go), c(q), c(k), c(v), c(out), c(lse), is_causal=True,
+                               scale=self.scale)                        # (G, l, M, d) each
+        g = [_rows(t) for t in g]                  # (G, N, d), natural order: no copy
+        if grads is None:
+            return g                               # first: the kernel's own tensors
+        for acc, grad in zip(grads, g):
+            acc.add_(grad)
+        return grads
