@@ -191,7 +191,7 @@ def pad_rows(t: torch.Tensor, N: int) -> torch.Tensor:
 EXACT_LSE = 64.0
 
 
-def _forward(groups, low, acc):
+def layer_forward(groups, low, acc):
     """(out (B, H, N, d), lse (B, H, N)) in ``acc`` of the padded q, k, v ``low``."""
     q, k, v = (t.to(acc) for t in low)
     B, H, N, d = q.shape
@@ -219,9 +219,9 @@ class _StructuredAttention(torch.autograd.Function):
         B, H, n, d = q.shape
         N = -(-n // stride) * stride
         low = pad_rows(q, N), pad_rows(k, N), pad_rows(v, N)            # (B, H, N, d)
-        out, lse = _forward(groups, low, acc_dtype(q.dtype))   # "Precision" above
+        out, lse = layer_forward(groups, low, acc_dtype(q.dtype))   # "Precision" above
         if out.dtype == torch.float32 and lse.nan_to_num(neginf=0.0).abs().amax() > EXACT_LSE:
-            out, lse = _forward(groups, low, torch.float64)
+            out, lse = layer_forward(groups, low, torch.float64)
         ctx.save_for_backward(*low, out, lse)       # q, k, v as given; out, lse in acc
         ctx.groups, ctx.n = groups, n
         out = out.to(low[0].dtype)
