@@ -77,9 +77,11 @@ def attention_backward(grad_out, q, k, v, out, lse, *, is_causal: bool = False, 
 SLAB_BYTES = 8 << 20
 
 
-def spans(count: int, bytes_each: int, budget: int = SLAB_BYTES) -> list[tuple[int, int]]:
+def spans(count: int, bytes_each: int, budget: int | None = None) -> list[tuple[int, int]]:
     """[(a, b), ...]: range(count) cut into consecutive runs of at most ``budget``
-    bytes, ``bytes_each`` per item (at least one item per run); [] for count 0."""
+    bytes (default ``SLAB_BYTES``), ``bytes_each`` per item (at least one item per
+    run); [] for count 0."""
+    budget = SLAB_BYTES if budget is None else budget
     per = max(1, budget // max(1, bytes_each))
     return [(a, min(count, a + per)) for a in range(0, count, per)]
 
