@@ -103,10 +103,11 @@ test-gpu:
 		TRITON_INTERPRET=0 $(PY) -m pytest tests -m gpu -p no:cacheprovider -q; \
 	else echo "test-gpu: skipped (no CUDA device: torch.cuda.is_available() is False)"; fi
 
+# GPU_TEST_ARGS: more pytest arguments, e.g. GPU_TEST_ARGS="-k baseline" runs one kernel variant
 gpu-tests:
 	mkdir -p $(OUT)
 	$(GPU_RUN) 'TRITON_INTERPRET=0 $(PY) -m pytest tests -m gpu -p no:cacheprovider -q -rA \
-		--junitxml=$(OUT)/gpu-tests.xml 2>&1 | tee $(OUT)/gpu-tests.log'
+		$(GPU_TEST_ARGS) --junitxml=$(OUT)/gpu-tests.xml 2>&1 | tee $(OUT)/gpu-tests.log'
 
 gpu-bench:
 	mkdir -p $(OUT)

@@ -1,71 +1,14 @@
 """``python -m fast COMMAND [options]``: every command of the project behind one name.
 
-Child et al., 2019, "Generating Long Sequences with Sparse Transformers": train
-the network (sec. 5-6), sample from it, and regenerate the paper-style results
-(sec. 7, Table 2, Fig. 2, the memory of sec. 5.4, the speed of sec. 5.5).
+Child et al., 2019, "Generating Long Sequences with Sparse Transformers": train the
+network (sec. 5-6), sample from it, and regenerate the paper-style results (sec. 7).
+The commands and the dispatcher are ``fast.commands.registry``.
 
-    python -m fast                       # this list
+    python -m fast                       # the list of commands
     python -m fast train --preset quick  # any command's options: python -m fast train --help
-
-Each command is the ``main(argv)`` of one module; this file only finds it, so
-that ``python -m fast train`` does not import the plotting or benchmark code.
 """
 
-from __future__ import annotations
-
-import importlib
-import sys
-
-from fast.core.cli import fail
-
-# command -> (module whose main(argv) runs it, what it does)
-COMMANDS = {
-    "train": ("fast.transformer.train", "train a Sparse Transformer (presets, every config field)"),
-    "sample": ("fast.transformer.sample", "draw images or text from a checkpoint"),
-    "bench": ("fast.experiments.bench", "attention speed and memory against dense SDPA and "
-                                        "FlexAttention; figures/bench_<device>.png"),
-    "memory": ("fast.experiments.memory_report", "bytes kept for backward with and without "
-                                                 "recomputation; figures/memory_*.png"),
-    "table2": ("fast.experiments.table2", "dense, fixed and strided models on text and images "
-                                          "(Table 2); figures/table2_*.png"),
-    "fig2": ("fast.experiments.learned_attention", "what a dense model learns to attend to "
-                                                   "(Figure 2); figures/fig2_*.png"),
-    "figures": ("fast.experiments.make_figures", "run every figure script in turn (make figures)"),
-    "results": ("fast.experiments.results", "print the README's result tables from figures/data"),
-    "notebooks": ("fast.experiments.run_notebooks", "re-execute notebooks in place"),
-    "samples": ("fast.experiments.samples", "images, completions and text drawn from the kept "
-                                            "models; figures/samples_*.png"),
-    "generate": ("fast.experiments.generation", "tokens per second of incremental decoding: "
-                                                "sparse and dense caches against re-running"),
-    "layout-time": ("fast.experiments.layout_time", "seconds to build the kernels' layouts at "
-                                                    "n = 2^20 (the host's part of a first call)"),
-    "train-time": ("fast.experiments.gpu_iteration_time", "seconds per training iteration of "
-                                                           "dense, fixed and strided models at "
-                                                           "Table 2's shapes (GPU)"),
-}
-
-
-def usage() -> str:
-    width = max(map(len, COMMANDS))
-    rows = [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
-    return "\n".join(["usage: python -m fast COMMAND [options]   (COMMAND --help for its options)",
-                      "", "commands:", *rows])
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(usage())
-        return 0
-    name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        fail("python -m fast", f"unknown command {name!r}; allowed: {', '.join(COMMANDS)} "
-                               f"(python -m fast --help lists what each does)")
-    module = importlib.import_module(COMMANDS[name][0])
-    sys.argv = [f"python -m fast {name}", *rest]
-    result = module.main(rest)
-    return result if isinstance(result, int) else 0
-
+from fast.commands.registry import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -36,9 +36,10 @@ float32's range) is folded into q first -- q * scale in the accumulation dtype
 (float64 beyond float32's range), with q, k, v in that dtype, scale 1 -- and the
 output is rounded back once. So float16 never overflows in q * scale, and the fused
 CPU kernel, which returns NaN for a scale <= 0 or one that rounds to 0 (torch
-2.13.0), never sees one. Large scales are exact too: the structured backend
-recomputes a float32 call in float64 when its log-sum-exp outgrows float32
-(``fast.backends.structured.EXACT_LSE``).
+2.13.0), never sees one. The Triton kernels take the scale as it is
+(``fast.kernels.launch.fold_scale`` says how). Large scales are exact too: the
+structured backend recomputes a float32 call in float64 when its log-sum-exp
+outgrows float32 (``fast.backends.structured.EXACT_LSE``).
 
 Non-finite q, k or v (NaN, inf) are rejected by ``check_finite``, in one read-only
 pass, since a NaN would otherwise surface far from its cause -- by default on the
@@ -111,7 +112,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
                      stride: int | None = None, c: int | None = None,
                      combine: str = "merged", layer: int = 0, scale: float | None = None,
                      backend: str = "auto", check_finite: bool | None = None,
-                     **pattern_params) -> torch.Tensor:
+                     variant=None, **pattern_params) -> torch.Tensor:
     """Causal sparse attention of the Sparse Transformer.
 
     q, k, v: (B, H, n, d), one dtype (float64/float32/bfloat16/float16) and device,
@@ -126,6 +127,8 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     raises a RuntimeError; "naive" is twice differentiable.
     check_finite: reject NaN / inf in q, k, v (None: on the CPU only, where it costs no
     wait for a device).
+    variant: the Triton kernel variant (a name in ``fast.kernels.variants.VARIANTS`` or a
+    ``Variant``; None: the default), for the "triton" backend only.
     """
     if check_finite is None:
         check_finite = q.device.type == "cpu" if isinstance(q, torch.Tensor) else True
@@ -135,8 +138,12 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
                           {"stride": stride, "c": c, **pattern_params})
     scale = check_scale(scale, d)
     which = resolve_backend(backend, pattern, q.device, q.dtype)
-    run = functools.partial(_run, which, pattern, combine, layer, params)
-    dtype, fold = q.dtype, fold_dtype(scale, q.dtype)
+    if variant is not None and which != "triton":
+        raise ValueError(f"variant {variant!r} selects a Triton kernel variant, but backend "
+                         f"{backend!r} runs {which!r} here; allowed: variant=None, or "
+                         f"backend='triton'")
+    run = functools.partial(_run, which, pattern, combine, layer, params, variant)
+    dtype, fold = q.dtype, fold_dtype(scale, q.dtype) if which != "triton" else None
     if fold is not None:          # see fold_dtype: q * scale in the dtype it fits, scale 1
         q, k, v = q.to(fold) * scale, k.to(fold), v.to(fold)            # (B, H, n, d)
         scale = 1.0
@@ -149,22 +156,22 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     return out.to(dtype)
 
 
-def _run(which, pattern, combine, layer, params, q, k, v, *, scale):
+def _run(which, pattern, combine, layer, params, variant, q, k, v, *, scale):
     """The chosen backend on checked inputs."""
     if which == "naive":
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
                                       scale=scale, **params)
     if which == "triton":
         try:
-            from fast.kernels.triton_attention import triton_sparse_attention
+            from fast.kernels.triton_attention import attend
         except ModuleNotFoundError as err:
             if err.name not in ("fast.kernels.triton_attention", "triton"):
                 raise
             raise ImportError(f"backend 'triton' needs the module {err.name!r}, which is not "
                               f"installed or not written yet; use backend 'naive' or "
                               f"'structured'") from err
-        return triton_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
-                                       scale=scale, **params)
+        return attend(q, k, v, pattern, combine=combine, layer=layer, scale=scale, params=params,
+                      variant=variant)
     # "structured"
     if pattern == "full":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)

@@ -15,8 +15,8 @@ import torch
 from fast import sparse_attention
 from fast.attention import _triton_available
 from fast.backends import flash_cpu, flex, masks
+from fast.commands import train as cli
 from fast.layout import block_layout
-from fast.transformer import cli
 from fast.transformer.config import ModelConfig, preset
 from reference import heads, patterns
 from reference.attention import attend, attend_backward

@@ -1,5 +1,6 @@
-"""Smoke test of the benchmark: the library (fast.measure.bench) and ``python -m fast bench``
-(fast.experiments.bench), at tiny n.
+"""Smoke test of the benchmark: the library (fast.measure: contenders, bench_point, bench),
+the sweep (fast.experiments.bench_sweep, bench) and ``python -m fast bench``
+(fast.commands.bench), at tiny n.
 
 Child et al., 2019, Table 2: the benchmark compares sparse and dense attention.
 Timings are not checked (noisy, shared machine); the structure, the slope fit,
@@ -7,20 +8,25 @@ the ratio summary, the fresh-process measurement and the figure are; and the
 GPU's method (every contender in one process, first call apart, medians, the
 derived speed-up / ideal / floor, the cost estimate, the time budget) run on the
 CPU with a wall clock, and the CUDA figure drawn from a synthetic result.
+The timing rules themselves: tests/test_timing.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
 
+import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
 
-from fast.experiments import bench as bench_cli
-from fast.experiments import bench_gpu as gpu_bench
-from fast.measure import bench, bench_gpu
+from fast.commands import bench as bench_cli
+from fast.experiments import bench as runs
+from fast.experiments import bench_sweep as sweeps
+from fast.measure import bench, bench_point, child, contenders
+from fast.measure.timing import FRESH
 from fast.plots import bench as plots
 
 
@@ -42,15 +48,32 @@ def test_summarize_reads_ratios():
     assert t["fixed_fwd_speedup_16384"] is None
 
 
-def test_quick_run_writes_json_and_figure(tmp_path):
-    assert bench_cli.main(["--inline", "--n-min", "128", "--n-max", "256", "--no-flex",
-                           "--target", "0.01", "--out", str(tmp_path)]) == 0
+def in_this_process(monkeypatch) -> list:
+    """Run what the fresh-process method sends to ``fast.measure.child`` in this process
+    instead (its spec through JSON, as a child receives it); returns the calls made.
+    ``test_one_point_in_a_fresh_process`` runs a real child."""
+    calls = []
+
+    def run_child(function, spec, timeout=None, env=None):
+        calls.append((function, spec))
+        return {"result": child.call(function, json.loads(json.dumps(spec)))}
+    monkeypatch.setattr(bench_point, "run_child", run_child)
+    return calls
+
+
+def test_quick_run_writes_json_and_figure(tmp_path, monkeypatch):
+    """The CPU sweep's fresh-process method (the child replaced by an in-process call of
+    the same function): every point, flex skipped away from its n, the minimum of the
+    repetitions, the backward / forward ratio, the JSON and the figure."""
+    calls = in_this_process(monkeypatch)
+    assert bench_cli.main(["--n-min", "128", "--n-max", "256", "--target", "0.01",
+                           "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "data" / "bench_cpu.json").read_text())
     assert data["machine"]["torch"] and data["config"]["ns"] == [128, 256]
     got = {(r["contender"], r["pattern"], r["n"]) for r in data["results"]}
     for n in (128, 256):
         assert ("dense", None, n) in got
-        for pattern in bench.PATTERN_PARAMS:
+        for pattern in contenders.PATTERN_PARAMS:
             for name in ("naive", "flex", "structured"):
                 assert (name, pattern, n) in got
     for r in data["results"]:
@@ -58,15 +81,48 @@ def test_quick_run_writes_json_and_figure(tmp_path):
             assert "skipped" in r
         else:
             assert r["fwd_s"] > 0 and r["fb_s"] > 0 and len(r["fwd_s_all"]) >= 1
+            assert r["fwd_s"] == min(r["fwd_s_all"]) and r["fb_s"] == min(r["fb_s_all"])
+            assert r["bwd_over_fwd"] == (r["fb_s"] - r["fwd_s"]) / r["fwd_s"]
+            assert len(r["fb_faults_all"]) == len(r["fb_cpu_s_all"]) == len(r["fb_s_all"])
+    # one fresh process per measured point, the method's rules sent along
+    assert len(calls) == sum("skipped" not in r for r in data["results"])
+    assert all(spec["method"]["statistic"] == "min" for _, spec in calls)
+    assert data["config"]["timing"]["process"] == "fresh"
+    assert "same_process" not in data                   # its n (16384) is not in this sweep
     assert (tmp_path / "bench_cpu.png").stat().st_size > 10_000
 
 
 def test_one_point_in_a_fresh_process():
-    spec = {"name": "structured", "pattern": "strided", "n": 256, "device": "cpu",
-            "dtype_name": "float32", "target": 0.01, "backward": True}
-    r = bench_cli.measure_point(spec, inline=False, timeout=300)
+    spec = bench_point.spec("structured", "strided", {"stride": 128}, 1, 4, 256, "cpu",
+                            "float32", FRESH.with_(target_s=0.01))
+    r = bench_point.run(spec, FRESH, timeout=300)
     assert "skipped" not in r, r
     assert r["fwd_s"] > 0 and r["fb_s"] > 0 and r["peak_fwd_bytes"] is not None
+    assert r["first_fwd_s"] > 0 and r["fb_faults_all"]
+
+
+def test_the_cpu_sweep_measures_its_target_n_again_in_one_process(tmp_path, monkeypatch):
+    """At ``same_process_ns`` dense and the structured path are measured once more, all
+    in ONE process (medians after warm-ups), and the targets hold both ratios."""
+    calls = in_this_process(monkeypatch)
+    sweep = sweeps.Sweep(ns=(128, 256), contenders=("dense", "structured"),
+                         same_process_ns=(256, 4096), method=FRESH.with_(target_s=0.01))
+    assert sweep.long_lived_ns == (256,)
+    data = runs.run(sweep, log=lambda line: None)
+    once = data["same_process"]
+    assert [(r["contender"], r["pattern"], r["n"]) for r in once] == [
+        ("dense", None, 256), ("structured", "strided", 256), ("structured", "fixed", 256)]
+    assert calls[-1][0] == "fast.measure.bench_point:measure_specs"     # one process, 3 points
+    assert [s["method"]["process"] for s in calls[-1][1]] == ["same"] * 3
+    for r in once:
+        assert r["fwd_s"] == statistics.median(r["fwd_s_all"]) and len(r["fb_s_all"]) >= 3
+        assert r["bwd_over_fwd"] == (r["fb_s"] - r["fwd_s"]) / r["fwd_s"]
+        assert r["fwd"]["speedup"] > 0
+    t = data["targets"]["float32"]
+    for key in ("strided_fwd_speedup_16384", "fixed_fb_speedup_16384",
+                "strided_bwd_over_fwd_16384", "dense_bwd_over_fwd_16384"):
+        assert key in t and key + "_same_process" in t
+    assert "strided_fb_slope_4096_65536_same_process" not in t
 
 
 # ----------------------------------------------------------------------------
@@ -112,8 +168,7 @@ def test_cpu_figure_names_contenders_and_reads_in_ms(monkeypatch, tmp_path):
 # The GPU method (same process, first call apart, medians), run on the CPU
 # ----------------------------------------------------------------------------
 
-SAME = ["--same-process", "--n-min", "64", "--n-max", "128", "--target", "0", "--min-reps", "2",
-        "--warmup", "1", "--copy-mib", "1"]
+SAME = ["--same-process", "--n-min", "64", "--n-max", "128", "--target", "0", "--min-reps", "2"]
 
 
 def test_same_process_sweep_on_the_cpu_writes_json_and_figure(tmp_path):
@@ -121,20 +176,20 @@ def test_same_process_sweep_on_the_cpu_writes_json_and_figure(tmp_path):
     first call apart, medians, the derived speed-up / ideal / floor, the long sweep
     (B=1, H=8, l=256: the layout build and the first call apart; the Triton kernel
     where it runs, the interpreter on the CPU), the JSON and the figure."""
-    contenders = ["dense", "structured"]
-    if gpu_bench.triton_runs("cpu", torch.float32):
-        contenders.append("triton block-sparse")
-    assert bench_cli.main(SAME + ["--out", str(tmp_path), "--contenders", *contenders,
+    names = ["dense", "structured"]
+    if contenders.why_not("triton block-sparse", "cpu", torch.float32) is None:
+        names.append("triton block-sparse")
+    assert bench_cli.main(SAME + ["--out", str(tmp_path), "--contenders", *names,
                                   "--long", "--long-n-min", "128", "--long-n-max", "128"]) == 0
     data = json.loads((tmp_path / "data" / "bench_cpu_same_process.json").read_text())
     assert data["machine"]["timer"] == "perf_counter"
     assert data["config"]["ns"] == [64, 128] and data["config"]["shapes"] == [[1, 4]]
-    assert data["estimate"]["measurements"] == 2 * 2 * (1 + 2 * (len(contenders) - 1)) + 4
+    assert data["estimate"]["measurements"] == 2 * 2 * (1 + 2 * (len(names) - 1)) + 4
     assert data["calibration"]["copy"]["bytes_per_s"] > 0
     assert data["calibration"]["sdpa_backend"]["float32"] != ""
     got = {(r["contender"], r["pattern"], r["n"]) for r in data["results"]}
     assert got == {("dense", None, n) for n in (64, 128)} | {
-        (c, p, n) for c in contenders[1:] for p in bench.PATTERN_PARAMS for n in (64, 128)}
+        (c, p, n) for c in names[1:] for p in contenders.PATTERN_PARAMS for n in (64, 128)}
     for r in data["results"]:
         assert "skipped" not in r, r
         assert r["first_fwd_s"] > 0 and r["first_fb_s"] > 0
@@ -160,7 +215,7 @@ def check_long(data: dict) -> None:
     assert rows["dense", None]["fwd_s"] > 0
     for pattern in ("strided", "fixed"):
         r = rows["triton block-sparse", pattern]
-        if not gpu_bench.triton_runs("cpu", torch.float32):
+        if contenders.why_not("triton block-sparse", "cpu", torch.float32) is not None:
             assert "do not run" in r["skipped"]
             continue
         assert (r["B"], r["H"]) == (1, 8) and r["qkvo_bytes"] == 4 * 8 * 128 * 64 * 4
@@ -169,8 +224,10 @@ def check_long(data: dict) -> None:
 
 
 def test_only_long_skips_the_default_sweep():
-    args = bench_cli.same_process_defaults(bench_cli.parse_args(["--only-long"]))
-    assert args.long and args.ns == [] and gpu_bench.points(args) == []
+    sweep = bench_cli.sweep_from(bench_cli.parse_args(["--only-long", "--same-process"]))
+    assert sweep.long_ns and sweep.ns == () and sweeps.points(sweep) == []
+    sweep = bench_cli.sweep_from(bench_cli.parse_args(["--device", "cuda", "--only-long"]))
+    assert sweep.long_ns == sweeps.powers(2**17, 2**20) and sweeps.points(sweep) == []
 
 
 def test_time_budget_records_the_points_it_skips(tmp_path):
@@ -181,25 +238,27 @@ def test_time_budget_records_the_points_it_skips(tmp_path):
 
 
 def test_sweep_cost_is_estimated_from_its_size():
-    args = bench_cli.same_process_defaults(bench_cli.parse_args(["--device", "cuda"]))
-    small = gpu_bench.estimate(args)
-    assert small["measurements"] == 2 * (len(gpu_bench.points(args))) * (1 + 2 * 4)
-    args.long, args.ns = True, args.ns + [131072]
-    bigger = gpu_bench.estimate(args)
+    sweep = bench_cli.sweep_from(bench_cli.parse_args(["--device", "cuda"]))
+    small = sweeps.estimate(sweep)
+    assert small["measurements"] == 2 * (len(sweeps.points(sweep))) * (1 + 2 * 4)
+    bigger = sweeps.estimate(dataclasses.replace(sweep, ns=sweep.ns + (131072,),
+                                                 long_ns=sweeps.powers(2**17, 2**20)))
     assert bigger["estimate_s"] > small["estimate_s"]
     assert bigger["measurements"] > small["measurements"]
-    assert args.max_minutes == 9 and args.dtypes == ["float16", "bfloat16"]
-    assert args.shapes == [(1, 4), (4, 16)] and args.ns[0] == 1024
+    assert sweep.max_minutes == 9 and sweep.dtypes == ("float16", "bfloat16")
+    assert sweep.shapes == ((1, 4), (4, 16)) and sweep.ns[0] == 1024
+    assert sweep.method.process == "same" and sweep.method.statistic == "median"
+    assert sweep.target_points == ((1, 16, 65536),) and sweep.long_lived_ns == ()
 
 
 def test_floor_and_ideal_arithmetic():
-    assert bench_gpu.io_bytes(1, 2, 8, 4, torch.float16, False) == 4 * 2 * 8 * 4 * 2
-    assert bench_gpu.io_bytes(1, 2, 8, 4, torch.float16, True) == 12 * 2 * 8 * 4 * 2
-    d = bench_gpu.derive(0.5, 10.0, 4.0, 1000, 1000.0)     # floors: 1 s (bytes), 2.5 s (tiles)
+    assert bench.io_bytes(1, 2, 8, 4, torch.float16, False) == 4 * 2 * 8 * 4 * 2
+    assert bench.io_bytes(1, 2, 8, 4, torch.float16, True) == 12 * 2 * 8 * 4 * 2
+    d = bench.derive(0.5, 10.0, 4.0, 1000, 1000.0)         # floors: 1 s (bytes), 2.5 s (tiles)
     assert (d["speedup"], d["pct_ideal"], d["floor_s"], d["floor_by"]) == (20.0, 500.0, 2.5,
                                                                            "tiles")
     assert d["x_floor"] == 0.2
-    d = bench_gpu.derive(4.0, None, 4.0, 3000, 1000.0)
+    d = bench.derive(4.0, None, 4.0, 3000, 1000.0)
     assert d["speedup"] is None and d["floor_s"] == 3.0 and d["floor_by"] == "bytes"
 
 
@@ -209,7 +268,7 @@ def _synthetic_gpu_result() -> dict:
         for c, p in (("dense", None), ("flex", "strided"), ("structured", "strided"),
                      ("triton block-sparse", "strided"), ("triton block-sparse", "fixed")):
             t = 1e-9 * n * n / (1 if c == "dense" else 4)
-            d = bench_gpu.derive(t, 1e-9 * n * n, 8.0, 10 ** 6, 10 ** 12)
+            d = bench.derive(t, 1e-9 * n * n, 8.0, 10 ** 6, 10 ** 12)
             rows.append({"contender": c, "pattern": p, "dtype": "float16", "B": 4, "H": 16,
                          "n": n, "fwd_s": t, "fb_s": 3 * t, "first_fwd_s": 1.0, "ideal": 8.0,
                          "fwd": d, "fb": d})
@@ -222,7 +281,7 @@ def _synthetic_gpu_result() -> dict:
     return {"machine": {"gpu": "Test GPU 80GB", "torch": "2.x", "triton": "3.x",
                         "timer": "cuda events"},
             "config": {"dtypes": ["float16"], "shapes": [[1, 4], [4, 16]], "d": 64, "block": 64,
-                       "patterns": bench.PATTERN_PARAMS},
+                       "patterns": contenders.PATTERN_PARAMS},
             "calibration": {"sdpa_backend": {"float16": "flash"}}, "results": rows, "long": long}
 
 
@@ -244,9 +303,113 @@ def test_gpu_figure_replots_from_its_json(tmp_path):
     assert (tmp_path / "bench_cuda.png").stat().st_size > 10_000
 
 
+@pytest.mark.parametrize("content,says", [
+    (b"", "(empty)"), (b'{"machine": {', "not valid JSON"), (b"\xff\xfe{}", "not UTF-8"),
+    (b"[1, 2]", "a JSON list"), (b'{"machine": {}, "config": {}, "results": [{"n": 4}]}',
+                                 "'contender'"),
+])
+def test_replot_of_a_damaged_json_is_one_line(tmp_path, capsys, content, says):
+    """--replot reads its JSON through the one cache reader: a truncated, empty, non-UTF-8
+    or wrongly shaped file ends in one line naming it, exit 2, and nothing is drawn."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "bench_cpu.json").write_bytes(content)
+    with pytest.raises(SystemExit) as end:
+        bench_cli.main(["--replot", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert end.value.code == 2 and err.count("\n") == 1 and says in err, err
+    assert "bench_cpu.json" in err and not (tmp_path / "bench_cpu.png").exists()
+
+
 def test_flex_block_density_counts_partial_and_full_blocks():
     """Causal at n = 256, block 128: 3 of the 4 blocks (the diagonal ones partial, one full)."""
     mask = create_block_mask(lambda b, h, q, k: k <= q, None, 2, 256, 256, device="cpu")
-    assert bench_gpu.block_density(mask) == 0.75
+    assert contenders.block_density(mask) == 0.75
     mask = create_block_mask(lambda b, h, q, k: k == q, None, 1, 300, 300, device="cpu")
-    assert bench_gpu.block_density(mask) == 3 / 9
+    assert contenders.block_density(mask) == 3 / 9
+
+
+# ----------------------------------------------------------------------------
+# The contenders: what runs where, decided in one place
+# ----------------------------------------------------------------------------
+
+def test_contenders_honour_names_device_and_dtype():
+    fns = contenders.build("fixed", {"stride": 8, "c": 2}, 2, "cpu", torch.float32,
+                           names=["structured", "naive"])
+    assert list(fns) == ["naive", "structured"]                   # in the order of NAMES
+    q, k, v = (torch.randn(1, 2, 40, 16) for _ in range(3))
+    torch.testing.assert_close(fns["naive"](q, k, v), fns["structured"](q, k, v))
+    half = [x.to(torch.bfloat16) for x in (q, k, v)]
+    assert all(f(*half).dtype == torch.bfloat16 for f in fns.values())
+    with pytest.raises(ValueError, match="dtype torch.float64; allowed: float32, float16"):
+        contenders.build("fixed", {"stride": 8, "c": 2}, 2, "cpu", torch.float64)
+    with pytest.raises(ValueError, match="allowed: dense, naive"):
+        contenders.build("strided", {"stride": 8}, 2, "cpu", torch.float32, names=["nave"])
+    with pytest.raises(ValueError, match="device 'tpu'; allowed: cpu, cuda"):
+        contenders.why_not("dense", "tpu", torch.float32)
+
+
+def test_what_runs_where():
+    assert contenders.default_names("cpu") == ("dense", "naive", "flex", "structured")
+    assert contenders.default_names("cuda") == ("dense", "flex", "structured",
+                                                "triton block-sparse", "triton natural order")
+    assert not contenders.has_backward("flex", "cpu") and contenders.has_backward("flex", "cuda")
+    assert contenders.why_not("structured", "cpu", torch.float16) is None
+    why = contenders.why_not("triton block-sparse", "cpu", torch.bfloat16)
+    assert why.startswith("the Triton kernels do not run here")
+    # a contender that cannot run is recorded as skipped, with the reason, not dropped
+    sweep = sweeps.Sweep(ns=(64,), contenders=("dense", "triton natural order"),
+                         dtypes=("bfloat16",))
+    assert sweeps.skip_reason(sweep, "triton natural order", "strided", "bfloat16", 4, 64) == why
+
+
+def test_mask_size_limits_the_naive_contender_by_its_heads():
+    sweep = sweeps.Sweep(mask_gb=1.0)
+    assert contenders.mask_bytes("strided", 8192, 4) == 8192 ** 2 * 5
+    assert contenders.mask_bytes("fixed", 8192, 4) == 4 * 8192 ** 2 * 5
+    assert sweeps.skip_reason(sweep, "naive", "strided", "float32", 4, 8192) is None
+    assert "GiB > --mask-gb 1.0" in sweeps.skip_reason(sweep, "naive", "fixed", "float32", 4,
+                                                        8192)
+
+
+def test_a_sweep_refuses_what_it_cannot_measure():
+    for bad, says in [(dict(device="tpu"), "device 'tpu'; allowed: cpu, cuda"),
+                      (dict(dtypes=("float64",)), "dtypes ('float64',); allowed"),
+                      (dict(ns=(256, 128)), "positive n in ascending order"),
+                      (dict(contenders=()), "allowed: one or more of dense"),
+                      (dict(long_ns=(2**17,)), "the long sweep runs in one process only")]:
+        with pytest.raises(ValueError, match=says.replace("(", r"\(").replace(")", r"\)")):
+            sweeps.Sweep(**bad)
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--long"], "--long with the CPU's fresh process per point; allowed: --long with "
+                 "--same-process or --device cuda"),
+    (["--only-long"], "--only-long with the CPU's fresh process per point; allowed:"),
+    (["--flex-n", "5000"], "--flex-n 5000 is not an n of the sweep; allowed: n among 1024,"),
+    (["--quick", "--flex-n", "16384"], "--flex-n 16384 is not an n of the sweep; allowed: n "
+                                       "among 1024, 2048, 4096"),
+    (["--long-n-min", "2048", "--long-n-max", "1024", "--same-process"],
+     "--long-n-min 2048 with --long-n-max 1024; allowed: --long-n-min <= --long-n-max"),
+])
+def test_bench_refuses_options_that_would_be_ignored(argv, says, capsys, tmp_path):
+    with pytest.raises(SystemExit) as end:
+        bench_cli.main(argv + ["--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert end.value.code == 2 and err.count("\n") == 1 and says in err, err
+    assert not any(tmp_path.iterdir())                                    # nothing written
+
+
+def test_options_change_the_sweep_they_name():
+    sweep = bench_cli.sweep_from(bench_cli.parse_args([
+        "--quick", "--n-min", "512", "--dtypes", "float16", "--shapes", "2x8",
+        "--min-reps", "7", "--max-minutes", "3", "--dense-n-max", "1024"]))
+    assert sweep.ns == (512, 1024, 2048, 4096) and sweep.dtypes == ("float16",)
+    assert sweep.shapes == ((2, 8),) and sweep.max_minutes == 3 and sweep.dense_n_max == 1024
+    assert sweep.contenders == ("dense", "naive", "structured")           # --quick: no flex
+    assert (sweep.method.process, sweep.method.statistic) == ("fresh", "min")
+    assert sweep.method.min_reps == 7 and sweep.method.target_s == 0.3
+    same = bench_cli.sweep_from(bench_cli.parse_args(["--same-process", "--target", "0.5"]))
+    assert (same.method.process, same.method.statistic, same.method.target_s) == (
+        "same", "median", 0.5)
+    assert same.file_name() == "bench_cpu_same_process" and same.long_lived_ns == ()
+    assert bench_cli.sweep_from(bench_cli.parse_args([])).long_lived_ns == (16384,)

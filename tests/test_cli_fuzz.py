@@ -1,6 +1,6 @@
 """Every ``python -m fast`` command line, fuzzed: it parses, or it ends with one line and
 exit status 2 -- never a traceback (Child et al., 2019, sec. 5-7: the commands that
-train, sample and regenerate the results; the rule is ``fast.core.cli``'s).
+train, sample and regenerate the results; the rule is ``fast.commands.cli``'s).
 
 Each command of ``fast.__main__.COMMANDS`` is reached through its module's
 ``parser()`` (a command without one fails here). Command lines are built from the
@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fast.__main__ import COMMANDS
-from fast.core import cli
+from fast.commands import cli
+from fast.commands.registry import COMMANDS
 
 SCRATCH_FILE = "a_file"          # made in the scratch folder: "a_file/out.png" is unwritable
 NOTEBOOK = "nb.ipynb"            # made there too
@@ -92,9 +92,9 @@ def scratch(tmp_path_factory):
 def test_fuzzed_command_lines_parse_or_end_in_one_line(name, scratch):
     module = COMMANDS[name][0]
     assert callable(getattr(importlib.import_module(module), "parser", None)), \
-        f"{module} has no parser(): every command parses with fast.core.cli.Parser"
+        f"{module} has no parser(): every command parses with fast.commands.cli.Parser"
     p = importlib.import_module(module).parser()
-    assert isinstance(p, cli.Parser), f"{module}.parser() is not a fast.core.cli.Parser"
+    assert isinstance(p, cli.Parser), f"{module}.parser() is not a fast.commands.cli.Parser"
     flags = options(p)
     token = st.one_of(st.sampled_from(flags), VALUES) if flags else VALUES
     pair = st.tuples(st.sampled_from(flags), VALUES).map(list) if flags else VALUES.map(
@@ -132,7 +132,7 @@ def test_every_value_is_read_by_a_value_parser_that_says_given_and_allowed(name,
             continue                                           # flags take no value
         where = f"{name} {'/'.join(action.option_strings) or action.dest}"
         assert action.type not in (None, int, float, str, Path), \
-            f"{where}: a value parser of fast.core.cli, not {action.type}"
+            f"{where}: a value parser of fast.commands.cli, not {action.type}"
         for bad in ("nan", "-inf", str(2**63), "-1", "", "☃", "no/such/file.pt"):
             try:
                 action.type(bad)

@@ -1,7 +1,7 @@
 """``python -m fast COMMAND`` under bad input, end to end: one line ``<command>: <what was
 given>; allowed: <what is allowed>``, exit status 2, before any work and with nothing
 written (Child et al., 2019, sec. 5-7: the commands that sample and measure; the rule
-is ``fast.core.cli``'s). The parsers alone are fuzzed in ``tests/test_cli_fuzz.py``.
+is ``fast.commands.cli``'s). The parsers alone are fuzzed in ``tests/test_cli_fuzz.py``.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from fast.__main__ import main as fast_main
+from fast.commands import sample as sampling
 from fast.experiments import samples as samples_cli
-from fast.transformer import sample as sampling
-from fast.transformer.checkpoint import save_weights
 from fast.transformer.config import ModelConfig
-from fast.transformer.model import SparseTransformer
+from fast.transformer.network.checkpoint import save_weights
+from fast.transformer.network.model import SparseTransformer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -209,3 +209,53 @@ def test_help_lists_what_each_option_allows(argv, lists, capsys):
         fast_main(argv)
     out = " ".join(capsys.readouterr().out.split())        # argparse wraps long lines
     assert end.value.code == 0 and all(" ".join(w.split()) in out for w in lists), out
+
+
+def test_sample_never_writes_over_an_input_or_an_existing_file(text_model, tmp_path, capsys,
+                                                               monkeypatch):
+    """--out pointed at the checkpoint (or the prompt file) is refused, --overwrite or not;
+    an existing --out is replaced only with --overwrite."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.txt").write_text("def ")
+    checkpoint = Path(text_model).read_bytes()
+    for out, extra in ((text_model, []), (text_model, ["--overwrite"]),
+                       ("p.txt", ["--prompt-file", "p.txt", "--overwrite"])):
+        code, err = run(["sample", "--checkpoint", text_model, "--num", "1", "--out", out,
+                         "--no-progress", *extra], capsys)
+        assert code == 2 and "is an input of this command" in one_line(err, "sample"), err
+    assert Path(text_model).read_bytes() == checkpoint and (tmp_path / "p.txt").read_text() == \
+        "def "
+    (tmp_path / "old.txt").write_text("keep me")
+    code, err = run(["sample", "--checkpoint", text_model, "--num", "1", "--out", "old.txt"],
+                    capsys)
+    assert code == 2 and "--out old.txt already exists; allowed: a new path, or --overwrite" \
+        in one_line(err, "sample")
+    assert (tmp_path / "old.txt").read_text() == "keep me"
+    assert sampling.main(["--checkpoint", text_model, "--num", "1", "--length", "5", "--out",
+                          "old.txt", "--overwrite", "--no-progress"]) == 0
+    assert (tmp_path / "old.txt").read_text() != "keep me" and "wrote old.txt" in \
+        capsys.readouterr().out
+    assert not list(tmp_path.glob(".old.txt.*"))                 # no temporary file left
+    code, err = run(["sample", "--checkpoint", text_model, "--data-path", "p.txt"], capsys)
+    assert code == 2 and "--dataset/--data-path given without --complete" in one_line(err,
+                                                                                     "sample")
+
+
+def test_many_samples_are_drawn_in_bounded_batches(monkeypatch):
+    """--num 65536 (the most the command takes) on a photos32-sized model is decoded in
+    batches that keep at most BATCH_BYTES of keys and values, not all at once; a
+    batch_size given is kept."""
+    from fast.transformer.config import preset
+    from fast.transformer.decoding import request
+
+    cfg, _ = preset("photos32")
+    req = request.check_request(cfg, 65536, None, None, 1.0, None, None, "fp32", None, True,
+                                None)
+    per_sequence = cfg.n_layers * (cfg.n_ctx + 1) * (cfg.qk_dim + cfg.d_model) * 4
+    print("sequences per batch:", req["batch_size"])
+    assert req["batch_size"] == request.BATCH_BYTES // per_sequence < 65536
+    assert req["batch_size"] * per_sequence <= request.BATCH_BYTES
+    assert request.check_request(cfg, 65536, None, None, 1.0, None, None, "fp32", None, True,
+                                 65536)["batch_size"] == 65536
+    assert request.check_request(cfg, 8, None, None, 1.0, None, None, "fp32", None, True,
+                                 None)["batch_size"] == 8                # few: all together

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from fast.__main__ import COMMANDS, main, usage
+from fast.commands.registry import COMMANDS, main, usage
 
 
 def test_usage_lists_every_command():

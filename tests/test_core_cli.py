@@ -1,4 +1,4 @@
-"""fast.core.cli: the command-line rules every ``python -m fast`` command shares -- typed
+"""fast.commands.cli: the command-line rules every ``python -m fast`` command shares -- typed
 values that say what was given and what is allowed, one line and exit status 2.
 (Child et al., 2019: the commands that train, sample and measure, sec. 5-7.)"""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fast.core import cli
+from fast.commands import cli
 
 
 def rejects(parse, text, words):

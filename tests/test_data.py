@@ -2,7 +2,9 @@
 enwik8 formats, the bundled photographs and stdlib text (deterministic splits), and
 batching (sec. 7)."""
 
+import os
 import pickle
+import struct
 import zipfile
 
 import numpy as np
@@ -67,6 +69,86 @@ def test_cifar10_missing_and_malformed(tmp_path):
         load("cifar10", path=tmp_path)
 
 
+def _s(b: bytes) -> bytes:
+    """A Python 2 str in a protocol-2 pickle: SHORT_BINSTRING (U) or BINSTRING (T)."""
+    return (b"U" + bytes([len(b)]) if len(b) < 256 else b"T" + struct.pack("<i", len(b))) + b
+
+
+def _i(n: int) -> bytes:
+    """A Python 2 int: BININT1 (K), BININT2 (M) or BININT (J)."""
+    return (b"K" + bytes([n]) if 0 <= n < 256 else b"M" + struct.pack("<H", n) if n < 65536
+            else b"J" + struct.pack("<i", n))
+
+
+def py2_cifar_batch(data: np.ndarray, labels, name=b"training batch 1 of 5") -> bytes:
+    """A batch as the CIFAR-10 python version ships it: Python 2's cPickle, protocol 2,
+    of {"batch_label": str, "labels": [int], "data": uint8 ndarray, "filenames": [str]},
+    the array pickled by NumPy (numpy.core.multiarray._reconstruct(ndarray, (0,), "b"),
+    then __setstate__((1, shape, dtype("u1"), False, the bytes)))."""
+    n, width = data.shape
+    array = (b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\n" + _i(0) + b"\x85"
+             + _s(b"b") + b"\x87R"
+             + b"(" + _i(1) + _i(n) + _i(width) + b"\x86"
+             + b"cnumpy\ndtype\n" + _s(b"u1") + _i(0) + _i(1) + b"\x87R"
+             + b"(" + _i(3) + _s(b"|") + b"NNN" + b"J\xff\xff\xff\xffJ\xff\xff\xff\xff" + _i(0)
+             + b"tb" + b"\x89" + _s(data.tobytes()) + b"tb")
+    items = (_s(b"batch_label") + _s(name) + _s(b"labels") + b"](" + b"".join(map(_i, labels))
+             + b"e" + _s(b"data") + array + _s(b"filenames") + b"](" +
+             b"".join(_s(b"img_%d.png" % i) for i in range(n)) + b"e")
+    return b"\x80\x02}(" + items + b"u."
+
+
+def test_cifar10_in_the_real_format(tmp_path):
+    """Batches byte for byte as the python version's: they load through the restricted
+    unpickler, which knows exactly the globals they use."""
+    rng = np.random.default_rng(1)
+    raw = {}
+    for name in data_images.CIFAR_TRAIN + [data_images.CIFAR_TEST]:
+        raw[name] = rng.integers(0, 256, (4, 3072), dtype=np.uint8)
+        (tmp_path / name).write_bytes(py2_cifar_batch(raw[name], [3, 1, 4, 1]))
+    ds = load("cifar10", path=tmp_path)
+    to_raster = lambda x: x.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).reshape(-1, 3072)
+    assert np.array_equal(ds.splits["test"], to_raster(raw["test_batch"]))
+    assert np.array_equal(ds.splits["train"][:4], to_raster(raw["data_batch_1"]))
+
+
+class RunsAShell:
+    """Unpickling this runs ``touch marker`` through os.system."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch '{self.marker}'",)
+
+
+def test_a_crafted_cifar_batch_runs_nothing(tmp_path, capsys, monkeypatch):
+    """A data folder of malicious pickles: refused in one line, and the command it
+    carries is never run (pickle.load would run it: checked first)."""
+    _write_cifar(tmp_path)
+    marker = tmp_path / "it_ran"
+    evil = pickle.dumps({b"data": RunsAShell(marker)})
+    pickle.loads(evil)                                   # the plain unpickler runs it
+    assert marker.exists()
+    marker.unlink()
+    (tmp_path / "data_batch_2").write_bytes(evil)
+    with pytest.raises(ValueError, match=r"data_batch_2 is refused: it asks for "
+                                         r"(posix|os)\.system.*nothing in it was run"):
+        load("cifar10", path=tmp_path)
+    assert not marker.exists()
+    from fast.commands import train as train_command
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        train_command.main(["--preset", "cifar10", "--n_layers", "1", "--d_model", "16",
+                            "--data_path", str(tmp_path), "--device", "cpu",
+                            "--out_dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    print(err)
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "refused: it asks for" in err and "Traceback" not in err
+    assert not marker.exists() and not (tmp_path / "run").exists()
+
+
 # ----------------------------------------------------------------------------
 # enwik8: zip holding "enwik8", or the raw file; consecutive 90M/5M/5M split.
 # ----------------------------------------------------------------------------
@@ -100,6 +182,88 @@ def test_enwik8_errors(tmp_path):
         z.writestr("other", b"x" * 100)
     with pytest.raises(ValueError, match="member named 'enwik8'"):
         load("enwik8", path=bad_zip, enwik8_sizes=(10, 10, 10))
+
+
+def test_enwik8_reads_only_the_bytes_it_uses(tmp_path):
+    """A 100 GB (sparse) file: the sizes are checked against the file's, and only the
+    capped splits are read -- no MemoryError, no 100 GB read."""
+    huge = tmp_path / "enwik8"
+    with open(huge, "wb") as f:
+        f.truncate(100 * 10**9)                 # a hole: takes no disk
+        f.seek(90_000_000)
+        f.write(b"validation starts here")
+    ds = load("enwik8", path=huge, max_bytes=1000)
+    assert [len(ds.splits[s]) for s in ("train", "val", "test")] == [1000] * 3
+    assert bytes(ds.splits["val"][:22]) == b"validation starts here"
+    assert not ds.splits["train"].any()
+
+
+def _zip_with(path, payload: bytes, flag_bits: int = 0, corrupt: bool = False):
+    """A zip of member 'enwik8'; flag bit 0 set says "encrypted" (a password is needed);
+    ``corrupt`` changes one byte of the stored data (its CRC-32 no longer matches)."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
+        z.writestr("enwik8", payload)
+    raw = bytearray(path.read_bytes())
+    if corrupt:
+        at = raw.index(payload[:16])
+        raw[at + 5] ^= 0xFF
+    if flag_bits:
+        for sig, offset in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # local, central
+            at = raw.index(sig)
+            raw[at + offset] |= flag_bits
+    path.write_bytes(bytes(raw))
+
+
+def test_enwik8_damaged_or_encrypted_zips_are_one_sentence(tmp_path):
+    payload = bytes(range(256)) * 2
+    sizes = (400, 50, 60)
+    for name, kw, says in (("crc.zip", dict(corrupt=True), "damaged or unreadable zip .*CRC"),
+                           ("password.zip", dict(flag_bits=1), "encrypted .a password")):
+        _zip_with(tmp_path / name, payload, **kw)
+        with pytest.raises(ValueError, match=says):
+            load("enwik8", path=tmp_path / name, enwik8_sizes=sizes)
+    (tmp_path / "cut.zip").write_bytes((tmp_path / "crc.zip").read_bytes()[:100])
+    with pytest.raises(ValueError, match="damaged or unreadable zip"):
+        load("enwik8", path=tmp_path / "cut.zip", enwik8_sizes=sizes)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs: POSIX")
+def test_a_folder_fifo_or_device_given_as_a_file_is_named(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    for path, what in ((tmp_path, "a folder"), (tmp_path / "fifo", "a FIFO"),
+                       ("/dev/zero", "a device")):
+        if os.path.exists(path):
+            with pytest.raises(ValueError, match=f"enwik8 file {path} is {what}; allowed"):
+                load("enwik8", path=path, enwik8_sizes=(10, 10, 10))
+    with pytest.raises(ValueError, match=f"CIFAR-10 folder {tmp_path / 'fifo'} is a FIFO"):
+        load("cifar10", path=tmp_path / "fifo")
+
+
+def test_npy_errors_name_the_file(tmp_path):
+    np.save(tmp_path / "train.npy", np.zeros((2, 4, 4, 3), np.uint8))
+    (tmp_path / "val.npy").write_bytes(b"not an array at all")
+    with pytest.raises(ValueError, match=f"{tmp_path / 'val.npy'} is not a readable .npy"):
+        load("npy_images", path=tmp_path, image_shape=(4, 4, 3))
+    (tmp_path / "val.npy").write_bytes((tmp_path / "train.npy").read_bytes()[:-10])  # cut
+    with pytest.raises(ValueError, match=f"{tmp_path / 'val.npy'} is not a readable .npy"):
+        load("npy_images", path=tmp_path, image_shape=(4, 4, 3))
+
+
+def test_options_a_dataset_does_not_read_are_refused(tmp_path, capsys):
+    """--data_path for a bundled dataset, or a byte cap for images, would be silently
+    ignored: refused instead, in one line through the command."""
+    with pytest.raises(ValueError, match="data_path .* given for dataset 'digits', which is "
+                                         "bundled"):
+        load("digits", path=tmp_path)
+    with pytest.raises(ValueError, match="data_max_bytes=100 given for dataset 'grey16'"):
+        load("grey16", max_bytes=100)
+    from fast.commands import train as train_command
+    with pytest.raises(SystemExit) as exit_:
+        train_command.main(["--preset", "digits", "--data_path", str(tmp_path),
+                            "--out_dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "data_path" in err and "bundled" in err
 
 
 # ----------------------------------------------------------------------------

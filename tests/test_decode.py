@@ -25,13 +25,13 @@ import pytest
 import torch
 
 import reference.patterns as P
-from fast.transformer import cpu_step, decode
 from fast.transformer.config import ModelConfig
-from fast.transformer.decode import Decoder
-from fast.transformer.devices import autocast
-from fast.transformer.kv_cache import DenseCache, SparseCache, layer_cache
-from fast.transformer.kv_reads import head_groups, row_mask
-from fast.transformer.model import SparseTransformer
+from fast.transformer.decoding import cpu_step, decode
+from fast.transformer.decoding.decode import Decoder
+from fast.transformer.decoding.kv_cache import DenseCache, SparseCache, layer_cache
+from fast.transformer.decoding.kv_reads import head_groups, row_mask
+from fast.transformer.network.devices import autocast
+from fast.transformer.network.model import SparseTransformer
 from reference import model as ref_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -9,12 +9,14 @@ import sys
 import numpy as np
 import pytest
 
-from fast.__main__ import COMMANDS
+from fast.commands import fig2 as fig2_command
+from fast.commands import figures as make_figures
+from fast.commands.figures import STEPS, command
+from fast.commands.registry import COMMANDS
 from fast.experiments import learned_attention as LA
-from fast.experiments import make_figures
 from fast.experiments import table2 as T2
-from fast.experiments.make_figures import STEPS, command
 from fast.experiments.table2 import run_configs, timing_configs
+from fast.measure.attention_stats import pixel_position, split_start
 from fast.plots import attention as plot_attention
 from fast.plots import style
 from fast.plots import table2 as plot_table2
@@ -63,9 +65,9 @@ def test_table2_summary_is_mean_and_std_over_seeds():
     assert cell["time_per_iter_std"] == 0.0
 
 
-def test_to_pixels_shifts_by_the_start_token():
+def test_split_start_shifts_by_the_start_token():
     w = np.array([[0.5, 0.25, 0.25, 0.0]])
-    pix, start = LA.to_pixels(w)
+    pix, start = split_start(w)
     assert np.allclose(pix, [[0.25, 0.25, 0.0, 0.0]]) and np.allclose(start, [0.5])
 
 
@@ -195,9 +197,9 @@ def test_fig2_figures_draw_from_plain_data(tmp_path):
                                        "attention_mass.png", "fig2_strided.png", "fig2_fixed.png",
                                        "attention_parts.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
-    assert LA.pixel_position(1, 2) == (1 * w + 2) * c
+    assert pixel_position(1, 2, LA.SHAPE) == (1 * w + 2) * c
     with pytest.raises(ValueError, match="pixel"):
-        LA.pixel_position(h, 0)
+        pixel_position(h, 0, LA.SHAPE)
 
 
 def test_table2_figures_draw_from_plain_data(tmp_path):
@@ -226,7 +228,7 @@ def test_fig2_long_run_is_kept_and_redrawn_from_its_weights(tmp_path, monkeypatc
     weights, summary, models, figdir = LA.paths(quick=True, long=True)
     assert weights == tmp_path / "models" / "fig2_dense_long.pt"
     assert LA.paths(quick=False, long=True)[0].name == "fig2_dense_long.pt"
-    assert LA.main(["--long", "--quick", "--threads", "1"]) == 0
+    assert fig2_command.main(["--long", "--quick", "--threads", "1"]) == 0
     record = json.loads(summary.read_text())
     assert weights.exists() and record["train"]["threads"] == 1
     assert record["train"]["machine"]["cpu_count"] >= 1
@@ -235,5 +237,5 @@ def test_fig2_long_run_is_kept_and_redrawn_from_its_weights(tmp_path, monkeypatc
         "attention_mass_long.png", "fig2_layers_long.png", "fig2_learned_attention_long.png"]
     capsys.readouterr()
     stamp = weights.stat().st_mtime_ns
-    assert LA.main(["--long", "--quick"]) == 0
+    assert fig2_command.main(["--long", "--quick"]) == 0
     assert "using cached" in capsys.readouterr().out and weights.stat().st_mtime_ns == stamp

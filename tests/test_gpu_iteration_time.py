@@ -13,6 +13,7 @@ import pytest
 import torch
 from triton_helpers import gpu
 
+from fast.commands import train_time as train_time_command
 from fast.experiments import gpu_iteration_time as it
 from tests.conftest import tiny_digits
 
@@ -43,7 +44,7 @@ def test_command_without_a_gpu_says_so(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
     with pytest.raises(SystemExit) as end:                 # before any work: exit 2, one line
-        it.main(["--device", "cpu"])
+        train_time_command.main(["--device", "cpu"])
     err = capsys.readouterr().err
     assert end.value.code == 2 and "GPU" in err and err.count("\n") == 1
     assert err.startswith("python -m fast train-time: --device cpu is the CPU; allowed: a GPU")
@@ -64,13 +65,13 @@ def test_gpu_training_step_waits_for_the_device_at_most_once(pattern):
 @pytest.mark.gpu
 @gpu
 def test_training_loop_waits_for_the_device_at_most_once_per_step(tmp_path):
-    """fast.transformer.train itself, fp16 with loss scaling, no logging or evaluation
+    """fast.transformer.training.train itself, fp16 with loss scaling, no logging or evaluation
     inside the steps: the waits of 8 steps minus those of 4 are at most one per step
     (the scaler's), so the loop's timing (StepClock) adds none."""
     import warnings
 
     from fast.data import load
-    from fast.transformer import train as training
+    from fast.transformer.training import train as training
 
     data = load("digits")
 

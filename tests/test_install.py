@@ -189,3 +189,49 @@ def test_a_notebook_runs_from_the_repository_root_and_keeps_the_committed_figure
     assert [p.name for p in tmp_path.iterdir()] == ["combine_heads.png"]
     assert _digest(ROOT / "figures") == before
     assert not list(ROOT.glob("*.png"))                     # nothing written beside the root
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="needs Numba")
+def test_sample_runs_from_a_read_only_install_with_an_unwritable_home(tmp_path):
+    """A copy of the code that cannot be written (read-only files; a regular file where
+    Numba's in-tree cache folder would go, which even root cannot turn into a folder), a
+    HOME that is a file and no NUMBA_CACHE_DIR: no folder takes Numba's cache. ``sample``
+    on the compiled engine still draws (compiled in memory), where Numba alone refuses
+    ("no locator available")."""
+    install = tmp_path / "install"
+    for package in ("fast", "reference"):
+        shutil.copytree(ROOT / package, install / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc"))
+    (install / "fast" / "transformer" / "decoding" / "__pycache__").write_text("not a folder")
+    (tmp_path / "home").write_text("not a folder")
+    model = tmp_path / "work" / "text.pt"
+    model.parent.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA", "XDG"))}
+    env.update(HOME=str(tmp_path / "home"), PYTHONPATH=str(install),
+               PYTHONDONTWRITEBYTECODE="1")
+    save = ("import torch; from fast.transformer.config import ModelConfig; "
+            "from fast.transformer.network.model import SparseTransformer; "
+            "from fast.transformer.network.checkpoint import save_weights; "
+            "torch.manual_seed(0); save_weights('text.pt', SparseTransformer(ModelConfig("
+            "vocab_size=256, n_ctx=24, d_model=16, n_heads=2, n_layers=1, pattern='fixed', "
+            "stride=8, c=2)))")
+    subprocess.run([sys.executable, "-c", save], cwd=model.parent, env=env, check=True,
+                   timeout=300)
+    for path in sorted(install.rglob("*"), reverse=True):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "fast", "sample", "--checkpoint",
+                               "text.pt", "--num", "2", "--length", "12", "--engine", "numba",
+                               "--out", "s.txt", "--no-progress"], cwd=model.parent, env=env,
+                              capture_output=True, text=True, timeout=600)
+        bare = subprocess.run([sys.executable, "-c", "import numba\n@numba.njit(cache=True)\n"
+                               "def f(x):\n    return x\n"], cwd=install / "fast", env=env,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        for path in install.rglob("*"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    print(proc.stderr[-2000:])
+    assert proc.returncode == 0 and "engine numba" in proc.stdout
+    assert (model.parent / "s.txt").is_file()
+    assert "no locator available" in bare.stderr                  # the situation is real

@@ -80,10 +80,44 @@ def tiles(name, count, index, mask, transpose) -> set:
     return out
 
 
+def listed(ranges, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tables a range form (``fast.layout.lut.Ranges``) stands for, read as a kernel
+    reads it: column start + t; mask listed for the first ``lead`` and last ``trail``
+    entries of a row, -1 (full) between. (H, R, max count) each."""
+    start, lead, trail, off = (x[..., None] for x in ranges.rows.long().unbind(-1))
+    t = torch.arange(max(1, int(count.max()) if count.numel() else 1))
+    first_trail = count.long()[..., None] - trail
+    e = torch.where(t < lead, off + t, torch.where(t >= first_trail, off + lead + t - first_trail,
+                                                   -1))
+    e = torch.where(t < count.long()[..., None], e, -1)   # entries past the count: not read
+    mask = torch.where(e >= 0, ranges.ends.long()[e.clamp(min=0)], -1)
+    return start + t, mask
+
+
+def check_ranges(part) -> None:
+    """The range form of a part's tables, where it has one, lists the same tiles."""
+    for first_head in (False, True):
+        for r, count, index, mask in zip(part.ranges(first_head),
+                                         (part.kv_count, part.q_count),
+                                         (part.kv_index, part.q_index),
+                                         (part.kv_mask, part.q_mask)):
+            if r is None:
+                continue
+            heads = 1 if first_head else count.shape[0]
+            count = count[:heads]
+            got_index, got_mask = listed(r, count)
+            t = torch.arange(got_index.shape[-1])
+            valid = t < count[..., None]                                     # (H, R, W)
+            assert torch.equal(got_index[valid], index[:heads, :, :t.shape[0]].long()[valid])
+            assert torch.equal(got_mask[valid], mask[:heads, :, :t.shape[0]].long()[valid])
+
+
 def check_tables(layout: BlockLayout) -> None:
-    """kv tables and q tables describe the same tiles; indices ascending; masks exact."""
+    """kv tables and q tables describe the same tiles; indices ascending; masks exact;
+    their range form (where a part has one) the same tiles again."""
     b = layout.block_size
     for part in layout.parts:
+        check_ranges(part)
         nh, mq = part.q_pos.shape
         assert mq % b == 0 and part.k_pos.shape[1] % b == 0, part.name
         assert part.kv_count.shape == (nh, mq // b)
@@ -252,6 +286,29 @@ def test_huge_layout_builds_without_dense_mask():
     assert local.n_blocks_computed == 3 * nb - 3
     assert column.n_blocks_computed == l * rb * (rb + 1) // 2
     assert seconds < 60
+
+
+def test_fixed_tables_at_2_20_are_megabytes():
+    """n = 2**20 (B = 1, H = 8, l = 256, c = 32, block 64): the tables the range-table
+    variant reads of the fixed pattern take megabytes, where listed tables would take
+    gigabytes (their size counted from the tile counts, not built). Also prints the
+    host's part of a first call on this CPU: the build, and the tables written."""
+    from fast.kernels.triton_attention import layout_cost
+    n, heads, b = 2 ** 20, 8, 64
+    for combine in ("merged", "multihead"):
+        cost = layout_cost("fixed", n, heads, dict(stride=256, c=32), "ranges", combine=combine,
+                           block=b)
+        lay = block_layout("fixed", n, heads, combine, block_size=b, stride=256, c=32)
+        listed_bytes = 0
+        for p in lay.parts:   # (H, rows, widest row) index and mask, int32, both tables
+            for count in (p.kv_count, p.q_count):
+                rows = count[:1] if p.shared else count
+                listed_bytes += 2 * 4 * rows.numel() * int(rows.max())
+        print(f"fixed {combine} n=2**20: build {cost['build_s']:.2f} s, tables "
+              f"{cost['tables_s']:.2f} s, {cost['table_bytes'] / 2**20:.1f} MiB "
+              f"(listed: {listed_bytes / 2**30:.1f} GiB)")
+        assert cost["table_bytes"] < 64 * 2**20
+        assert listed_bytes > 2 ** 30
 
 
 def test_diagonal_blocks_are_causal():

@@ -19,7 +19,7 @@ from fast.measure.memory import (
 from fast.measure.model_memory import measure, per_layer
 from fast.plots import memory as plot_memory
 from fast.transformer.config import ModelConfig
-from fast.transformer.model import SparseTransformer
+from fast.transformer.network.model import SparseTransformer
 
 
 def test_counts_activations_and_parameters_apart():

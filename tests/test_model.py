@@ -1,4 +1,4 @@
-"""fast/transformer/model.py and config.py: config errors, shapes, init (sec. 6),
+"""fast/transformer/network/model.py and config.py: config errors, shapes, init (sec. 6),
 recomputation exactness (sec. 5.4), the sparse and masked paths, attention weights."""
 
 import dataclasses
@@ -9,7 +9,8 @@ import torch
 
 from fast.backends import masks as masks_torch
 from fast.transformer.config import PRESETS, ModelConfig, preset
-from fast.transformer.model import SparseTransformer, gelu
+from fast.transformer.network.block import gelu
+from fast.transformer.network.model import SparseTransformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -61,6 +61,14 @@ def test_keys_per_query_figure_draws_every_curve_in_both_panels():
     strided = next(line for line in right.get_lines() if line.get_label() == "strided l=sqrt(n)")
     ys = strided.get_ydata()
     assert ys.max() / ys.min() < 1.1
+    # the ratio can be read off the log axis: a labelled tick at 1.5, where l = sqrt(n) sits,
+    # and at least three labelled ticks inside the drawn range (not a lone "10")
+    fig.canvas.draw()
+    lo, hi = right.get_ylim()
+    labelled = {float(t.get_text()): t.get_position()[1] for t in right.get_yticklabels()
+                if t.get_text() and lo <= t.get_position()[1] <= hi}
+    print("labelled ticks of the right panel:", sorted(labelled), "inside", (lo, hi))
+    assert 1.5 in labelled and len(labelled) >= 3
     plt.close(fig)
 
 

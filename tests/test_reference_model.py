@@ -1,4 +1,4 @@
-"""fast/transformer/model.py (float64) against its NumPy twin reference/model.py, which uses
+"""fast/transformer/network/model.py (float64) against its NumPy twin reference/model.py, which uses
 reference.patterns.head_masks and reference.attention.attend (sec. 4-5)."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fast.transformer.config import ModelConfig
-from fast.transformer.model import SparseTransformer
+from fast.transformer.network.model import SparseTransformer
 from reference import model as ref_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from fast.data import Dataset, load
-from fast.transformer import train as training
 from fast.transformer.config import preset
+from fast.transformer.training import train as training
 
 
 @pytest.fixture(scope="module")

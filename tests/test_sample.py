@@ -14,11 +14,13 @@ import pytest
 import torch
 
 from fast.__main__ import main as fast_main
-from fast.transformer import sample as sampling
-from fast.transformer.checkpoint import save_weights
+from fast.commands import sample as sample_command
 from fast.transformer.config import ModelConfig
-from fast.transformer.model import SparseTransformer
-from fast.transformer.sample import check_request, draw, sample
+from fast.transformer.decoding.draw import draw
+from fast.transformer.decoding.request import check_request
+from fast.transformer.decoding.sample import sample
+from fast.transformer.network.checkpoint import save_weights
+from fast.transformer.network.model import SparseTransformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -232,4 +234,4 @@ def test_text_prompt_escapes(checkpoints, tmp_path, capsys, monkeypatch):
                           "--prompt-file", str(tmp_path / "p.bin"), "--out",
                           str(tmp_path / "p.txt"), "--no-progress"], capsys)
     assert code == 0
-    assert sampling.COMMAND == "python -m fast sample"
+    assert sample_command.COMMAND == "python -m fast sample"

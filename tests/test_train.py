@@ -17,22 +17,17 @@ import torch
 import torch.multiprocessing as mp
 
 from fast.__main__ import main as fast_main
+from fast.commands import train as cli
 from fast.data import load
-from fast.transformer import cli
-from fast.transformer import sample as sampling
-from fast.transformer import train as training
-from fast.transformer.checkpoint import (
-    load_checkpoint,
-    load_model,
-    restore,
-    save_weights,
-    training_state,
-)
+from fast.plots.samples import image_grid
 from fast.transformer.config import preset
-from fast.transformer.devices import StepClock
-from fast.transformer.model import SparseTransformer
-from fast.transformer.optim import lr_factor
-from fast.transformer.sample import image_grid
+from fast.transformer.decoding import sample as sampling
+from fast.transformer.network.checkpoint import FORMAT, load_checkpoint, load_model, save_weights
+from fast.transformer.network.model import SparseTransformer
+from fast.transformer.training import train as training
+from fast.transformer.training.clock import StepClock
+from fast.transformer.training.optim import lr_factor
+from fast.transformer.training.resume import check_resumable, training_state
 from tests.conftest import tiny_digits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,10 +212,10 @@ def test_text_sampling_continues_a_prompt():
 
 def test_cli_help_and_bad_option(capsys):
     with pytest.raises(SystemExit) as ok:
-        training.main(["--help"])
+        cli.main(["--help"])
     assert ok.value.code == 0 and "presets:" in capsys.readouterr().out
     with pytest.raises(SystemExit) as bad:
-        training.main(["--layers", "2"])
+        cli.main(["--layers", "2"])
     assert bad.value.code == 2                              # a usage error: one line, exit 2
     line = capsys.readouterr().err
     assert "unknown option --layers" in line and "--n_layers" in line and line.count("\n") == 1
@@ -255,8 +250,8 @@ def test_committed_weights_files_load(path):
     x = torch.zeros(1, 8, dtype=torch.long)
     assert torch.isfinite(model(x)).all()
     with pytest.raises(ValueError, match="cannot resume"):
-        restore(load_checkpoint(path), path, model_cfg=model_cfg, train_cfg=None, world=1,
-                model=model, optimizer=None, scheduler=None, scaler=None)
+        check_resumable(load_checkpoint(path), path, model_cfg=model_cfg, train_cfg=None,
+                        world=1, precision="fp32", device="cpu", data={})
 
 
 def test_save_weights_round_trip(tmp_path):
@@ -265,7 +260,7 @@ def test_save_weights_round_trip(tmp_path):
     model = SparseTransformer(m)
     path = save_weights(tmp_path / "w.pt", model)
     blob = torch.load(path, map_location="cpu", weights_only=True)
-    assert sorted(blob) == ["model", "model_cfg"]
+    assert sorted(blob) == ["format", "model", "model_cfg"] and blob["format"] == FORMAT
     assert all(v.dtype == torch.float16 for v in blob["model"].values())
     back, back_cfg, _ = load_model(path)
     assert back_cfg == m
@@ -275,12 +270,15 @@ def test_save_weights_round_trip(tmp_path):
 
 
 def test_training_state_holds_the_documented_keys(tmp_path, digits):
-    """The format in fast.transformer.checkpoint's docstring, in that key order."""
+    """The format in fast.transformer.training.resume's docstring, in that key order."""
     m, t = tiny_digits(tmp_path, max_iters=1)
     out = training.train(m, t, progress=False, dataset=digits)
     state = load_checkpoint(out["checkpoint"])
-    assert list(state) == ["model", "optimizer", "scheduler", "scaler", "rng", "step",
-                           "data_position", "model_cfg", "train_cfg", "history"]
+    assert list(state) == ["format", "model", "optimizer", "scheduler", "scaler", "rng",
+                           "step", "data_position", "model_cfg", "train_cfg", "data",
+                           "precision", "device", "history"]
+    assert state["format"] == FORMAT and state["data"] == digits.fingerprint()
+    assert (state["precision"], state["device"]) == ("fp32", "cpu")
     assert state["data_position"] == {"step": 1, "seed": t.seed, "world_size": 1}
     assert state["scaler"] is None and sorted(state["history"]) == ["evals", "train"]
     model = out["model"]
@@ -288,12 +286,12 @@ def test_training_state_holds_the_documented_keys(tmp_path, digits):
     again = training_state(model=model, optimizer=optimizer,
                            scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
                            scaler=None, step=1, world=1, model_cfg=m, train_cfg=t,
-                           history={}, evals=[])
-    assert list(again) == list(state)
+                           history={}, evals=[], data={}, precision="fp32", device="cpu")
+    assert ["format", *again] == list(state)            # save_checkpoint puts the format first
 
 
 def test_step_clock_times_every_step(tmp_path, digits):
-    """The loop's clock (devices.StepClock) keeps one positive time per step, in order."""
+    """The loop's clock (training.clock.StepClock) keeps one positive time per step, in order."""
     clock = StepClock(torch.device("cpu"))
     for _ in range(3):
         clock.start()

@@ -16,12 +16,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fast.core.cli import UsageError
+from fast.commands import train as cli
 from fast.data import Dataset, load
-from fast.transformer import cli
-from fast.transformer import train as training
 from fast.transformer.config import TrainConfig, preset
-from fast.transformer.optim import make_optimizer, make_scheduler
+from fast.transformer.training import train as training
+from fast.transformer.training.optim import make_optimizer, make_scheduler
 from tests.conftest import tiny_digits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +43,7 @@ def no_step(monkeypatch):
     """Fail the test if a training step is taken: the checks must come before."""
     def step(*args, **kw):
         raise AssertionError("a training step was taken before the run was refused")
-    monkeypatch.setattr(training, "_step", step)
+    monkeypatch.setattr(training, "train_step", step)
 
 
 # ----------------------------------------------------------------------------
@@ -181,15 +180,15 @@ def test_an_empty_eval_split_is_found_before_training(tmp_path, digits, no_step)
     splits = dict(digits.splits, test=digits.splits["test"][:0])
     empty = Dataset("digits", "image", 17, splits, (8, 8, 1))
     m, t = tiny(tmp_path, eval_splits=("val", "test"))
-    with pytest.raises(UsageError, match="split 'test' holds no sequence"):
+    with pytest.raises(ValueError, match="split 'test' holds no sequence"):
         training.train(m, t, progress=False, dataset=empty)
     text = Dataset("bytes", "text", 256, {"train": digits.splits["train"].ravel(),
                                           "val": digits.splits["val"].ravel()[:64]})
     m, t = preset("quick_text", d_model=16, n_heads=2, n_layers=1, n_ctx=64, stride=8, c=2,
                   out_dir=str(tmp_path))
-    with pytest.raises(UsageError, match="split 'val' holds 64 bytes"):
+    with pytest.raises(ValueError, match="split 'val' holds 64 bytes"):
         training.train(m, t, progress=False, dataset=text)
-    with pytest.raises(UsageError, match="has no split 'test'"):
+    with pytest.raises(ValueError, match="has no split 'test'"):
         training.train(m, dataclasses.replace(t, eval_splits=("test",)), progress=False,
                        dataset=text)
 
@@ -198,7 +197,7 @@ def test_an_unwritable_out_dir_is_found_before_training(tmp_path, digits, no_ste
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     m, t = tiny(blocker / "run")
-    with pytest.raises(UsageError, match="cannot be written to"):
+    with pytest.raises(ValueError, match="cannot be written to"):
         training.train(m, t, progress=False, dataset=digits)
     assert not (blocker / "run").exists() and blocker.read_text() == "not a folder"
 
@@ -206,11 +205,11 @@ def test_an_unwritable_out_dir_is_found_before_training(tmp_path, digits, no_ste
 def test_missing_data_and_devices_are_found_before_training(tmp_path, no_step):
     m, t = preset("cifar10", n_layers=1, d_model=16, data_path=str(tmp_path / "none"),
                   out_dir=str(tmp_path))
-    with pytest.raises(UsageError):
+    with pytest.raises(ValueError):
         training.train(m, t, progress=False)
     if not torch.cuda.is_available():
         m, t = tiny(tmp_path, device="cuda")
-        with pytest.raises(UsageError, match="CUDA is not available"):
+        with pytest.raises(ValueError, match="CUDA is not available"):
             training.train(m, t, progress=False)
 
 
@@ -219,14 +218,14 @@ def test_a_fresh_run_never_overwrites_a_checkpoint(tmp_path, digits, capsys, mon
     first = training.train(m, t, progress=False, dataset=digits)
     path = Path(first["checkpoint"])
     before = path.read_bytes()
-    with pytest.raises(UsageError, match="--resume to continue it, --overwrite to replace it"):
+    with pytest.raises(ValueError, match="--resume to continue it, --overwrite to replace it"):
         training.train(m, t, progress=False, dataset=digits)
     assert path.read_bytes() == before
     monkeypatch.setattr(sys, "argv", list(sys.argv))            # main may set sys.argv
     argv = ["--preset", "digits", "--d_model", "16", "--n_layers", "1", "--max_iters", "3",
             "--precision", "fp32", "--device", "cpu", "--out_dir", str(tmp_path)]
     with pytest.raises(SystemExit) as end:
-        training.main(argv)
+        cli.main(argv)
     err = capsys.readouterr().err
     assert end.value.code == 2 and err.count("\n") == 1 and "--overwrite" in err
     assert path.read_bytes() == before                           # nothing lost
@@ -240,11 +239,11 @@ def test_a_fresh_run_never_overwrites_a_checkpoint(tmp_path, digits, capsys, mon
 
 def test_resume_without_a_checkpoint_is_refused(tmp_path, digits, no_step):
     m, t = tiny(tmp_path / "empty", resume=True)
-    with pytest.raises(UsageError, match="there is no checkpoint"):
+    with pytest.raises(ValueError, match="there is no checkpoint"):
         training.train(m, t, progress=False, dataset=digits)
     (tmp_path / "odd" / "ckpt.pt").mkdir(parents=True)
     m, t = tiny(tmp_path / "odd", overwrite=True)
-    with pytest.raises(UsageError, match="is a folder"):
+    with pytest.raises(ValueError, match="is a folder"):
         training.train(m, t, progress=False, dataset=digits)
 
 
@@ -263,12 +262,13 @@ def test_a_step_the_loss_scaler_skips_does_not_advance_the_schedule(digits):
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127)
     weights = [p.detach().clone() for p in model.parameters()]
     lr = scheduler.get_last_lr()
-    loss = training._step(model, model, x, y, optimizer, scheduler, scaler, "fp16", device, 1.0)
+    loss = training.train_step(model, model, x, y, optimizer, scheduler, scaler, "fp16", device,
+                               1.0)
     assert math.isfinite(loss.item()) and scaler.get_scale() < 2.0 ** 127   # skipped
     assert all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
     assert scheduler.last_epoch == 0 and scheduler.get_last_lr() == lr
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)               # a usable scale
-    training._step(model, model, x, y, optimizer, scheduler, scaler, "fp16", device, 1.0)
+    training.train_step(model, model, x, y, optimizer, scheduler, scaler, "fp16", device, 1.0)
     assert scaler.get_scale() == 2.0 ** 8 and scheduler.last_epoch == 1
     assert not all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
 

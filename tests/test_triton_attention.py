@@ -21,8 +21,10 @@ from triton_helpers import T, make_inputs, needs_runner, ref_masks
 
 from fast import sparse_attention
 from fast.core.merge import merge
+from fast.kernels import launch as L
 from fast.layout import block_layout
-from fast.measure.bench_triton import contenders, ideal_speedup
+from fast.layout.costs import ideal_speedup
+from fast.measure.contenders import triton_contenders
 from reference import attention as A
 from reference import patterns as P
 
@@ -69,7 +71,7 @@ def test_kernel_merges_disjoint_parts_exactly():
     _, ref_lse = A.attend(*(t.double().cpu().numpy() for t in (q, k, v)), masks[None])
     np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=2e-5)
     # the in-kernel merge equals the torch merge of the separately computed parts
-    dparts = [T.device_part(p, BLOCK, q.device) for p in parts]
+    dparts = [p.to(q.device) for p in parts]
     outs, lses = T.forward(q, k, v, dparts, d ** -0.5, BLOCK, separate=True)
     assert len(outs) == 2 and all(torch.isfinite(x).any() for x in lses)
     out_t, lse_t = merge(outs, lses)
@@ -149,7 +151,7 @@ def test_layout_is_cached_and_results_are_deterministic():
 @needs_runner
 def test_bench_contenders_and_ideal_speedup():
     params = dict(stride=8, combine="multihead")
-    fns = contenders("strided", params, torch.float32, block_size=BLOCK)
+    fns = triton_contenders("strided", params, torch.float32, block_size=BLOCK)
     assert set(fns) == {"triton block-sparse", "triton natural order"}
     q, k, v, _ = make_inputs(1, 2, 48, 16)
     masks = ref_masks("strided", 48, 2, "multihead", 0, stride=8)
@@ -214,6 +216,33 @@ def test_both_entry_points_share_one_tensor_check(case):
             entry(bad, bad, bad, "full")
 
 
+@needs_runner
+def test_inputs_are_checked_once_per_call(monkeypatch):
+    """q, k, v and the scale are checked once per call, at the entry the caller used:
+    ``fast.sparse_attention`` checks them and the kernel trusts it; the kernel's own
+    entry checks them itself."""
+    from fast import attention
+
+    counts = {}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    for module in (attention, T):
+        monkeypatch.setattr(module, "check_tensors", counted("tensors", module.check_tensors))
+        monkeypatch.setattr(module, "check_scale", counted("scale", module.check_scale))
+    q = torch.randn(1, 1, 20, 16)
+    for entry in (lambda: sparse_attention(q, q, q, "strided", stride=4, backend="triton"),
+                  lambda: T.triton_sparse_attention(q, q, q, "strided", stride=4,
+                                                    block_size=BLOCK)):
+        counts.clear()
+        entry()
+        assert counts == {"tensors": 1, "scale": 1}, counts
+
+
 def test_both_entry_points_share_one_scale_check():
     q = torch.zeros(1, 2, 20, 16)
     messages = []
@@ -224,24 +253,25 @@ def test_both_entry_points_share_one_scale_check():
     assert messages[0] == messages[1]
 
 
-def test_device_part_counts_on_the_host():
-    """A DevicePart carries its tile count and highest position as Python ints,
-    so forward and backward never read them back from the device."""
+def test_moved_part_counts_on_the_host():
+    """A part moved to the run device carries its tile count and highest position as
+    Python ints (``LayoutPart.facts``), so forward and backward never read them back
+    from the device."""
     n = 40
     lay = block_layout("fixed", n, 2, combine="multihead", block_size=BLOCK, stride=8, c=2)
     for part in lay.parts:
-        dp = T.device_part(part, BLOCK, "cpu")
-        assert type(dp.blocks) is int and dp.blocks == int(part.kv_count.sum())
-        assert type(dp.top) is int
-        assert dp.top == max(int(part.q_pos.max()), int(part.k_pos.max()))
-        assert dp.top < n
+        dp = part.to("cpu")
+        assert type(dp.facts.tiles) is int and dp.facts.tiles == int(part.kv_count.sum())
+        assert type(dp.facts.top) is int
+        assert dp.facts.top == max(int(part.q_pos.max()), int(part.k_pos.max()))
+        assert dp.facts.top < n
 
 
 def test_part_with_a_position_twice_is_rejected():
     part = T.parts_from_masks([P.head_masks("full", 20, 1)], BLOCK)[0]
     part.q_pos[0, 1] = 0
     with pytest.raises(ValueError, match="twice"):
-        T.device_part(part, BLOCK, "cpu")
+        part.to("cpu")
 
 
 def test_cpu_without_interpreter_says_what_to_do(monkeypatch):
@@ -270,3 +300,80 @@ def test_parts_that_do_not_fit_the_inputs_are_rejected():
     longer = block_layout("strided", 64, 2, block_size=16, stride=5).parts
     with pytest.raises(ValueError, match="longer sequence"):
         T.attention_with_parts(q, k, v, longer, block_size=16)
+
+
+# ----------------------------------------------------------------------------
+# Variants: the code path each lever takes, and parts that do not cover every row
+# ----------------------------------------------------------------------------
+
+def test_variants_take_their_code_paths():
+    """What each lever switches is really switched (no kernel runs): slot maps for the
+    natural, transposed and gathered orders, range tables for range rows (listed ones
+    kept where rows are not ranges), grouped launches for the few-tile part kinds, and
+    the fused write order (a part that writes every row first and last)."""
+    every, base = T.VARIANTS["all"], T.VARIANTS["baseline"]
+    for pattern, n, params in (("strided", 45, dict(stride=7)),
+                               ("fixed", 41, dict(stride=8, c=2))):
+        parts, _ = T.cached_layout(pattern, n, 3, "multihead", 0, params, BLOCK, "cpu")
+        for p in parts:
+            a, b = L.part_args(p, every), L.part_args(p, base)
+            assert a.flags == dict(Q_MAP=True, K_MAP=True) and a.kv_range and a.qt_range, p
+            assert b.flags == dict(Q_MAP=False, K_MAP=False) and not (b.kv_range or b.qt_range)
+            assert every.settings(p.name, torch.float32, 16).group == (
+                4 if p.name in ("local", "block") else 1)
+    parts, _ = T.cached_layout("bigbird", 100, 1, "merged", 0,
+                               dict(window=4, n_random=2, n_global=2, seed=1), BLOCK, "cpu")
+    random = next(p for p in parts if p.name == "random")
+    assert not L.part_args(random, every).kv_range          # its rows are not ranges
+    glob = next(p for p in parts if p.name == "global_keys")
+    assert L.part_args(glob, every).flags == dict(Q_MAP=True, K_MAP=False)  # keys listed
+    # fixed: the summary's keys are only the summaries, so its dK/dV launch comes first
+    parts, _ = T.cached_layout("fixed", 41, 2, "merged", 0, dict(stride=8, c=2), BLOCK, "cpu")
+    k_order = L._order(parts, lambda p: p.facts.k_real == 41, fused=True)
+    assert [p.name for p in k_order.parts] == ["summary", "block"] and k_order.fill
+    q_order = L._order(parts, lambda p: p.facts.q_real == 41, fused=True)
+    assert [p.name for p in q_order.parts] == ["block", "summary"]
+    assert not (q_order.fill or q_order.cast)
+    assert L._order(parts, lambda p: True, fused=False) == (parts, True, True)
+
+
+@needs_runner
+@pytest.mark.parametrize("variant", ["baseline", "fused"])
+def test_parts_that_do_not_cover_every_row(variant):
+    """Parts whose queries (or keys) are a few gathered positions: no part writes every
+    row of dq (or dk, dv), so the fused order starts from zeros and casts at the end."""
+    n, H, d = 45, 1, 16
+    lays = [block_layout("longformer", n, H, block_size=BLOCK, window=3, global_tokens=g)
+            for g in ((0, 17), (5, 30))]
+    for name in ("global_keys", "global_queries"):
+        parts = [next(p for p in lay.parts if p.name == name) for lay in lays]
+        masks = (parts[0].to_dense(n) | parts[1].to_dense(n)).numpy()        # (H, n, n)
+        assert not (parts[0].to_dense(n) & parts[1].to_dense(n)).any()
+        check_against_reference(
+            lambda q, k, v, ps=parts: T.attention_with_parts(q, k, v, ps, block_size=BLOCK,
+                                                             variant=variant),
+            masks, 1, H, n, d)
+
+
+def test_bad_variants_are_rejected():
+    """A variant is a name in VARIANTS, a Variant or None; settings are checked when made;
+    a variant for a backend other than Triton is refused, not ignored."""
+    from fast.kernels.variants import Launch, Variant, resolve
+
+    assert resolve(None) is T.VARIANTS["baseline"] and resolve("fused") is T.VARIANTS["fused"]
+    with pytest.raises(ValueError, match="variant must be one of"):
+        resolve("fastest")
+    with pytest.raises(TypeError, match="variant must be a name"):
+        resolve(3)
+    for bad in (dict(block=24), dict(block=8), dict(warps=3), dict(group=0), dict(stages=0)):
+        with pytest.raises(ValueError, match="Launch"):
+            Launch(**bad)
+    with pytest.raises(TypeError, match="Variant.fused"):
+        Variant("x", fused=1)
+    with pytest.raises(TypeError, match="tuple of Launch"):
+        Variant("x", launch=[Launch()])
+    q = torch.zeros(1, 1, 8, 16)
+    with pytest.raises(ValueError, match="selects a Triton kernel variant"):
+        sparse_attention(q, q, q, "strided", stride=4, backend="structured", variant="fused")
+    # every registered variant says what it should save
+    assert all(v.prediction for v in T.VARIANTS.values())

@@ -75,35 +75,42 @@ def _run(fn, inputs, do, dtype):
     return [out.detach()] + [t.grad for t in ins]
 
 
-def check_case(pattern, combine, layer, params, dtype, device, *, B, H, n, d,
-               block_size=None, repeat=True) -> None:
-    """The kernel's forward and q, k, v gradients in ``dtype`` against float64, by the
+def flash_rule(kernel, inputs, do, masks, scale, dtype, floor, label) -> list:
+    """Forward and q, k, v gradients of ``kernel`` in ``dtype`` against float64 by the
     flash-attention rule: err(kernel) <= 2 err(masked softmax run in ``dtype``) + floor
-    (both printed first). Also: no NaN or inf anywhere; rows that read nothing give
-    out 0 and dq 0; a second forward+backward is bitwise equal (``repeat``)."""
-    masks = torch.from_numpy(np.ascontiguousarray(
-        ref_masks(pattern, n, H, combine, layer, **params))).to(device)  # (H, n, n)
-    q, k, v, do = make_inputs(B, H, n, d, device=device, dtype=torch.float64)
-    scale = d ** -0.5
+    (both printed first), no NaN or inf. Returns the kernel's (out, dq, dk, dv)."""
 
     def reference(a, b, c):
         return torch_reference(a, b, c, masks, scale)
 
-    def kernel(a, b, c):
-        return T.triton_sparse_attention(a, b, c, pattern, combine=combine, layer=layer,
-                                         block_size=block_size, **params)
-
-    exact = _run(reference, (q, k, v), do, torch.float64)
-    low = _run(reference, (q, k, v), do, dtype)
-    got = _run(kernel, (q, k, v), do, dtype)
-    floor = 1e-4 if dtype == torch.float32 else 1e-5  # float32 runs as tf32x3 on a GPU
+    exact = _run(reference, inputs, do, torch.float64)
+    low = _run(reference, inputs, do, dtype)
+    got = _run(kernel, inputs, do, dtype)
     for name, e, lo, f in zip(("out", "dq", "dk", "dv"), exact, low, got):
         err_ref = (lo.double() - e).abs().max().item()
         err_fast = (f.double() - e).abs().max().item()
-        print(f"{pattern} {combine}{layer} {dtype} {name}: err_fast {err_fast:.2e}  "
-              f"err_ref_lowprec {err_ref:.2e}")
+        print(f"{label} {dtype} {name}: err_fast {err_fast:.2e}  err_ref_lowprec {err_ref:.2e}")
         assert bool(torch.isfinite(f).all()), f"{name} holds NaN or inf"
         assert err_fast <= 2 * err_ref + floor, name
+    return got
+
+
+def check_case(pattern, combine, layer, params, dtype, device, *, B, H, n, d,
+               block_size=None, repeat=True, variant=None) -> None:
+    """The kernel (``variant``) against float64 by ``flash_rule``; also rows that read
+    nothing give out 0 and dq 0, and a second forward+backward is bitwise equal
+    (``repeat``)."""
+    masks = torch.from_numpy(np.ascontiguousarray(
+        ref_masks(pattern, n, H, combine, layer, **params))).to(device)  # (H, n, n)
+    q, k, v, do = make_inputs(B, H, n, d, device=device, dtype=torch.float64)
+
+    def kernel(a, b, c):
+        return T.triton_sparse_attention(a, b, c, pattern, combine=combine, layer=layer,
+                                         block_size=block_size, variant=variant, **params)
+
+    floor = 1e-4 if dtype == torch.float32 else 1e-5  # float32 runs as tf32x3 on a GPU
+    got = flash_rule(kernel, (q, k, v), do, masks, d ** -0.5, dtype, floor,
+                     f"{pattern} {combine}{layer} {variant or 'default'}")
     empty = ~masks.any(-1)                                               # (H, n)
     assert bool((got[0][:, empty] == 0).all()), "a row that reads nothing is not 0"
     assert bool((got[1][:, empty] == 0).all()), "a row that reads nothing has dq != 0"

@@ -1,10 +1,21 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of one.
+"""Every file the project writes, written one way: whole or not at all, never through a link.
 
 Child et al., 2019, section 6 trains for days: a run must survive being killed at
 any moment, and so must every cache the figure scripts write (sec. 7's results
 are recomputed from them). Everything the project writes to disk goes through
-``atomic_write``: checkpoints (``fast.transformer.checkpoint``), the JSON caches
-of ``fast.experiments`` and the benchmark results.
+``atomic_write``: checkpoints (``fast.transformer.network.checkpoint``), samples
+(``python -m fast sample``), figures (``fast.plots.style.save``), the JSON caches of
+``fast.experiments`` and the notebooks a command re-executes. How:
+
+1. a temporary file ``.<name>.<pid>.<random>.tmp`` is created in the folder of
+   ``path`` with ``O_CREAT | O_EXCL | O_NOFOLLOW``: a new file of a name nobody
+   can predict, never an existing file and never the target of a symbolic link
+   someone planted (a name taken is drawn again);
+2. the writer fills it; it is flushed and ``fsync``-ed;
+3. ``os.replace`` renames it over ``path`` (atomic on one file system; a link at
+   ``path`` itself is replaced, its target left alone);
+4. the folder is ``fsync``-ed, so that the rename survives a power cut too
+   (file systems that cannot sync a folder are left at step 3).
 
 What happens on a fault:
 
@@ -13,16 +24,30 @@ What happens on a fault:
   refused a write, that ``OSError`` is what propagates, even if the writer turned it
   into its own exception (``torch.save`` reports a full disk as a RuntimeError
   about stream positions);
-* the process is killed (``kill -9``) mid-write: ``path`` is left as it was; the
-  ``<name>.tmp`` file may remain (nothing can remove it then), nothing reads it, and
-  the next write to ``path`` replaces it.
+* the process is killed (``kill -9``) mid-write: ``path`` is left as it was; its
+  temporary file remains (nothing can remove it then) and nothing reads it; the next
+  successful write of ``path`` removes the temporary files of ``path`` whose
+  process (the pid in the name) no longer runs.
+
+``check_writable`` tells, before any work, whether a folder takes a file;
+``regular_file`` says in one sentence why a path given as an input file is not one
+(missing, a folder, a FIFO, a device); ``identity`` tells whether a file is still
+the one seen before (``fast.transformer.training`` checks its checkpoint with it).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import secrets
+import stat
+import tempfile
 from pathlib import Path
+
+# a new file, never an existing one, never through a link; not inherited by children
+_CREATE = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+           | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
 
 
 class _Recording:
@@ -42,22 +67,82 @@ class _Recording:
         self.f.flush()
 
 
+def _temporary(path: Path) -> tuple[Path, int]:
+    """(name, descriptor) of a new, empty file beside ``path`` (step 1 above)."""
+    for _ in range(100):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            return tmp, os.open(tmp, _CREATE, 0o666)
+        except FileExistsError:
+            continue                 # taken (or planted): draw another name
+    raise FileExistsError(errno.EEXIST, "no free temporary name after 100 draws", str(path))
+
+
+def _sync_folder(folder: Path) -> None:
+    """fsync a folder (its entries: the rename); skipped where the OS cannot do it."""
+    if os.name != "posix":
+        return                       # Windows cannot open a folder to sync it
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise                    # those say "this file system does not sync folders"
+    finally:
+        os.close(fd)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (another user's counts as running)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def _remove_stale(path: Path) -> None:
+    """Remove the temporary files of ``path`` left by writers killed mid-write."""
+    prefix = f".{path.name}."
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    for name in names:
+        parts = name[len(prefix):].split(".") if name.startswith(prefix) else []
+        if len(parts) != 3 or parts[2] != "tmp" or not parts[0].isdigit():
+            continue
+        if _alive(int(parts[0])):
+            continue                 # a writer at work: its file is not ours to take
+        try:
+            if not stat.S_ISDIR(os.lstat(path.parent / name).st_mode):
+                os.unlink(path.parent / name)      # a link is removed, never followed
+        except OSError:
+            pass                     # gone meanwhile, or not ours to remove: harmless
+
+
 def atomic_write(path, write) -> str:
-    """Call ``write(file)`` on a temporary file beside ``path``, then rename it over
-    ``path`` (``os.replace`` is atomic on one file system). If writing fails, the
-    temporary file is removed and ``path`` is left as it was. Returns the path.
-    ``file`` offers ``write`` and ``flush`` (enough for ``torch.save`` and JSON)."""
+    """Call ``write(file)`` on a new temporary file beside ``path``, then rename it over
+    ``path`` (the module docstring: exclusive, no links followed, fsync-ed, folder
+    synced). If writing fails, the temporary file is removed and ``path`` is left as it
+    was. Returns the path. ``file`` offers ``write`` and ``flush`` (enough for
+    ``torch.save``, JSON and bytes)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp, fd = _temporary(path)
     recording = None
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             recording = _Recording(f)
             write(recording)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _sync_folder(path.parent)
     except BaseException as err:
         try:
             tmp.unlink(missing_ok=True)
@@ -66,10 +151,63 @@ def atomic_write(path, write) -> str:
         if recording is not None and recording.error is not None and recording.error is not err:
             raise recording.error from err
         raise
+    _remove_stale(path)
     return str(path)
+
+
+def write_bytes(path, data: bytes) -> str:
+    """``data`` to ``path`` atomically (samples, figures, notebooks)."""
+    return atomic_write(path, lambda f: f.write(data))
 
 
 def write_json(path, data, indent=None) -> str:
     """``json.dumps(data)`` to ``path`` atomically (the figure scripts' caches)."""
-    text = json.dumps(data, indent=indent).encode()
-    return atomic_write(path, lambda f: f.write(text))
+    return write_bytes(path, json.dumps(data, indent=indent).encode())
+
+
+def check_writable(folder: Path) -> None:
+    """Make ``folder`` if needed and create (then remove) a file in it; OSError if not."""
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "a file, not a folder", str(folder))
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=folder)
+    os.close(fd)
+    os.unlink(probe)
+
+
+def kind(path) -> str:
+    """What ``path`` is, in words: "a file", "a folder", "a FIFO", "a device", "a
+    socket", "missing" (a link is followed)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    except OSError as err:
+        return f"unreadable ({err.strerror or err})"
+    return ("a file" if stat.S_ISREG(mode) else "a folder" if stat.S_ISDIR(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def regular_file(path, what: str, allowed: str = "a regular file") -> Path:
+    """``path`` as a Path if it is a regular file; else FileNotFoundError (missing) or
+    ValueError (a folder, a FIFO, a device...), one sentence naming ``what``, the path
+    and what is ``allowed``."""
+    path = Path(path)
+    found = kind(path)
+    if found == "missing":
+        raise FileNotFoundError(f"{what} {path} not found; allowed: {allowed}")
+    if found != "a file":
+        raise ValueError(f"{what} {path} is {found}; allowed: {allowed}")
+    return path
+
+
+def identity(path) -> tuple | None:
+    """What tells a file from its replacement: (device, inode, size, mtime in ns) of
+    ``path`` itself (a link is not followed), or None when nothing is there."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns

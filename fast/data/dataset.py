@@ -18,8 +18,9 @@ Evaluation (``eval_batches``) reads every item of a split, or, when capped at
 k = 0..m-1 -- never just the first ones, so a capped number still describes the
 whole split (all its files, all its photographs).
 
-Random draws use a ``torch.Generator`` passed in (``fast.transformer.seed.data_generator``),
-so a batch is a pure function of (seed, step, rank).
+Random draws use a ``torch.Generator`` passed in
+(``fast.transformer.training.seed.data_generator``), so a batch is a pure function of
+(seed, step, rank).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from fast.data import images, text
 
 DATASETS = ("grey16", "photos32", "digits", "stdlib", "enwik8", "cifar10", "npy_images")
 SPLITS = ("train", "val", "test")
+LOCAL = ("enwik8", "cifar10", "npy_images")       # read from a path the user gives
+TEXT = ("stdlib", "enwik8")                        # byte streams: max_bytes caps them
 
 
 @dataclass
@@ -119,8 +122,8 @@ class Dataset:
 
     def fingerprint(self) -> dict:
         """SHA-256 (first 16 hex digits) and size of every split: which bytes a result saw."""
-        return {split: {"sha256": hashlib.sha256(np.ascontiguousarray(arr).tobytes())
-                        .hexdigest()[:16], "shape": list(arr.shape)}
+        return {split: {"sha256": hashlib.sha256(np.ascontiguousarray(arr).reshape(-1))
+                        .hexdigest()[:16], "shape": list(arr.shape)}   # hashed in place
                 for split, arr in self.splits.items()}
 
 
@@ -131,7 +134,15 @@ def load(name: str, *, path=None, max_bytes: int | None = None, image_shape=None
     path: local file or folder for enwik8 (zip or raw), cifar10 (cifar-10-batches-py
     folder) and npy_images (folder with train.npy, val.npy[, test.npy]).
     max_bytes: cap on each text split. image_shape: expected (H, W, C) for npy_images.
+    A path given to a bundled dataset, or max_bytes to images, is refused (ValueError),
+    never ignored: the run would not read what its command line says.
     """
+    if path is not None and name in DATASETS and name not in LOCAL:
+        raise ValueError(f"data_path {str(path)!r} given for dataset {name!r}, which is bundled "
+                         f"and reads no path; allowed: data_path only for {', '.join(LOCAL)}")
+    if max_bytes is not None and name in DATASETS and name not in TEXT:
+        raise ValueError(f"data_max_bytes={max_bytes!r} given for dataset {name!r}, which holds "
+                         f"images; allowed: data_max_bytes only for {', '.join(TEXT)}")
     if name == "grey16":
         return Dataset(name, "image", 256, images.grey16(), (16, 16, 1))
     if name == "photos32":

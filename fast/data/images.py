@@ -4,10 +4,13 @@ Child et al., 2019, section 7.2 (CIFAR-10 "represented as sequences of 3072
 bytes") and section 7.4 (ImageNet 64x64). Every loader returns a dict
 ``{"train", "val", "test"} -> uint8 array (N, H*W*C)``: each image flattened in
 raster order with channels interleaved, position p = (row * W + col) * C + ch
-(R, G, B for colour) -- the order that fast.transformer.model's (row, column, channel)
+(R, G, B for colour) -- the order that fast.transformer.network.model's (row, column, channel)
 embeddings assume. Nothing is downloaded: the photographs are the files that
 ship inside scikit-image (``skimage/data/``) and scikit-learn
 (``sklearn/datasets/images/``); CIFAR-10 and .npy images are read from a local path.
+CIFAR-10's python batches are pickles: they are read by an unpickler that builds
+only what a batch holds (``CIFAR_GLOBALS``), so a crafted file runs nothing; .npy
+files are read with ``allow_pickle=False``.
 
 Photographs -> crops (deterministic; training and held-out photographs are
 disjoint, so no validation or test pixel was seen in training):
@@ -38,6 +41,13 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+
+from fast.core.files import kind, regular_file
+
+try:
+    from numpy._core.multiarray import _reconstruct  # NumPy 2
+except ImportError:                                          # NumPy 1
+    from numpy.core.multiarray import _reconstruct
 
 PHOTO_SPLITS = {
     "train": ["skimage:astronaut.png", "skimage:rocket.jpg", "skimage:hubble_deep_field.jpg",
@@ -137,19 +147,46 @@ def digits() -> dict[str, np.ndarray]:
 CIFAR_TRAIN = [f"data_batch_{i}" for i in range(1, 6)]
 CIFAR_TEST = "test_batch"
 
+# Everything a CIFAR-10 python batch is built from. The batches are Python 2 pickles
+# (protocol 2) of a dict {"batch_label": str, "labels": [int], "data": ndarray,
+# "filenames": [str]}; strings and ints are pickle opcodes, and the array takes
+# three globals: numpy.core.multiarray._reconstruct(numpy.ndarray, (0,), "b") makes an
+# empty array, numpy.dtype("u1", ...) its dtype, and the array's __setstate__ fills it
+# from a byte string. (NumPy 2 moved numpy.core to numpy._core; a batch re-pickled by
+# it names the new module, the same function.) Nothing else is ever looked up.
+CIFAR_GLOBALS = {("numpy.core.multiarray", "_reconstruct"),
+                 ("numpy._core.multiarray", "_reconstruct"),
+                 ("numpy", "ndarray"), ("numpy", "dtype")}
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """An unpickler that builds only what a CIFAR-10 batch holds (``CIFAR_GLOBALS``):
+    a pickle asking for any other global (``os.system``, ``builtins.eval``, ...) is
+    refused before anything in it runs."""
+
+    def find_class(self, module, name):
+        if (module, name) not in CIFAR_GLOBALS:
+            raise pickle.UnpicklingError(f"it asks for {module}.{name}")
+        return _reconstruct if name == "_reconstruct" else getattr(np, name)
+
 
 def _cifar_batch(path: Path) -> np.ndarray:
-    if not path.is_file():
-        raise FileNotFoundError(f"CIFAR-10 batch {path} not found; expected the python "
-                                f"version's folder (cifar-10-batches-py) holding "
-                                f"{CIFAR_TRAIN + [CIFAR_TEST]}")
+    regular_file(path, "CIFAR-10 batch", f"the python version's folder (cifar-10-batches-py) "
+                                         f"holding the files {CIFAR_TRAIN + [CIFAR_TEST]}")
     try:
         with open(path, "rb") as f:
-            batch = pickle.load(f, encoding="bytes")
-    except Exception as err:  # unpickling errors come in many types
+            batch = _CifarUnpickler(f, encoding="bytes").load()
+    except pickle.UnpicklingError as err:
+        if str(err).startswith("it asks for"):
+            raise ValueError(f"{path} is refused: {err}, which a CIFAR-10 batch never holds "
+                             f"(only {', '.join(sorted('.'.join(g) for g in CIFAR_GLOBALS))}); "
+                             f"nothing in it was run") from err
         raise ValueError(f"{path} is not a CIFAR-10 python pickle batch: {err}") from err
+    except Exception as err:  # unpickling errors come in many types
+        raise ValueError(f"{path} is not a CIFAR-10 python pickle batch: "
+                         f"{type(err).__name__}: {err}") from err
     if not isinstance(batch, dict) or b"data" not in batch:
-        keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        keys = sorted(map(repr, batch)) if isinstance(batch, dict) else type(batch).__name__
         raise ValueError(f"{path}: a CIFAR-10 batch is a dict with key b'data', got {keys}")
     data = batch[b"data"]
     if (not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2
@@ -162,16 +199,24 @@ def _cifar_batch(path: Path) -> np.ndarray:
     return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).reshape(-1, 3072)
 
 
+def _folder(path, what: str, allowed: str) -> Path:
+    """``path`` as a Path if it is a folder; else one sentence saying what it is."""
+    found = kind(path)
+    if found == "missing":
+        raise FileNotFoundError(f"{what} {path} not found; allowed: {allowed}")
+    if found != "a folder":
+        raise ValueError(f"{what} {path} is {found}; allowed: {allowed}")
+    return Path(path)
+
+
 def cifar10(path) -> dict[str, np.ndarray]:
     """CIFAR-10 from the python pickle batches in folder ``path``: uint8 (N, 3072).
     train: data_batch_1..4 and the first half of data_batch_5; val: the second half
     of data_batch_5; test: test_batch."""
     if path is None:
         raise ValueError("cifar10 needs data_path: the local cifar-10-batches-py folder")
-    folder = Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"CIFAR-10 folder {folder} not found (nothing is downloaded; "
-                                f"put the python version's batches there)")
+    folder = _folder(path, "CIFAR-10 folder", "the python version's folder "
+                     "(cifar-10-batches-py; nothing is downloaded)")
     train = [_cifar_batch(folder / name) for name in CIFAR_TRAIN]
     half = len(train[-1]) // 2
     return {"train": np.concatenate(train[:-1] + [train[-1][:half]]),
@@ -183,16 +228,19 @@ def npy_images(path, image_shape=None) -> dict[str, np.ndarray]:
     e.g. downsampled ImageNet 64x64 prepared by the user."""
     if path is None:
         raise ValueError("npy_images needs data_path: a folder with train.npy and val.npy")
-    folder = Path(path)
+    allowed = "a folder holding uint8 arrays (N, H, W, C) as train.npy, val.npy [, test.npy]"
+    folder = _folder(path, "npy_images folder", allowed)
     out = {}
     for split in ("train", "val", "test"):
         file = folder / f"{split}.npy"
-        if not file.is_file():
-            if split == "test":
-                continue
-            raise FileNotFoundError(f"{file} not found; npy_images reads uint8 arrays "
-                                    f"(N, H, W, C) from {folder}/train.npy, val.npy [, test.npy]")
-        x = np.load(file, mmap_mode="r", allow_pickle=False)
+        if split == "test" and kind(file) == "missing":
+            continue
+        regular_file(file, "npy_images file", allowed)
+        try:                                      # the header only: the array is mapped
+            x = np.load(file, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError, pickle.UnpicklingError) as err:
+            raise ValueError(f"{file} is not a readable .npy array ({err}); allowed: "
+                             f"{allowed}") from err
         if x.dtype != np.uint8 or x.ndim != 4:
             raise ValueError(f"{file} must hold uint8 (N, H, W, C), got {x.dtype} {x.shape}")
         if image_shape is not None and tuple(x.shape[1:]) != tuple(image_shape):

@@ -20,9 +20,12 @@ import functools
 import hashlib
 import sysconfig
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
+
+from fast.core.files import regular_file
 
 ENWIK8_SIZES = (90_000_000, 5_000_000, 5_000_000)
 
@@ -76,35 +79,100 @@ def stdlib(max_bytes: int | None = None, root=None) -> dict[str, np.ndarray]:
     return out
 
 
-def _read_enwik8(path: Path) -> bytes:
-    if not path.is_file():
-        raise FileNotFoundError(f"enwik8 file {path} not found (nothing is downloaded); give "
-                                f"the zip (holding a member 'enwik8') or the raw file")
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as z:
-            if "enwik8" not in z.namelist():
-                raise ValueError(f"{path} is a zip without a member named 'enwik8'; "
-                                 f"it holds {z.namelist()}")
-            return z.read("enwik8")
-    return path.read_bytes()
+ENWIK8_ALLOWED = ("the enwik8 zip (holding a member named 'enwik8') or the raw enwik8 file "
+                  "(nothing is downloaded)")
+CHUNK = 1 << 20                     # bytes read at a time where the rest is only checked
+
+
+def _ranges(sizes: tuple, max_bytes: int | None) -> list[tuple[int, int]]:
+    """The byte range [start, stop) of each split that is used: the split's first
+    ``max_bytes`` bytes, or all of it."""
+    bounds = np.cumsum((0,) + sizes).tolist()
+    return [(a, b if max_bytes is None else min(b, a + max_bytes))
+            for a, b in zip(bounds, bounds[1:])]
+
+
+def _fewer(path, held: int, sizes: tuple) -> ValueError:
+    return ValueError(f"{path} holds {held} bytes, fewer than the split sizes {sizes} need "
+                      f"({sum(sizes)}); enwik8 is 100,000,000 bytes")
+
+
+def _read_raw(path: Path, ranges, sizes) -> list[bytes]:
+    """The ranges of a raw file, each read with one seek (the rest is never read)."""
+    held = path.stat().st_size
+    if held < sum(sizes):
+        raise _fewer(path, held, sizes)
+    parts = []
+    with open(path, "rb") as f:
+        for a, b in ranges:
+            f.seek(a)
+            parts.append(f.read(b - a))
+            if len(parts[-1]) != b - a:
+                raise ValueError(f"{path} ended at byte {a + len(parts[-1])} while read "
+                                 f"(it said it holds {held}); was it changed meanwhile?")
+    return parts
+
+
+def _read_zip(path: Path, ranges, sizes) -> list[bytes]:
+    """The ranges of the zip's member 'enwik8', decompressed in order; the bytes between
+    them are decompressed and dropped, and the member is read to its end so that its
+    CRC-32 is checked (a damaged archive is refused, never half-used)."""
+    with zipfile.ZipFile(path) as z:
+        try:
+            info = z.getinfo("enwik8")
+        except KeyError:
+            names = z.namelist()
+            raise ValueError(f"{path} is a zip without a member named 'enwik8'; it holds "
+                             f"{names[:10]}{' ...' if len(names) > 10 else ''}") from None
+        if info.flag_bits & 0x1:
+            raise ValueError(f"{path}: its member 'enwik8' is encrypted (a password is "
+                             f"needed); allowed: an unencrypted zip or the raw file")
+        if info.file_size < sum(sizes):
+            raise _fewer(path, info.file_size, sizes)
+        parts, pos = [], 0
+        with z.open(info) as member:
+            for a, b in ranges:
+                while pos < a:                                  # skipped, not kept
+                    got = len(member.read(min(CHUNK, a - pos)))
+                    if not got:
+                        break
+                    pos += got
+                parts.append(member.read(b - a))
+                pos += len(parts[-1])
+                if len(parts[-1]) != b - a:
+                    raise _fewer(path, pos, sizes)
+            while member.read(CHUNK):                           # to the end: the CRC
+                pass
+    return parts
+
+
+def _read_enwik8(path, sizes: tuple, max_bytes: int | None) -> list[bytes]:
+    """The bytes of each split that is used, read from the zip or the raw file; the
+    sizes are checked before anything is read."""
+    path = regular_file(path, "enwik8 file", ENWIK8_ALLOWED)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    try:
+        if zipfile.is_zipfile(path) or magic == b"PK\x03\x04":
+            return _read_zip(path, _ranges(sizes, max_bytes), sizes)
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as err:
+        raise ValueError(f"{path} is a damaged or unreadable zip ({err}); allowed: "
+                         f"{ENWIK8_ALLOWED}") from err
+    return _read_raw(path, _ranges(sizes, max_bytes), sizes)
 
 
 def enwik8(path, sizes=ENWIK8_SIZES, max_bytes: int | None = None) -> dict[str, np.ndarray]:
     """enwik8 split into consecutive train/val/test byte ranges of ``sizes``
-    (default 90M / 5M / 5M); each split then capped at ``max_bytes``."""
+    (default 90M / 5M / 5M); each split then capped at ``max_bytes``. Only the bytes
+    used are kept (a raw file: only they are read), so the memory is that of the
+    splits, whatever the size of the file."""
     if path is None:
         raise ValueError("enwik8 needs data_path: the local enwik8.zip or raw enwik8 file")
     sizes = tuple(sizes)
     if len(sizes) != 3 or not all(isinstance(s, int) and s >= 1 for s in sizes):
         raise ValueError(f"sizes must be three integers >= 1 (train, val, test), got {sizes!r}")
-    data = _read_enwik8(Path(path))
-    if len(data) < sum(sizes):
-        raise ValueError(f"{path} holds {len(data)} bytes, fewer than the split sizes "
-                         f"{sizes} need ({sum(sizes)}); enwik8 is 100,000,000 bytes")
-    stream = np.frombuffer(data, dtype=np.uint8)
-    bounds = np.cumsum((0,) + sizes)
-    out = {}
-    for i, split in enumerate(("train", "val", "test")):
-        part = stream[bounds[i]:bounds[i + 1]]
-        out[split] = (part[:max_bytes] if max_bytes is not None else part).copy()
-    return out
+    if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 1):
+        raise ValueError(f"max_bytes must be an integer >= 1 or None, got {max_bytes!r}")
+    parts = _read_enwik8(path, sizes, max_bytes)
+    return {split: np.frombuffer(part, dtype=np.uint8).copy()
+            for split, part in zip(("train", "val", "test"), parts)}

@@ -1,316 +1,381 @@
-"""``python -m fast bench``: sparse attention against dense causal attention, a sweep over n.
+"""The attention benchmark's run: measuring a ``Sweep``, its record, the JSON, the figure.
 
 Child et al., 2019, section 5.5 and Table 2 (sparse patterns pay only for what
-they compute). Times, for n = 1024 .. 65536 (powers of 2), B=1, H=4, d=64,
-float32 on the CPU, the contenders of ``fast.measure.bench`` (its docstring
-gives the method):
-
-  dense         up to --dense-n-max = 32768 (at 65536 one forward+backward takes
-                minutes here)
-  naive         skipped where the (H, n, n) mask and SDPA's float copy of it exceed
-                --mask-gb, and past --naive-n-max = 8192, where it would take most
-                of the run
-  flex          forward only on a CPU, and only at --flex-n: each new n compiles
-                for ~25 s
-  structured    ours, at every n
-
-for the strided (l=128) and fixed (l=128, c=32) patterns, merged heads. Every
-(contender, pattern, n) is measured in a fresh process (``fast.measure.child``),
-so each peak memory is that run's alone.
-
-With ``--device cuda`` the method changes (``fast.experiments.bench_gpu``): every
-contender family (dense SDPA, FlexAttention, the structured path, the Triton
-kernels) runs in this one process, the first call apart, steady state as medians
-of CUDA-event times, float16 and bfloat16, (B, H) = (1, 4) and (4, 16); ``--long``
-adds n up to 2**20. ``--same-process`` runs that method on the CPU (wall clock).
-
-    python -m fast bench                  # the full CPU sweep (about 8 min on 2 cores)
-    python -m fast bench --quick          # n <= 4096, no FlexAttention
-    python -m fast bench --device cuda [--long] [--out DIR]
-    python -m fast bench --replot [--device cuda]   # redraw the figure from the saved JSON
-
-Writes figures/data/bench_cpu.json (machine, versions, load average, every
-timing) and figures/bench_cpu.png (``fast.plots.bench``); bench_cuda.* on CUDA.
+they compute). ``run`` measures what a ``fast.experiments.bench_sweep.Sweep``
+asks for, point after point (``fast.measure.bench_point``: in a fresh process per
+point or in this one, by the sweep's method), then the CPU sweep's long-lived
+check and the long sweep; every row gets its speed-up over dense measured in the
+same run, the ideal, the % of ideal and the floor (``fast.measure.bench.derive``),
+and the record its targets. The JSON is rewritten after every (dtype, shape), so
+an interrupted run keeps what it measured. ``measure_and_save`` writes the record
+to ``<out>/data/bench_<device>[_same_process].json`` and draws
+``<out>/bench_<...>.png`` (``fast.plots.bench``); ``report`` is the text a run
+prints.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
+import dataclasses
 import os
-import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from fast.core import cli
 from fast.core.files import write_json
-from fast.experiments import bench_gpu
-from fast.experiments.paths import FIGURES
-from fast.measure import bench
-from fast.measure.child import run_child
+from fast.core.schema import Map, OneOf
+from fast.experiments.bench_sweep import (
+    ASSUME_TFLOPS,
+    COPY_MIB,
+    LONG_LIVED,
+    LONG_SHAPE,
+    Sweep,
+    config,
+    estimate,
+    points,
+    skip_reason,
+)
+from fast.layout.costs import DEFAULT_BLOCK, ideal_speedup, tile_flops
+from fast.measure import bench, bench_point, contenders
+from fast.measure.contenders import DTYPES, LONG_PARAMS, PATTERN_PARAMS, D
+from fast.measure.timing import FRESH, SAME, synchronize
 from fast.plots.bench import plot, plot_gpu
 
+# ----------------------------------------------------------------------------
+# Measuring
+# ----------------------------------------------------------------------------
 
-def skip_reason(name: str, pattern: str | None, n: int, args, flex_ns: set) -> str | None:
-    """Why the sweep does not measure ``name`` at ``n``, or None when it does."""
-    if name == "dense" and n > args.dense_n_max:
-        return (f"dense causal attention is O(n^2): past --dense-n-max "
-                f"{args.dense_n_max} one call takes minutes here")
-    if name == "naive" and n > args.naive_n_max:
-        return (f"the naive path is O(n^2) and runs the full square: past --naive-n-max "
-                f"{args.naive_n_max} it would take most of the run")
-    if name == "naive" and bench.mask_bytes(pattern, n) > args.mask_gb * 2**30:
-        return (f"the n x n mask needs {bench.mask_bytes(pattern, n) / 2**30:.1f}"
-                f" GiB > --mask-gb {args.mask_gb}")
-    if name == "flex" and (args.no_flex or n not in flex_ns):
-        return "FlexAttention compiles per n (~25 s on this CPU): only run at --flex-n"
-    return None
+def _row(name, pattern, dtype, B, H, n) -> dict:
+    return {"contender": name, "pattern": pattern, "dtype": dtype, "B": B, "H": H, "n": n}
 
 
-def measure_point(spec: dict, inline: bool, timeout: float) -> dict:
-    """``bench.measure`` of one point in a fresh process (or in this one if inline);
-    a point that fails or times out is recorded as {"skipped": why}."""
-    if inline:
-        return bench.measure(**spec)
-    out = run_child("fast.measure.bench:measure_spec", spec, timeout=timeout)
-    return out["result"] if "result" in out else {"skipped": out["error"]}
+def _derived(row: dict, dense: dict | None, params: dict, copy_bps: float) -> None:
+    """Add the ideal, speed-up, % of ideal, floor (and TFLOP/s of Triton's tiles)."""
+    B, H, n, pattern = row["B"], row["H"], row["n"], row["pattern"]
+    natural = row["contender"] == "triton natural order"
+    ideal = 1.0 if pattern is None else ideal_speedup(pattern, n, H, params)
+    row["ideal"] = ideal
+    if natural:
+        row["ideal_natural_order"] = ideal_speedup(pattern, n, H, params, order="natural")
+    for what, key, backward in (("fwd", "fwd_s", False), ("fb", "fb_s", True)):
+        if row.get(key):
+            dense_s = dense.get(key) if dense else None
+            row[what] = bench.derive(row[key], dense_s, ideal,
+                                     bench.io_bytes(B, H, n, D, DTYPES[row["dtype"]], backward),
+                                     copy_bps)
+            if row["contender"].startswith("triton"):
+                row[what]["tflops"] = tile_flops(pattern, B, n, H, D, params, backward=backward,
+                                                 order="natural" if natural else "structured"
+                                                 ) / row[key] / 1e12
 
 
-def run(args) -> dict:
-    """The CPU sweep (a fresh process per point): every n and contender; returns the
-    dict written to the JSON."""
-    device = args.device
-    dtypes = ["float32"]
-    ns = _powers(args.n_min, args.n_max)
-    flex_ns = set(args.flex_n)
-    t_start = time.time()
-    info = bench.machine_info(device)
+def say(row: dict, t0: float) -> str:
+    """One line for one measured (or skipped) row."""
+    head = (f"[{time.time() - t0:5.0f} s] {row['dtype']} B={row['B']} H={row['H']} "
+            f"n={row['n']:6d} {row['pattern'] or '':8} {row['contender']:21}")
+    if "skipped" in row:
+        return f"{head} skipped: {row['skipped']}"
+    cells = []
+    for what, key in (("fwd", "fwd_s"), ("fwd+bwd", "fb_s")):
+        if row.get(key):
+            d = row.get("fwd" if key == "fwd_s" else "fb", {})
+            sp = f" {d['speedup']:.2f}x ({d['pct_ideal']:.0f}% of {d['ideal']:.1f}x)" \
+                if d.get("speedup") and row["pattern"] else ""
+            cells.append(f"{what} {row[key] * 1e3:9.3f} ms{sp}, {d.get('x_floor', 0):.1f}x floor")
+    if row.get("bwd_over_fwd"):
+        cells.append(f"bwd/fwd {row['bwd_over_fwd']:.2f}")
+    return f"{head} {'; '.join(cells)}; first call {row['first_fwd_s']:.2f} s"
+
+
+@dataclass
+class _Run:
+    """What every step of a running sweep shares."""
+    sweep: Sweep
+    copy_bps: float                 # the copy bandwidth measured at the start
+    log: Callable[[str], None]
+    t0: float = dataclasses.field(default_factory=time.time)
+
+    def spent(self) -> str | None:
+        """Why no new point starts: the time budget is spent; None while it is not."""
+        minutes = self.sweep.max_minutes
+        if minutes and time.time() > self.t0 + 60 * minutes:
+            return f"--max-minutes {minutes} spent before this point"
+        return None
+
+    def skip(self, name: str, pattern: str | None, dtype: str, H: int, n: int) -> str | None:
+        """``skip_reason``, or the time budget spent."""
+        return skip_reason(self.sweep, name, pattern, dtype, H, n) or self.spent()
+
+    def say(self, row: dict, suffix: str = "") -> None:
+        self.log(say(row, self.t0) + suffix)
+
+
+def run(sweep: Sweep, save=None, log=print) -> dict:
+    """Measure the sweep; returns the record the JSON holds. ``save(data)`` is called
+    after every (dtype, shape) with what is measured so far; ``log`` gets one line per
+    row."""
+    t0 = time.time()
+    info = bench.machine_info(sweep.device)
     info["loadavg_start"] = os.getloadavg()
-    results = []
-    for dtype in dtypes:
-        for n in ns:
-            jobs = [("dense", None)]
-            for pattern, params in bench.PATTERN_PARAMS.items():
-                names = bench.registry(pattern, params, device, bench.DTYPES[dtype])
-                jobs += [(x, pattern) for x in names if x != "dense"]
-            for name, pattern in jobs:
-                entry = {"contender": name, "pattern": pattern, "n": n, "dtype": dtype}
-                reason = skip_reason(name, pattern, n, args, flex_ns)
-                if reason is not None:
-                    entry["skipped"] = reason
-                else:
-                    spec = {"name": name, "pattern": pattern or "strided", "n": n,
-                            "device": device, "dtype_name": dtype, "target": args.target,
-                            "backward": bench.has_backward(name, device)}
-                    t0 = time.time()
-                    entry.update(measure_point(spec, args.inline, args.timeout))
-                    entry["wall_s"] = time.time() - t0
-                results.append(entry)
-                msg = entry.get("skipped") or (
-                    f"fwd {entry['fwd_s'] * 1e3:.1f} ms" +
-                    (f", fwd+bwd {entry['fb_s'] * 1e3:.1f} ms" if "fb_s" in entry else ""))
-                print(f"[{time.time() - t_start:6.0f} s] {dtype} n={n:6d} {name:11} "
-                      f"{pattern or '':8} {msg}", flush=True)
+    info["timer"] = "cuda events" if sweep.device == "cuda" else "perf_counter"
+    try:
+        import triton  # optional dependency
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    cost = estimate(sweep)
+    log(f"sweep: {len(points(sweep))} points, {cost['measurements']} measurements, "
+        f"{sweep.method.describe()}; estimated at most {cost['estimate_s'] / 60:.1f} min "
+        f"(dense at {ASSUME_TFLOPS[sweep.device]} TFLOP/s, every contender at most 3x dense)")
+    copy = bench_point.copy_bandwidth(sweep.device, COPY_MIB[sweep.device] * 2**20, SAME)
+    state = _Run(sweep, copy["bytes_per_s"], log, t0)
+    data = {"machine": info, "config": config(sweep), "estimate": cost,
+            "calibration": {"copy": copy, "sdpa_backend": {}}, "results": [], "long": []}
+    last = None
+    for dt, B, H, n in points(sweep):
+        if save is not None and last not in (None, (dt, B, H)):
+            save(data)
+        last = (dt, B, H)
+        if dt not in data["calibration"]["sdpa_backend"]:
+            q, k, v, _ = bench_point.inputs(B, H, n, D, sweep.device, DTYPES[dt])
+            data["calibration"]["sdpa_backend"][dt] = contenders.sdpa_backend(q, k, v)
+            del q, k, v
+        data["results"] += run_point(state, dt, B, H, n)
+    for key, part, wanted in (("same_process", run_long_lived, sweep.long_lived_ns),
+                              ("long", run_long, sweep.long_ns)):
+        if wanted:
+            if save is not None:
+                save(data)
+            data[key] = part(state)
     info["loadavg_end"] = os.getloadavg()
-    info["wall_s"] = time.time() - t_start
-    return {"machine": info,
-            "config": {"B": bench.B, "H": bench.H, "d": bench.D,
-                       "patterns": bench.PATTERN_PARAMS, "combine": "merged",
-                       "dense_n_max": args.dense_n_max, "naive_n_max": args.naive_n_max,
-                       "device": device, "ns": ns, "flex_ns": sorted(flex_ns),
-                       "target_s": args.target, "mask_gb": args.mask_gb,
-                       "timing": "min over repetitions after a warm-up call",
-                       "memory": ("peak RSS above the inputs, fresh process per point"
-                                  if device == "cpu" and not args.inline else
-                                  "peak RSS above the inputs, in-process" if device == "cpu"
-                                  else "torch.cuda.max_memory_allocated above the inputs")},
-            "results": results,
-            "targets": {dt: bench.summarize(results, dt) for dt in dtypes}}
+    info["wall_s"] = time.time() - t0
+    data["targets"] = targets(data)
+    return data
 
 
-def print_table(results: list[dict], dtype: str) -> None:
-    """Time, speed-up over dense and peak memory of every contender, one column per n."""
-    rows = [r for r in results if r.get("dtype") == dtype]
+def run_point(state: _Run, dt: str, B: int, H: int, n: int) -> list[dict]:
+    """Every contender at one (dtype, B, H, n): dense first, then each pattern's; a row
+    each, measured by the sweep's method or skipped with the reason."""
+    sweep, rows, dense = state.sweep, [], None
+    for pattern, params in [(None, {})] + list(PATTERN_PARAMS.items()):
+        for name in sweep.contenders:
+            if (name == "dense") != (pattern is None):
+                continue
+            row = _row(name, pattern, dt, B, H, n)
+            reason = state.skip(name, pattern, dt, H, n)
+            if reason is not None:
+                row["skipped"] = reason
+            else:
+                start = time.time()
+                row.update(bench_point.run(bench_point.spec(
+                    name, pattern, params, B, H, n, sweep.device, dt, sweep.method),
+                    sweep.method, timeout=sweep.point_timeout_s))
+                row["wall_s"] = time.time() - start
+                if "skipped" not in row:
+                    _derived(row, row if name == "dense" else dense, params, state.copy_bps)
+            if name == "dense":
+                dense = row
+            rows.append(row)
+            state.say(row)
+    return rows
+
+
+def run_long_lived(state: _Run) -> list[dict]:
+    """Dense and the structured path (those of them the sweep measures) at
+    ``long_lived_ns``, every one in ONE fresh process, one after another
+    (``LONG_LIVED``): the state of a process that has run attention before, as a
+    training loop's is."""
+    sweep, rows, specs = state.sweep, [], []
+    for dt in sweep.dtypes:
+        for (B, H) in sweep.shapes:
+            for n in sweep.long_lived_ns:
+                for pattern, params in [(None, {})] + list(PATTERN_PARAMS.items()):
+                    name = "dense" if pattern is None else "structured"
+                    if name not in sweep.contenders:
+                        continue
+                    row = _row(name, pattern, dt, B, H, n)
+                    reason = state.skip(name, pattern, dt, H, n)
+                    if reason is not None:
+                        row["skipped"] = reason
+                    else:
+                        specs.append((row, bench_point.spec(
+                            name, pattern, params, B, H, n, sweep.device, dt, LONG_LIVED)))
+                    rows.append(row)
+    if specs:
+        measured = bench_point.run([s for _, s in specs], FRESH,
+                                   timeout=sweep.point_timeout_s * len(specs))
+        for (row, _), res in zip(specs, measured):
+            row.update(res)
+    for row in rows:
+        if "skipped" not in row:
+            dense = bench.find(rows, contender="dense", dtype=row["dtype"], B=row["B"],
+                               H=row["H"], n=row["n"])
+            _derived(row, dense, PATTERN_PARAMS.get(row["pattern"], {}), state.copy_bps)
+        state.say(row, " (one process)")
+    return rows
+
+
+def run_long(state: _Run) -> list[dict]:
+    """B = 1, H = 8, l = 256: the layout build, first call, steady times and peak memory
+    of the Triton kernel (and dense up to ``long_dense_n_max``) at ``long_ns``."""
+    sweep, rows = state.sweep, []
+    B, H = LONG_SHAPE
+    dt = sweep.dtypes[0]
+    dtype = DTYPES[dt]
+    for n in sweep.long_ns:
+        q, k, v, g = bench_point.inputs(B, H, n, D, sweep.device, dtype)
+        dense = None
+        for pattern, params in [(None, {})] + list(LONG_PARAMS.items()):
+            name = "dense" if pattern is None else "triton block-sparse"
+            row = _row(name, pattern, dt, B, H, n)
+            row["qkvo_bytes"] = 4 * q.numel() * q.element_size()
+            if pattern is None and n > sweep.long_dense_n_max:
+                why = f"dense past the long sweep's {sweep.long_dense_n_max}"
+            else:
+                why = contenders.why_not(name, sweep.device, dtype) or state.spent()
+            if why is not None:
+                row["skipped"] = why
+            else:
+                fn = contenders.build(pattern or "strided", params, H, sweep.device, dtype,
+                                      names=[name])[name]
+                if pattern is not None:
+                    row["layout_s"] = _layout_seconds(pattern, n, H, params, sweep.device)
+                row.update(bench_point.measure(fn, q, k, v, g, sweep.method))
+                if "skipped" not in row:
+                    _derived(row, row if pattern is None else dense, params, state.copy_bps)
+                    if row.get("peak_fb_bytes") is not None:
+                        row["peak_fb_over_qkvo"] = row["peak_fb_bytes"] / row["qkvo_bytes"]
+            if pattern is None:
+                dense = row
+            rows.append(row)
+            state.say(row)
+        del q, k, v, g
+    return rows
+
+
+def _layout_seconds(pattern, n, H, params, device) -> float:
+    """Seconds to build the kernel's layout and write its tables on ``device`` (the
+    cache emptied before and after: the first call builds it again)."""
+    from fast.kernels.triton_attention import cached_layout, clear_layout_cache  # optional
+
+    clear_layout_cache()
+    synchronize(device)
+    t = time.perf_counter()
+    cached_layout(pattern, n, H, "merged", 0, params, DEFAULT_BLOCK, device)
+    synchronize(device)
+    seconds = time.perf_counter() - t
+    clear_layout_cache()
+    return seconds
+
+
+def targets(data: dict) -> dict:
+    """The CPU targets per dtype (``fast.measure.bench.summarize``; with the one-process
+    check's speed-ups and backward / forward ratios beside them, keys ending in
+    "_same_process"), or on CUDA the GPU goals (``fast.measure.bench.gpu_targets``)."""
+    if data["config"]["device"] == "cuda":
+        return bench.gpu_targets(data["results"])
+    out = {}
+    for dt in data["config"]["dtypes"]:
+        out[dt] = bench.summarize(data["results"], dt)
+        if data.get("same_process"):
+            once = bench.summarize(data["same_process"], dt)
+            out[dt].update({f"{k}_same_process": v for k, v in once.items()
+                            if k.endswith("_16384")})
+    return out
+
+
+# ----------------------------------------------------------------------------
+# The record: JSON, figure, text
+# ----------------------------------------------------------------------------
+
+def paths(sweep: Sweep, out: Path) -> tuple[Path, Path]:
+    """(the JSON, the figure) a sweep writes under ``out``."""
+    return out / "data" / f"{sweep.file_name()}.json", out / f"{sweep.file_name()}.png"
+
+
+# What the figures read from a record (``--replot`` checks a saved JSON against it first,
+# ``fast.core.schema``): every row names its contender, pattern, n and dtype.
+RECORD = {"machine": Map(object), "config": Map(object),
+          "results": [{"contender": str, "pattern": OneOf(str, None), "n": int, "dtype": str}]}
+
+
+def draw(sweep: Sweep, data: dict, png: Path) -> Path:
+    """The figure of a record of ``sweep``'s kind: the CPU's time panels for a
+    fresh-process run, the GPU's (times, speed-up against the ideal, the long sweep)
+    for a one-process run."""
+    return (plot_gpu if sweep.method.process == "same" else plot)(data, png)
+
+
+def measure_and_save(sweep: Sweep, out: Path, log=print) -> tuple[dict, Path, Path]:
+    """``run`` the sweep, rewriting its JSON under ``out`` as it goes; then the figure.
+    Returns (the record, the JSON's path, the figure's path)."""
+    path, png = paths(sweep, out)
+    data = run(sweep, save=lambda d: write_json(path, d, indent=1), log=log)
+    write_json(path, data, indent=1)
+    draw(sweep, data, png)
+    return data, path, png
+
+
+def report(data: dict) -> str:
+    """What a run prints at its end: per dtype and shape, each contender's time,
+    speed-up over dense and backward / forward ratio for every n; then the targets."""
+    lines = []
+    rows = data["results"]
+    for dt in data["config"]["dtypes"]:
+        for B, H in data["config"]["shapes"]:
+            sel = [r for r in rows if r["dtype"] == dt and (r.get("B"), r.get("H")) in
+                   ((B, H), (None, None))]
+            if sel:
+                lines += _table(sel, f"{dt}, B={B}, H={H}")
+    if data.get("same_process"):
+        lines += _table(data["same_process"], "the same points in ONE process (the median "
+                                              "after warm-up calls)")
+    t = data.get("targets", {})
+    if data["config"]["device"] == "cuda":
+        lines += ["", "targets (float16, Triton block-sparse vs dense causal SDPA, same run):"]
+        for key, g in t.items():
+            got = "not measured" if g["speedup"] is None else (
+                f"{g['speedup']:.2f}x ({g['pct_ideal']:.0f}% of ideal, {g['x_floor']:.1f}x "
+                f"floor)")
+            lines.append(f"  {key:34} goal >= {g['goal']:>4}x: {got}")
+    else:
+        for dt, values in t.items():
+            lines += ["", f"targets ({dt}):"]
+            lines += [f"  {k:44} {v if v is None else round(v, 3)}" for k, v in values.items()]
+    cal = data["calibration"]
+    lines += [f"dense SDPA backend: {cal['sdpa_backend']}; copy bandwidth "
+              f"{cal['copy']['bytes_per_s'] / 1e9:.3g} GB/s",
+              "Read % of ideal (tile count) and x floor (bytes at the copy bandwidth, tiles at "
+              "dense's throughput); first calls (compile, layout, mask) are apart in "
+              "first_fwd_s."]
+    return "\n".join(lines)
+
+
+def _table(rows: list[dict], title: str) -> list[str]:
+    """Time (ms) and speed-up over dense, one column per n; the backward / forward time
+    ratio and the peak memory (MiB, forward+backward or forward) below."""
     ns = sorted({r["n"] for r in rows})
-    print(f"\n{dtype}: time (ms) and speed-up over dense causal SDPA (min over reps); "
-          f"peak memory MiB (forward+backward, or forward)")
-    print(f"{'pattern':8} {'contender':22} " + " ".join(f"{n:>17}" for n in ns))
-    for pattern in bench.PATTERN_PARAMS:
+    out = ["", f"{title}: time (ms) and speed-up over dense causal SDPA; bwd/fwd = "
+               f"(fwd+bwd - fwd) / fwd; peak memory MiB (forward+backward, or forward)",
+           f"{'pattern':8} {'contender':32} " + " ".join(f"{n:>17}" for n in ns)]
+    for pattern in PATTERN_PARAMS:
         for name in bench.contender_names(rows, pattern):
-            for what in ("fwd_s", "fb_s"):
+            for what in ("fwd_s", "fb_s", "bwd_over_fwd", "peak"):
                 cells = []
                 for n in ns:
-                    r = bench.entry(rows, name, pattern, n)
-                    d = bench.find(rows, contender="dense", n=n)
-                    if r is None or "skipped" in r or not r.get(what):
+                    r = bench.entry(rows, name, pattern, n) or {}
+                    d = bench.find(rows, contender="dense", n=n) or {}
+                    if what == "peak":
+                        m = r.get("peak_fb_bytes") or r.get("peak_fwd_bytes")
+                        cells.append(f"{m / 2**20:17.0f}" if m is not None else f"{'-':>17}")
+                    elif not r.get(what) or "skipped" in r:
                         cells.append(f"{'-':>17}")
-                        continue
-                    sp = f"{d[what] / r[what]:5.1f}x" if d and d.get(what) else "   -  "
-                    cells.append(f"{r[what] * 1e3:9.1f} {sp:>7}")
-                label = "fwd" if what == "fwd_s" else "fwd+bwd"
-                print(f"{pattern:8} {name + ' ' + label:22} " + " ".join(cells))
-            cells = []
-            for n in ns:
-                r = bench.entry(rows, name, pattern, n) or {}
-                m = r.get("peak_fb_bytes") or r.get("peak_fwd_bytes")
-                cells.append(f"{m / 2**20:17.0f}" if m is not None else f"{'-':>17}")
-            print(f"{pattern:8} {name + ' peak MiB':22} " + " ".join(cells))
-
-
-def shape(text: str) -> tuple[int, int]:
-    """'4x16' -> (B, H) = (4, 16), each in [1, 4096]."""
-    try:
-        b, h = (int(x) for x in text.lower().split("x"))
-        if not (1 <= b <= 4096 and 1 <= h <= 4096):
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: BxH with B and H in "
-                                         f"[1, 4096], e.g. 4x16") from None
-    return b, h
-
-
-def parser() -> cli.Parser:
-    """The parser of ``python -m fast bench``; measures nothing."""
-    n, seconds = cli.integer(1, cli.MAX_SEQUENCE), cli.finite(0.0, 86400.0, lo_open=True)
-    p = cli.Parser("python -m fast bench", description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="cpu", type=cli.choice(("cpu", "cuda")))
-    p.add_argument("--n-min", type=n, default=1024)
-    p.add_argument("--n-max", type=n, default=65536)
-    p.add_argument("--quick", action="store_true",
-                   help="n up to 4096, no FlexAttention, short repetitions")
-    p.add_argument("--flex-n", type=n, nargs="*", default=[4096, 16384],
-                   help="n at which FlexAttention runs on the CPU")
-    p.add_argument("--no-flex", action="store_true")
-    p.add_argument("--dense-n-max", type=cli.integer(0, cli.MAX_SEQUENCE), default=32768,
-                   help="largest n for dense SDPA (O(n^2) time)")
-    p.add_argument("--naive-n-max", type=cli.integer(0, cli.MAX_SEQUENCE), default=8192,
-                   help="largest n for the naive masked SDPA (O(n^2) time and memory)")
-    p.add_argument("--mask-gb", type=cli.finite(0.0, 2.0**20), default=3.0,
-                   help="largest naive mask (bool + SDPA's float copy), GiB")
-    p.add_argument("--target", type=cli.finite(0.0, 86400.0), default=None,
-                   help="seconds of repetitions per measurement (CPU 1.0; same process 0.1; "
-                        "0: --min-reps only)")
-    p.add_argument("--timeout", type=seconds, default=600.0, help="seconds per point")
-    p.add_argument("--inline", action="store_true",
-                   help="measure in this process (tests; memory less isolated)")
-    p.add_argument("--out", type=cli.writable_folder, default=None,
-                   help="directory for data/bench_<device>.json and bench_<device>.png "
-                        "(default: figures/)")
-    p.add_argument("--replot", action="store_true",
-                   help="measure nothing: redraw bench_<device>.png from the saved JSON")
-    g = p.add_argument_group("the same-process method (the default on CUDA)")
-    g.add_argument("--same-process", action="store_true",
-                   help="every contender in this process, first call apart, medians")
-    g.add_argument("--dtypes", nargs="+", type=cli.choice(bench.DTYPES), default=None,
-                   help="default: float16 bfloat16 on CUDA, float32 on the CPU")
-    g.add_argument("--shapes", nargs="+", type=shape, default=None,
-                   help="(B, H) as BxH; default 1x4 4x16 (CPU: 1x4)")
-    g.add_argument("--contenders", nargs="+", type=cli.choice(bench_gpu.CONTENDERS),
-                   default=None)
-    g.add_argument("--warmup", type=cli.integer(0, 10**4), default=2)
-    g.add_argument("--min-reps", type=cli.integer(1, 10**6), default=5)
-    g.add_argument("--max-minutes", type=cli.finite(0.0, 10**4, lo_open=True), default=None,
-                   help="start no new point after this (default 9 on CUDA)")
-    g.add_argument("--assume-tflops", type=cli.finite(0.0, 10**6, lo_open=True), default=None,
-                   help="dense throughput assumed by the cost estimate (CUDA 300)")
-    g.add_argument("--copy-mib", type=cli.integer(1, 2**20), default=None,
-                   help="MiB copied to measure the bandwidth (CUDA 1024, CPU 64)")
-    g.add_argument("--no-target-points", dest="target_points", action="store_false",
-                   default=None, help="skip the (1, 16, 65536) target point")
-    g.add_argument("--long", action="store_true", help="add the long sweep (B=1, H=8, l=256)")
-    g.add_argument("--only-long", action="store_true",
-                   help="only the long sweep (with a 10-minute limit per command, run the "
-                        "default sweep and this one separately)")
-    g.add_argument("--long-n-min", type=n, default=2**17)
-    g.add_argument("--long-n-max", type=n, default=2**20)
-    g.add_argument("--long-dense-n-max", type=cli.integer(0, cli.MAX_SEQUENCE), default=2**19)
-    return p
-
-
-def parse_args(argv=None):
-    """The options, checked (one line and exit 2 on a bad one)."""
-    args = parser().parse_or_exit(argv)
-    args.out = None if args.out is None else Path(args.out)
-    for lo, hi in (("n_min", "n_max"), ("long_n_min", "long_n_max")):
-        if getattr(args, lo) > getattr(args, hi):
-            flag = f"--{lo.replace('_', '-')}"
-            cli.fail("python -m fast bench", f"{flag} {getattr(args, lo)} with "
-                     f"--{hi.replace('_', '-')} {getattr(args, hi)}; allowed: {flag} <= "
-                     f"--{hi.replace('_', '-')}")
-    return args
-
-
-def _powers(lo: int, hi: int) -> list[int]:
-    return [2 ** e for e in range(int(math.log2(lo)), int(math.log2(hi)) + 1)]
-
-
-def same_process_defaults(args):
-    """Fill the same-process options left unset, for the device."""
-    cuda = args.device == "cuda"
-    args.dtypes = args.dtypes or (["float16", "bfloat16"] if cuda else ["float32"])
-    args.shapes = args.shapes or ([(1, 4), (4, 16)] if cuda else [(1, 4)])
-    args.contenders = args.contenders or [
-        c for c in bench_gpu.CONTENDERS if not (c == "flex" and (args.no_flex or not cuda))]
-    args.target = 0.1 if args.target is None else args.target
-    args.max_minutes = args.max_minutes if args.max_minutes is not None else (9 if cuda else None)
-    args.assume_tflops = args.assume_tflops or (300.0 if cuda else 0.05)
-    args.copy_mib = args.copy_mib or (1024 if cuda else 64)
-    args.target_points = cuda if args.target_points is None else args.target_points
-    args.patterns = bench.PATTERN_PARAMS
-    args.ns = _powers(args.n_min, args.n_max)
-    args.long_ns = _powers(args.long_n_min, args.long_n_max)
-    args.long = args.long or args.only_long
-    if args.only_long:
-        args.ns, args.target_points = [], False
-    return args
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    same = args.same_process or args.device == "cuda"
-    name = f"bench_{args.device}" + ("_same_process" if same and args.device == "cpu" else "")
-    out = args.out or FIGURES
-    path, png = out / "data" / f"{name}.json", out / f"{name}.png"
-    if args.replot:
-        if not path.is_file():
-            cli.fail("python -m fast bench", f"--replot with no {path}; allowed: --replot "
-                     f"after a run of this device and method has written it")
-        draw = plot_gpu if same else plot
-        print(f"wrote {draw(json.loads(path.read_text()), png)}")
-        return 0
-    if args.device == "cuda" and not torch.cuda.is_available():
-        cli.fail("python -m fast bench", "--device cuda on a machine without CUDA; allowed: "
-                                         "--device cpu here")
-    cli.writable_or_exit("python -m fast bench", out, out / "data")
-    if args.quick:
-        args.n_max, args.no_flex = min(args.n_max, 4096), True
-        args.target = 0.3 if args.target is None else args.target
-        if args.n_min > args.n_max:
-            cli.fail("python -m fast bench", f"--n-min {args.n_min} with --quick; allowed: "
-                                             f"--n-min <= 4096 (the quick sweep's largest n)")
-    if same:
-        args = same_process_defaults(args)
-        data = bench_gpu.run(args, save=lambda d: write_json(path, d, indent=1))
-        write_json(path, data, indent=1)
-        bench_gpu.print_targets(data)
-        plot_gpu(data, png)
-        print(f"\nwrote {path} and {png} ({data['machine']['wall_s']:.0f} s)")
-        return 0
-    args.target = 1.0 if args.target is None else args.target
-    data = run(args)
-    for dtype in data["targets"]:
-        print_table(data["results"], dtype)
-        print(f"\ntargets ({dtype}):")
-        for key, val in data["targets"][dtype].items():
-            print(f"  {key:32} {val if val is None else round(val, 3)}")
-    write_json(path, data, indent=1)
-    plot(data, png)
-    print(f"\nwrote {path} and {png} ({data['machine']['wall_s']:.0f} s)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+                    elif what == "bwd_over_fwd":
+                        cells.append(f"{r[what]:17.2f}")
+                    else:
+                        sp = f"{d[what] / r[what]:5.1f}x" if d.get(what) else "   -  "
+                        cells.append(f"{r[what] * 1e3:9.1f} {sp:>7}")
+                label = {"fwd_s": "fwd", "fb_s": "fwd+bwd", "bwd_over_fwd": "bwd/fwd",
+                         "peak": "peak MiB"}[what]
+                out.append(f"{pattern:8} {name + ' ' + label:32} " + " ".join(cells))
+    return out

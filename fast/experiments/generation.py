@@ -14,7 +14,7 @@ fastest of three samples, as each re-run step is the fastest of its repetitions)
 one whole sample with the dense cache (photos32) or windows of steps at a few
 positions (enwik8, where a whole dense sample is slow). Both caches step as
 ``sample`` does by default (engine "auto": the compiled CPU step of
-``fast.kernels.cpu_decode``, and the PyTorch step for steps that read more than
+``fast.transformer.decoding.cpu_kernel``, and the PyTorch step for steps that read more than
 ``AUTO_MAX_KEYS`` keys per head; each record counts the steps of each), after a
 warm-up that compiles the kernel (its seconds are recorded, not counted: once
 per process); photos32 is also sampled once with the sparse cache on the
@@ -30,7 +30,7 @@ caches with one intra-op thread (``--threads``; ``sample``'s default on the
 CPU), the re-run sampler with one thread and with one per core, the faster
 counting.
 
-    python -m fast generate [--quick] [--threads N] [--runs R]
+    python -m fast generate [--quick] [--threads N] [--runs R]     (fast.commands.generate)
 
 writes figures/data/generation.json and figures/generation.png (--quick: tiny
 models, into runs/quick/). The photos32 measurement is made ``--runs`` times (default
@@ -47,22 +47,20 @@ import importlib.metadata
 import importlib.util
 import os
 import time
+from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from fast.core import cli
 from fast.core.files import write_json
 from fast.experiments.paths import DATA, FIGURES, QUICK
 from fast.measure import generation as gen
 from fast.measure.bench import machine_info
 from fast.plots.generation import plot_generation
-from fast.transformer.checkpoint import as_dict
-from fast.transformer.config import MAX_THREADS, ModelConfig, preset
-from fast.transformer.model import SparseTransformer
-from fast.transformer.sample import sample
-
-COMMAND = "python -m fast generate"
+from fast.transformer.config import ModelConfig, preset
+from fast.transformer.decoding.sample import sample
+from fast.transformer.network.model import SparseTransformer
 
 
 def model_configs(quick: bool) -> dict:
@@ -96,7 +94,7 @@ def measure_model(name: str, cfg: ModelConfig, plan: dict, prefix: int) -> dict:
     torch.manual_seed(0)
     model = SparseTransformer(cfg).eval()
     n, w = cfg.n_ctx, plan["window"]
-    out = {"config": as_dict(cfg), "n": n, "window": w}
+    out = {"config": asdict(cfg), "n": n, "window": w}
     lengths = [n * k // 8 for k in range(1, 9)]
     out["cache_bytes"] = {"n": lengths, **{kind: [gen.cache_bytes(model, kind, m)
                                                   for m in lengths] for kind in ("dense",
@@ -220,63 +218,14 @@ def run(quick: bool, threads: int = 1, runs: int = 1) -> dict:
             "targets": targets(models, quick)}
 
 
-def print_summary(data: dict) -> None:
-    print(f"the first compiled step of the run (compiling it, or loading it from Numba's disk "
-          f"cache; not counted): {data['machine']['first_step_s']:.1f} s")
-    for name, m in data["models"].items():
-        r = m["rerun"]
-        for kind in ("sparse", "dense"):
-            print(f"{name}: {kind} cache, steps per engine: {m[kind]['steps']}")
-        if "engines" in m:
-            e = m["engines"]
-            print(f"{name}: sparse cache, tokens/s compiled vs PyTorch step at keys per head "
-                  + ", ".join(f"{k:.0f}: {a:.0f} vs {b:.0f}"
-                              for k, a, b in zip(e["keys_per_head"], e["numba"], e["torch"])))
-        if "sparse_torch" in m:
-            print(f"{name}: sparse cache on the PyTorch step alone "
-                  f"{m['sparse_torch']['total_s']:.1f} s, engine {m['sparse']['engine']} "
-                  f"{m['sparse']['total_s']:.1f} s")
-        print(f"{name} (n={m['n']}): sparse {m['sparse']['total_s']:.1f} s whole sample, "
-              f"cache {m['sparse']['cache_bytes'] / 2**20:.1f} MiB vs dense "
-              f"{m['dense']['cache_bytes'] / 2**20:.1f} MiB; re-run estimated "
-              f"{r['total_s_estimated']:.0f} s (first {r['prefix']['tokens']} tokens: measured "
-              f"{r['prefix']['measured_s']:.2f} s, estimated {r['prefix']['estimated_s']:.2f} s)")
-    for t in data["targets"]:
-        unit = t.get("unit", "x")
-        cpu = f", CPU seconds {t['cpu_ratio']:.1f}x" if "cpu_ratio" in t else ""
-        runs = (f", median of {len(t['runs'])} runs: "
-                f"{', '.join(f'{r:.1f}x' for r in sorted(t['runs']))}"
-                if len(t.get("runs", [])) > 1 else "")
-        print(f"  {t['what']}: {t['measured']:.1f}{unit}{cpu}{runs} (goal {t['goal']}) "
-              f"{'met' if t['met'] else 'NOT MET'}")
+def outputs(quick: bool) -> tuple[Path, Path]:
+    """Where a run's JSON and figure go: figures/data/generation.json and
+    figures/generation.png (--quick: under runs/quick/)."""
+    out, figures = (QUICK, QUICK / "figures") if quick else (DATA, FIGURES)
+    return out / "generation.json", figures / "generation.png"
 
 
-def parser() -> cli.Parser:
-    """The parser of ``python -m fast generate``; measures nothing."""
-    p = cli.Parser(COMMAND, description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="tiny models, for development")
-    p.add_argument("--threads", type=cli.integer(1, MAX_THREADS), default=1,
-                   help="torch threads of the cached samplers (default 1, the sampler's own "
-                        "default on the CPU); the re-run sampler is timed with 1 and with one "
-                        "per core, and credited with the faster")
-    p.add_argument("--runs", type=cli.integer(1, 20), default=None,
-                   help="times the photos32 measurement is made, the median kept (default 3; "
-                        "--quick 1): its ratio of two wall-clock totals moves from run to run "
-                        "on a shared machine")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_or_exit(argv)
-    out, figures = (QUICK, QUICK / "figures") if args.quick else (DATA, FIGURES)
-    cli.writable_or_exit(COMMAND, out, figures)
-    data = run(args.quick, args.threads, args.runs or (1 if args.quick else 3))
-    path = write_json(out / "generation.json", data, indent=1)
-    png = plot_generation(data, figures / "generation.png")
-    print_summary(data)
-    print(f"wrote {path} and {png} ({data['machine']['wall_s']:.0f} s)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def write(data: dict, quick: bool) -> tuple[str, str]:
+    """Write the JSON and the figure of a ``run``: (JSON path, PNG path)."""
+    json_path, png = outputs(quick)
+    return write_json(json_path, data, indent=1), str(plot_generation(data, png))

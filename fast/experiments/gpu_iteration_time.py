@@ -6,13 +6,14 @@ script times one training iteration of the network of ``fast.transformer`` at th
 paper's shapes with fewer layers -- Enwik8: n = 12288, d = 512, 8 heads, 6 layers;
 CIFAR-10: n = 3072, d = 256, 2 heads, 16 layers; batch 8; fixed l = 128, c = 32
 (l = 96 for the 32 x 32 x 3 images), strided l = 128 (96) -- as the training loop
-runs it (``fast.transformer.train``'s step: fp16 autocast with dynamic loss
+runs it (``fast.transformer.training.train``'s step: fp16 autocast with dynamic loss
 scaling, recomputation of every residual block, gradient clipping, AdamW, the
 schedule), on batches of random bytes (a step's time does not depend on the
 values):
 
 * ``--warm`` steps (10) first, untimed (compilation, layouts, allocator);
-* ``--steps`` steps timed one by one with CUDA events (wall clock on the CPU);
+* ``--steps`` steps timed one by one on the device's clock (``fast.measure.timing.repeat``:
+  CUDA events on a GPU, the wall clock on the CPU);
   the median is reported, every step kept;
 * one more step under ``torch.cuda.set_sync_debug_mode("warn")``: every time
   the host waits for the GPU inside a step is counted (the loss scaler's check
@@ -26,26 +27,20 @@ Writes figures/data/gpu_iteration_time.json (``--out``: DIR/data/...).
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
-from fast.core import cli
-from fast.core.files import write_json
-from fast.experiments.paths import DATA
 from fast.measure.bench import machine_info
+from fast.measure.timing import repeat, synchronize
 from fast.transformer.config import ModelConfig, TrainConfig
-from fast.transformer.devices import resolve_device, resolve_precision
-from fast.transformer.model import SparseTransformer
-from fast.transformer.optim import make_optimizer, make_scheduler
-from fast.transformer.sample import device_name
-from fast.transformer.train import _step as train_step  # the training loop's own step
+from fast.transformer.network.devices import resolve_precision
+from fast.transformer.network.model import SparseTransformer
+from fast.transformer.training.optim import make_optimizer, make_scheduler
+from fast.transformer.training.train import train_step  # the training loop's own step
 
 # name -> sequence length, width, heads, layers, stride l, summary width c, image shape or None
-COMMAND = "python -m fast train-time"
 SHAPES = {
     "enwik8": dict(n=12288, d=512, heads=8, layers=6, stride=128, c=32, image=None),
     "cifar10": dict(n=3072, d=256, heads=2, layers=16, stride=96, c=32, image=(32, 32, 3)),
@@ -102,24 +97,9 @@ def time_cell(shape: dict, pattern: str, batch: int, device: torch.device, *, wa
     t0 = time.perf_counter()
     for _ in range(warm):
         step()
-    if cuda:
-        torch.cuda.synchronize()
+    synchronize(device)
     warm_s = time.perf_counter() - t0
-    times = []
-    for _ in range(steps):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            times.append((start, end))
-        else:
-            t = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t)
-    if cuda:
-        torch.cuda.synchronize()
-        times = [s.elapsed_time(e) / 1e3 for s, e in times]
+    times = repeat(step, device, steps, counters=False)["s"]    # one mark pair per step
     syncs = _count_syncs(step) if cuda else None
     peak = torch.cuda.max_memory_allocated() if cuda else None
     return {"pattern": pattern, "batch": batch, **{k: v for k, v in shape.items()},
@@ -152,39 +132,3 @@ def run(shapes: dict, patterns, batch: int, device: torch.device, *, warm: int, 
                                         "device": str(device), "combine": "merged",
                                         "recompute": True, "data": "random bytes"},
             "rows": rows}
-
-
-def parser() -> cli.Parser:
-    """The parser of ``python -m fast train-time``; builds nothing."""
-    p = cli.Parser(COMMAND, description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", nargs="+", type=cli.choice(SHAPES), default=list(SHAPES))
-    p.add_argument("--patterns", nargs="+", type=cli.choice(PATTERNS), default=list(PATTERNS))
-    p.add_argument("--batch", type=cli.integer(1, 4096), default=8, help="sequences per step")
-    p.add_argument("--warm", type=cli.integer(0, 10**4), default=10, help="untimed steps first")
-    p.add_argument("--steps", type=cli.integer(1, 10**4), default=10, help="timed steps")
-    p.add_argument("--device", type=device_name, default="auto",
-                   help="auto (CUDA if present), cuda, cuda:1 (a GPU is needed)")
-    p.add_argument("--out", type=cli.writable_folder, default=None,
-                   help="write DIR/data/gpu_iteration_time.json (default figures/data/)")
-    return p
-
-
-def main(argv=None) -> int:
-    args = parser().parse_or_exit(argv)
-    device = resolve_device(args.device)
-    if device.type != "cuda":
-        cli.fail(COMMAND, f"--device {args.device} is the CPU; allowed: a GPU (train-time "
-                          f"measures GPU iterations; on the CPU the tests call "
-                          f"fast.experiments.gpu_iteration_time.run with a small shape)")
-    folder = Path(args.out) / "data" if args.out else DATA
-    cli.writable_or_exit(COMMAND, folder)
-    data = run({s: SHAPES[s] for s in args.shapes}, args.patterns, args.batch, device,
-               warm=args.warm, steps=args.steps)
-    path = folder / "gpu_iteration_time.json"
-    write_json(path, data, indent=1)
-    print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

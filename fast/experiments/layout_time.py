@@ -9,7 +9,7 @@ merged and multi-head heads), each build from scratch, and the tables written on
 the CPU (``LayoutPart.tables``: what the GPU does in the first call, here on the
 CPU's memory):
 
-    python -m fast layout-time [--n 1048576] [--repeat 3]
+    python -m fast layout-time [--n 1048576] [--repeat 3]     (fast.commands.layout_time)
 
 It prints the minimum and every time (a shared machine is noisy) and the peak
 resident memory of this process.
@@ -17,15 +17,10 @@ resident memory of this process.
 
 from __future__ import annotations
 
-import resource
-import sys
 import time
 
-from fast.core import cli
 from fast.layout import block_layout
-from reference.params import check_params
 
-COMMAND = "python -m fast layout-time"
 CASES = (("strided", dict(stride=256)), ("fixed", dict(stride=256, c=32)))
 
 
@@ -52,37 +47,3 @@ def build_times(n: int, heads: int, block: int, repeat: int, tables: bool) -> li
                   f"(all {', '.join(f'{x:.2f}' for x in build)}){extra}; "
                   f"{rows[-1]['tiles']} tiles", flush=True)
     return rows
-
-
-def parser() -> cli.Parser:
-    """The parser of ``python -m fast layout-time``; builds nothing."""
-    p = cli.Parser(COMMAND, description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=cli.integer(1, cli.MAX_SEQUENCE), default=2**20,
-                   help="sequence length (default 2**20)")
-    p.add_argument("--heads", type=cli.integer(1, 1024), default=8, help="heads (default 8)")
-    p.add_argument("--block", type=cli.integer(1, 4096), default=64,
-                   help="slots per block (default 64)")
-    p.add_argument("--repeat", type=cli.integer(1, 1000), default=3,
-                   help="builds timed per case (default 3)")
-    p.add_argument("--tables", action="store_true",
-                   help="also write the look-up tables on the CPU (GiBs at n = 2**20 for fixed)")
-    return p
-
-
-def main(argv=None) -> int:
-    args = parser().parse_or_exit(argv)
-    for pattern, params in CASES:                       # every case checked before any build
-        for combine in ("merged", "multihead"):
-            try:
-                check_params(pattern, args.n, args.heads, combine, 0, params)
-            except ValueError as err:
-                cli.fail(COMMAND, f"--n {args.n} --heads {args.heads} for {pattern} "
-                                  f"{params} ({err}); allowed: sizes every case accepts")
-    build_times(args.n, args.heads, args.block, args.repeat, args.tables)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(f"peak resident memory of this process: {peak:.2f} GiB")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

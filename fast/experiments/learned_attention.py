@@ -8,7 +8,7 @@ late layers; that is the evidence for the strided pattern (sec. 4.3).
 
 Here, on the 16x16 greyscale photo crops ("grey16", n = 256):
 
-* the dense model (``configs``) is trained by ``fast.transformer.train.train``,
+* the dense model (``configs``) is trained by ``fast.transformer.training.train.train``,
   its weights cached in figures/data/learned_attention.pt (fp16, model only);
 * the strided and fixed models are Table 2's image models of seed 0
   (``python -m fast table2`` keeps them in figures/data/models/), when present;
@@ -37,25 +37,24 @@ retrains it only when they are missing.
 
 from __future__ import annotations
 
-import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fast.core import cli
 from fast.core.files import write_json
 from fast.data import load
+from fast.experiments.cache import read_cache
 from fast.experiments.paths import DATA, FIGURES, QUICK, ROOT
 from fast.measure import attention_stats as stats
 from fast.measure.bench import machine_info
 from fast.plots import attention as plot_attention
-from fast.transformer import checkpoint
-from fast.transformer.checkpoint import as_dict, save_weights
 from fast.transformer.config import ModelConfig, TrainConfig
-from fast.transformer.loss import evaluate
-from fast.transformer.train import train
+from fast.transformer.network.checkpoint import load_model, save_weights
+from fast.transformer.training.loss import evaluate
+from fast.transformer.training.train import train
 from reference import patterns
 
 SHAPE = (16, 16, 1)
@@ -114,13 +113,9 @@ def train_model(quick: bool = False, iters: int | None = None, layers: int | Non
                    "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                    "threads": threads, "machine": machine_info("cpu"),
                    "n_params": rec["n_params"],
-                   "model_cfg": as_dict(model_cfg), "train_cfg": as_dict(train_cfg),
+                   "model_cfg": asdict(model_cfg), "train_cfg": asdict(train_cfg),
                    "data": dataset.fingerprint()}
 
-
-def load_model(path) -> torch.nn.Module:
-    """A cached model (fp16 weights on disk), float32, eval mode."""
-    return checkpoint.load_model(path)[0]
 
 
 def test_images(count: int = N_IMAGES) -> np.ndarray:
@@ -143,9 +138,6 @@ def attention_maps(model, images: np.ndarray) -> np.ndarray:
     idx = torch.cat([start, x[:, :-1]], dim=1)                           # (B, n)
     _, weights = model(idx, return_attention=True)
     return torch.stack(weights).numpy()                                  # (L, B, H, n, n)
-
-
-to_pixels = stats.split_start     # position-space weights -> (pixel weights, start mass)
 
 
 def query_positions(image_shape=SHAPE, min_row: int = MIN_ROW) -> np.ndarray:
@@ -247,54 +239,33 @@ def beats_uniform(summary: dict) -> list[dict]:
     return rows
 
 
-def pixel_position(row: int, col: int, image_shape=SHAPE) -> int:
-    """Raster position of pixel (row, col), channel 0 (``attention_stats.pixel_position``)."""
-    return stats.pixel_position(row, col, image_shape)
-
-
-def parser() -> cli.Parser:
-    """The options of ``python -m fast fig2`` (builds the parser, does no work)."""
-    p = cli.Parser("python -m fast fig2", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="a tiny model, for development")
-    p.add_argument("--force", action="store_true", help="retrain even if cached")
-    p.add_argument("--iters", type=cli.integer(1), default=None,
-                   help=f"training steps (default {ITERS}; retrains over the cache)")
-    p.add_argument("--threads", type=cli.integer(1, 256), default=None,
-                   help=f"intra-op threads of the training (default {THREADS}, --long "
-                        f"{LONG_THREADS}; the weights depend on it in the last bits)")
-    p.add_argument("--layers", type=cli.integer(1, 64), default=None,
-                   help="layers of the dense model (default 6; retrains over the cache)")
-    p.add_argument("--long", action="store_true",
-                   help=f"the heavier run: {LONG_ITERS} steps on {LONG_THREADS} thread, kept in "
-                        f"figures/data/models/ (trained only when missing or with --force); "
-                        f"draws the dense model's figures as fig2_*_long.png")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_or_exit(argv)
-    weights, summary_path, models, figdir = paths(args.quick, args.long)
+def run(*, quick: bool = False, force: bool = False, iters: int | None = None,
+        threads: int | None = None, layers: int | None = None, long: bool = False) -> dict:
+    """Train the dense model unless its weights are kept (or ``force``, ``iters`` or
+    ``layers`` ask for another), measure it and the kept sparse models, write the JSON
+    and draw the figures. Returns the JSON's data."""
+    weights, summary_path, models, figdir = paths(quick, long)
     weights.parent.mkdir(parents=True, exist_ok=True)
-    old = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    if weights.exists() and "train" in old and not (args.force or args.iters or args.layers):
+    old = read_cache(summary_path) or {}
+    if weights.exists() and "train" in old and not (force or iters or layers):
         print(f"learned_attention: using cached {weights}", flush=True)
         record = old["train"]
     else:
-        iters = args.iters or (LONG_ITERS if args.long and not args.quick else None)
-        threads = args.threads or (LONG_THREADS if args.long else THREADS)
-        model, record = train_model(args.quick, iters, args.layers, threads)
+        iters = iters or (LONG_ITERS if long and not quick else None)
+        threads = threads or (LONG_THREADS if long else THREADS)
+        model, record = train_model(quick, iters, layers, threads)
         save_weights(weights, model)
     images = test_images()
     result = {"train": record, "query_pixels": [list(p) for p in QUERY_PIXELS],
               "images": f"{len(images)} test images of grey16, evenly spread", "models": {}}
     drawn, readable = {}, {}
-    sparse = [] if args.long else [(p, models / f"image_{p}.pt") for p in SPARSE]
+    sparse = [] if long else [(p, models / f"image_{p}.pt") for p in SPARSE]
     for name, path in [("full", weights)] + sparse:
         if not path.exists():
             print(f"learned_attention: {path} missing (run python -m fast table2); "
                   f"{name} skipped", flush=True)
             continue
-        model = load_model(path)          # what the notebook sees (fp16-rounded weights)
+        model = load_model(path)[0]       # what the notebook sees (fp16-rounded weights)
         maps = attention_maps(model, images)
         summary = summarise(maps, model.cfg.pattern)
         summary["layers"] = beats_uniform(summary)
@@ -313,10 +284,6 @@ def main(argv: list[str] | None = None) -> int:
     write_json(summary_path, result)
     drawn = {name: maps[:, shown] for name, maps in drawn.items()}
     for path in plot_attention.make_all(drawn, images[shown], result, SHAPE, figdir, readable,
-                                        suffix="_long" if args.long else ""):
+                                        suffix="_long" if long else ""):
         print(f"learned_attention: wrote {path}", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return result

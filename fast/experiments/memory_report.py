@@ -5,7 +5,7 @@ residual block's input is kept for the backward pass, which is how "dense
 attention networks with hundreds of layers on sequence lengths of 16,384" were
 trained. The blog post gives a table of attention memory for a 64-layer model.
 
-    python -m fast memory [--quick] [--force] [--steps a,b]
+    python -m fast memory [--quick] [--force] [--steps a,b]     (fast.commands.memory)
 
 Steps (each result is written to the JSON as soon as it exists; a step whose
 result is already there is skipped unless --force, so the script resumes):
@@ -33,7 +33,6 @@ never inflates or hides the next one's peak. Batch size 1, float32, CPU.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -42,14 +41,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from fast.core import cli
 from fast.core.files import write_json
+from fast.experiments.cache import resumable
 from fast.experiments.paths import DATA, FIGURES, QUICK
 from fast.measure import child
 from fast.measure.model_memory import MALLOC_ENV, per_layer
 from fast.plots import memory as plot_memory
 
-COMMAND = "python -m fast memory"
 CACHE = DATA / "memory.json"
 STEPS = ("depth", "length", "peak", "blog", "big", "figures")
 
@@ -183,50 +181,23 @@ def step_figures(data: dict) -> dict:
     return {"paths": [str(p) for p in paths]}
 
 
-# ----------------------------------------------------------------------------
 
-def parser() -> cli.Parser:
-    """The parser of ``python -m fast memory``; measures nothing."""
-    p = cli.Parser(COMMAND, description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="small sizes, for development")
-    p.add_argument("--force", action="store_true", help="redo steps whose results exist")
-    p.add_argument("--steps", type=cli.names(STEPS), default=list(STEPS),
-                   help=f"comma list of {', '.join(STEPS)} (default: all)")
-    p.add_argument("--out", type=cli.output_file, default=None,
-                   help=f"JSON written and resumed from (default {CACHE}; --quick: {QUICK})")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_or_exit(argv)
-    steps = args.steps
-    args.out = Path(args.out) if args.out else (QUICK / "memory.json" if args.quick else CACHE)
-    figures = QUICK / "figures" if args.quick else FIGURES
-    cli.writable_or_exit(COMMAND, args.out.parent, *([figures] if "figures" in steps else []))
-    try:
-        data = json.loads(args.out.read_text()) if args.out.exists() and not args.force else {}
-    except (OSError, ValueError) as err:
-        cli.fail(COMMAND, f"--out {args.out} cannot be resumed from ({err}); allowed: a JSON "
-                          f"this command wrote, or --force to replace it")
-    if not isinstance(data, dict) or data.get("quick", args.quick) != args.quick:
-        cli.fail(COMMAND, f"--out {args.out} holds other results (quick: "
-                          f"{data.get('quick') if isinstance(data, dict) else None}, asked "
-                          f"{args.quick}); allowed: --force to replace them, or another --out")
-    data["quick"] = args.quick
+def run(*, steps=STEPS, quick: bool = False, force: bool = False, out: Path | None = None) -> dict:
+    """Run ``steps`` in order, skipping those whose result is in ``out`` (unless ``force``),
+    writing the JSON after each. Returns its data; CacheError when ``out`` cannot be
+    resumed from."""
+    out = Path(out) if out else (QUICK / "memory.json" if quick else CACHE)
+    data = resumable(out, quick, force)
+    data["quick"] = quick
     data["machine"] = f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}"
     funcs = {"depth": step_depth, "length": step_length, "peak": step_peak,
              "blog": step_blog, "big": step_big}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in tqdm(steps, desc="memory_report", unit="step"):
-        if name in data and not args.force and name != "figures":
+        if name in data and not force and name != "figures":
             continue
         t0 = time.perf_counter()
-        data[name] = step_figures(data) if name == "figures" else funcs[name](args.quick)
+        data[name] = step_figures(data) if name == "figures" else funcs[name](quick)
         data[name]["seconds"] = round(time.perf_counter() - t0, 1)
-        write_json(args.out, data, indent=1)
+        write_json(out, data, indent=1)
         tqdm.write(f"memory_report: {name} done in {data[name]['seconds']} s")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return data

@@ -1,34 +1,62 @@
-"""Print the README's result tables from the JSON that the figure scripts wrote.
+"""The README's result tables, written from the JSON that the figure scripts wrote.
 
 Child et al., 2019: the attention speed targets (sec. 4.4 and 5.5, ``python -m
 fast bench``), recomputation memory (sec. 5.4 and the blog's table, ``python -m
 fast memory``), Table 2 (``python -m fast table2``) and Figure 2's per-layer
 statistics (``python -m fast fig2``). Every number in the
-README's "Results" section is printed by this script, so it can be checked
+README's "Results" section is written by ``report``, so it can be checked
 against a fresh ``python -m fast figures``:
 
-    python -m fast results            # markdown, from figures/data/*.json
+    python -m fast results            # markdown, from figures/data/*.json (fast.commands.results)
+
+Every file is read through ``fast.experiments.cache.read_cache`` with the shape its
+section uses (``SHAPES``; for table2.json, the keys of ``fast.experiments.table2``):
+a damaged, empty or wrongly shaped file is one ``CacheError`` naming the file and the
+place that does not fit, never a traceback.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from fast.core import cli
-from fast.experiments.paths import DATA
+from fast.core.schema import Map, Number, Optional, ShapeError, Tuple, check
+from fast.experiments.cache import CacheError, read_cache
+from fast.experiments.table2 import TIMING_ROW
 from fast.plots.style import PATTERN_ORDER, display_name
 
 GIB = 2.0 ** 30
-
-
-def _load(data: Path, name: str) -> dict | None:
-    path = data / name
-    return json.loads(path.read_text()) if path.exists() else None
+CELLS = [f"{m}/{p}" for m in ("text", "image") for p in PATTERN_ORDER]
+MACHINE = {"cpu": str, "cpu_count": int, "torch": str}
+TARGETS = ("strided_fwd_speedup_16384", "strided_fb_speedup_16384", "fixed_fwd_speedup_16384",
+           "fixed_fb_speedup_16384", "strided_fwd_slope_4096_65536",
+           "strided_fb_slope_4096_65536", "strided_fb_peak_bytes_65536")
+T2_RUN = {"test_bits": float, "steps": int, "model_cfg": {"n_ctx": int}}
+FIG2_TRAIN = {"model_cfg": {"n_layers": int, "d_model": int, "n_heads": int}, "steps": int,
+              "test_bits": float, "machine": Optional(MACHINE)}
+FIG2_LAYER = {k: float for k in ("local_x", "rowcol_x", "min_entropy", "max_start",
+                                 "max_data_dependence")} | {"layer": int, "labels": [str]}
+# The file each section reads, and what it reads from it (``fast.core.schema``).
+SHAPES = {
+    "bench_cpu.json": {"machine": MACHINE, "targets": {"float32": {k: float for k in TARGETS}}},
+    "memory.json": {"depth": {"n": int, "rows": [{"layers": int, "recompute": bool,
+                                                  "saved_bytes": Number(lo=0)}]},
+                    "big": {"layers": int, "n": int, "step": {"n_params": float},
+                            "measured_peak_with": float, "machine_total_bytes": float,
+                            "per_layer_without": float, "estimated_peak_without": float}},
+    "table2.json": {"summary": {c: {"seeds": int, "test_bits": float, "test_bits_std": float,
+                                    "time_per_iter": float} for c in CELLS},
+                    "paper": {m: {p: Tuple(float, float) for p in PATTERN_ORDER}
+                              for m in ("text", "image")},
+                    "runs": {c: Map(T2_RUN) for c in CELLS}, "machine": str, "torch": str,
+                    "text_eval_windows": int, "timing": Optional([TIMING_ROW]),
+                    "drift": Optional(Map({"test_bits": float}))},
+    "learned_attention.json": {"models": {"full": {"window": float, "layers": [FIG2_LAYER]}},
+                               "train": FIG2_TRAIN, "images": str},
+    "make_figures.json": Map(object),
+}
+SHAPES["learned_attention_long.json"] = SHAPES["learned_attention.json"]
 
 
 def bench_section(bench: dict) -> list[str]:
@@ -54,7 +82,11 @@ def bench_section(bench: dict) -> list[str]:
 
 def memory_section(mem: dict) -> list[str]:
     rows = {(r["layers"], r["recompute"]): r["saved_bytes"] for r in mem["depth"]["rows"]}
-    deepest = max(layers for layers, _ in rows)
+    deepest = max((layers for layers, _ in rows), default=None)
+    if deepest is None or {(deepest, False), (deepest, True)} - set(rows) or not rows[
+            (deepest, True)]:
+        raise ShapeError(f"['depth']['rows'] holds no pair of runs of the deepest model "
+                         f"({deepest} layers) with and without recomputation")
     kept, recomputed = rows[(deepest, False)], rows[(deepest, True)]
     big = mem["big"]
     return [
@@ -130,6 +162,14 @@ def timing_statements(t2: dict) -> list[str]:
 def table2_section(t2: dict) -> list[str]:
     """Table 2: the bits (mean ± std over seeds, the paper's beside), the orderings and how
     sure each is, the time per iteration and what it says."""
+    for key, runs in t2["runs"].items():
+        if not runs:
+            raise ShapeError(f"['runs'][{key!r}] holds no run")
+    modalities = {r["modality"] for r in t2.get("timing", [])}
+    have = {(r["modality"], r["pattern"]) for r in t2.get("timing", [])}
+    missing = sorted(f"{m}/{p}" for m in modalities for p in PATTERN_ORDER if (m, p) not in have)
+    if missing or any(r["time_per_iter"] <= 0 for r in t2.get("timing", [])):
+        raise ShapeError(f"['timing'] lacks the rows {missing} or holds a time <= 0")
     return (table2_bits(t2) + [""] + table2_orderings(t2) + [""] + table2_timing(t2) + [""]
             + timing_statements(t2))
 
@@ -192,6 +232,9 @@ def drift_section(t2: dict) -> list[str]:
            "(`tests/test_reproducibility.py` checks it on short trainings). The data each result "
            "saw are named by SHA-256 fingerprints in figures/data/table2.json."]
     drift = t2.get("drift", {})
+    unknown = sorted(k for k in drift if "0" not in t2["runs"].get(k, {}))
+    if unknown:
+        raise ShapeError(f"['drift'] names {unknown}, which have no seed-0 run in ['runs']")
     if drift:
         moves = []
         for key, d in sorted(drift.items()):
@@ -209,6 +252,8 @@ def drift_section(t2: dict) -> list[str]:
 def fig2_section(la: dict, long: bool = False) -> list[str]:
     dense = la["models"]["full"]
     train = la["train"]
+    if "machine" in train:
+        check(train, {"threads": int, "wall_s": float, "cpu_s": float}, "['train']")
     cfg = train["model_cfg"]
     where = ""
     if "machine" in train:                 # a run behind a flag says where and how long it ran
@@ -234,45 +279,34 @@ def fig2_section(la: dict, long: bool = False) -> list[str]:
 
 def figures_section(log: dict) -> list[str]:
     steps = log.get("steps", log)
+    check(steps, Map(object), "['steps']")
+    for name, info in steps.items():
+        if isinstance(info, dict) and "seconds" in info:
+            check(info["seconds"], float, f"['steps'][{name!r}]['seconds']")
     parts = [f"{name} {info['seconds'] / 60:.1f} min" for name, info in steps.items()
              if isinstance(info, dict) and "seconds" in info]
     return ["`make figures` steps: " + ", ".join(parts) + "."] if parts else []
 
 
-def existing_folder(text: str) -> Path:
-    """``--data``: a folder that exists (the figure scripts' JSON is read from it)."""
-    if not Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: an existing folder")
-    return Path(text)
-
-
-def parser() -> cli.Parser:
-    """The options of ``python -m fast results`` (builds the parser, does no work)."""
-    p = cli.Parser("python -m fast results", description=__doc__.splitlines()[0])
-    p.add_argument("--data", type=existing_folder, default=DATA,
-                   help="the folder of the figure scripts' JSON (default: figures/data)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_or_exit(argv)
+def report(data: Path) -> tuple[str, list[str]]:
+    """(the markdown of every section whose JSON is in the folder ``data``, the names of
+    the JSON files not there yet). A damaged file raises ``CacheError``, naming it."""
     sections = [("bench_cpu.json", bench_section), ("memory.json", memory_section),
-                ("table2.json", table2_section), ("learned_attention.json", fig2_section),
+                ("table2.json", lambda t2: table2_section(t2) + [""] + drift_section(t2)),
+                ("learned_attention.json", fig2_section),
                 ("learned_attention_long.json", lambda la: fig2_section(la, long=True)),
                 ("make_figures.json", figures_section)]
-    missing = []
+    text, missing = [], []
     for name, section in sections:
-        payload = _load(args.data, name)
+        path = Path(data) / name
+        payload = read_cache(path, SHAPES[name])
         if payload is None:
             missing.append(name)
             continue
-        print("\n".join(section(payload)) + "\n")
-        if name == "table2.json":
-            print("\n".join(drift_section(payload)) + "\n")
-    if missing:
-        print(f"(not yet measured: {', '.join(missing)}; run `make figures`)", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        try:
+            text.append("\n".join(section(payload)) + "\n")
+        except ShapeError as err:                # what a shape alone cannot say
+            raise CacheError(f"{path} does not hold what is read from it ({err}); allowed: "
+                             f"a JSON file written by this project's scripts (delete it to "
+                             f"have it recomputed)") from err
+    return "\n".join(text), missing

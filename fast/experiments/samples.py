@@ -4,7 +4,7 @@ Child et al., 2019, section 7 and Figure 5: unconditional samples, and
 completions of held-out images whose top half is given. ``python -m fast
 table2`` keeps the weights of its models in figures/data/models/
 (``<modality>_<pattern>.pt``, fp16); this script loads every kept model there,
-draws with ``fast.transformer.sample.sample`` (the sparse key/value cache, seed
+draws with ``fast.transformer.decoding.sample.sample`` (the sparse key/value cache, seed
 0) and writes
 
     figures/samples_images.png       8 samples of every image model;
@@ -13,12 +13,12 @@ draws with ``fast.transformer.sample.sample`` (the sparse key/value cache, seed
 
 and prints a continuation of a line of Python by every text model. Every model
 draws with the same generator seed, so the models consume the same uniform
-numbers (``fast.transformer.sample.draw``): where two models' distributions
+numbers (``fast.transformer.decoding.sample.draw``): where two models' distributions
 agree they draw the same token, and their samples share stretches of text or
 pixels. Notebook 09 calls the same functions and writes into
 ``figures_out()``.
 
-    python -m fast samples
+    python -m fast samples      (fast.commands.samples)
 """
 
 from __future__ import annotations
@@ -26,15 +26,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fast.core import cli
 from fast.data import load
-from fast.experiments.paths import DATA, FIGURES
+from fast.experiments.paths import DATA
 from fast.plots import samples as plot_samples
 from fast.plots.style import PATTERN_ORDER
-from fast.transformer.checkpoint import load_model
-from fast.transformer.sample import sample
+from fast.transformer.decoding.sample import sample
+from fast.transformer.network.checkpoint import load_model
 
-COMMAND = "python -m fast samples"
 KEPT = DATA / "models"             # written by python -m fast table2
 IMAGE_DATA = "grey16"              # the image models' data (16x16 greyscale crops)
 PROMPT = b"import os\n\ndef main("  # the text models' prompt (the stdlib is Python source)
@@ -102,33 +100,3 @@ def make_figures(figdir, folder=KEPT, seed: int = 0) -> list:
             plot_samples.plot_completions(truth, draw_completions(models, truth, given, seed),
                                           given, cfg.image_shape, cfg.vocab_size,
                                           f"{figdir}/samples_completions.png")]
-
-
-def parser() -> cli.Parser:
-    """The parser of ``python -m fast samples``; loads nothing."""
-    p = cli.Parser(COMMAND, description=__doc__.splitlines()[0])
-    p.add_argument("--seed", type=cli.integer(0), default=0,
-                   help="the generator seed every model draws with (default 0)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_or_exit(argv)
-    for modality in ("image", "text"):
-        if len(missing(modality, KEPT)) == len(PATTERN_ORDER):
-            cli.fail(COMMAND, f"no kept {modality} model in {KEPT}; allowed: run python -m "
-                              f"fast table2 first (it keeps {modality}_<pattern>.pt there)")
-    cli.writable_or_exit(COMMAND, FIGURES)
-    for modality in ("image", "text"):
-        gone = missing(modality)
-        if gone:
-            print(f"samples: no kept {modality} model for {gone} in {KEPT}", flush=True)
-    for path in make_figures(FIGURES, seed=args.seed):
-        print(f"samples: wrote {path}")
-    for pattern, texts in draw_text(kept_models("text"), seed=args.seed).items():
-        print(f"=== text, {pattern} ===\n" + "\n---\n".join(texts))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -10,7 +10,7 @@ held-out bits and time per iteration. Here, on a 2-core CPU:
             n = 256, l = 16 = one image row, c = 4;
 
 every cell a 4-layer, d = 64, 4-head model (merged heads), trained by
-``fast.transformer.train.train`` with the same steps, batch, learning rate and
+``fast.transformer.training.train.train`` with the same steps, batch, learning rate and
 schedule, once per seed (``--seeds``, default 3: seeds 0, 1, 2 draw different
 initial weights and batches). Each run uses one intra-op thread, in its own
 process (``fast.measure.child``), ``--jobs`` runs at a time (default: 2, or the
@@ -42,29 +42,29 @@ trained sparse models) and notebook 09 samples from them.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import platform
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fast.core import cli
 from fast.core.files import write_json
+from fast.core.schema import Map, Optional
 from fast.data import Dataset, load
+from fast.experiments.cache import resumable
 from fast.experiments.paths import DATA, FIGURES, QUICK
 from fast.measure.child import run_child
 from fast.plots import table2 as plot_table2
 from fast.plots.style import PATTERN_ORDER
-from fast.transformer import checkpoint
-from fast.transformer.checkpoint import as_dict, save_weights
 from fast.transformer.config import ModelConfig, TrainConfig
-from fast.transformer.loss import evaluate
-from fast.transformer.train import train
+from fast.transformer.network.checkpoint import save_weights
+from fast.transformer.training.loss import evaluate
+from fast.transformer.training.train import train
 
 MODALITIES = ("text", "image")
 TEXT_EVAL_WINDOWS = 256          # text windows per held-out split, evenly spread
@@ -79,6 +79,15 @@ PAPER = {
     "image": {"full": (2.82, 0.54), "fixed": (2.85, 0.47), "strided": (2.80, 0.38),
               "dataset": "CIFAR-10 (bits per dim)", "n": 3072},
 }
+
+
+# What table2.json holds, as far as its readers use it (``fast.core.schema``): resuming
+# (``CACHE``), the figures and ``python -m fast results`` (``fast.experiments.results``).
+RUN = {"val_bits": float, "test_bits": float, "time_per_iter": float, "steps": int,
+       "model_cfg": {"n_ctx": int}, "evals": [{"step": int, "val": float}]}
+TIMING_ROW = {"modality": str, "pattern": str, "n": int, "time_per_iter": float}
+CACHE = {"runs": Optional(Map(Map(RUN))), "timing": Optional([TIMING_ROW]),
+         "drift": Optional(Map({"test_bits": float}))}
 
 
 def run_configs(modality: str, pattern: str, quick: bool, iters: int | None = None,
@@ -114,7 +123,7 @@ def timing_configs(modality: str, pattern: str, quick: bool) -> tuple[ModelConfi
     n = PAPER[modality]["n"] // (4 if quick else 1)
     image = modality == "image"
     side = 16 if quick else 32
-    model = ModelConfig(**{**as_dict(model), "n_ctx": n, "stride": 3 * side if image else 128,
+    model = ModelConfig(**{**asdict(model), "n_ctx": n, "stride": 3 * side if image else 128,
                            "c": (16 if quick else 32) if pattern == "fixed" else None,
                            "image_shape": (side, side, 3) if image else None})
     # the dataset name only passes the config's check (``random_bytes`` is handed to train());
@@ -137,10 +146,6 @@ def random_bytes(model_cfg: ModelConfig) -> Dataset:
     return Dataset("random bytes", "text", 256,
                    {"train": rng.integers(0, 256, 8 * n, dtype=np.uint8)})
 
-
-def load_kept_model(path):
-    """A model saved by this script (fp16 weights) as a float32 SparseTransformer, eval mode."""
-    return checkpoint.load_model(path)[0]
 
 
 def out_paths(quick: bool) -> tuple[Path, Path, Path]:
@@ -187,7 +192,7 @@ def run_one(spec: dict) -> dict:
         save_weights(spec["keep"], model)
     steps = rec["iter_times"][1:] or rec["iter_times"]
     return {
-        "seed": spec["seed"], "model_cfg": as_dict(model_cfg), "train_cfg": as_dict(train_cfg),
+        "seed": spec["seed"], "model_cfg": asdict(model_cfg), "train_cfg": asdict(train_cfg),
         "history": rec["history"], "evals": rec["evals"], "val_bits": val, "test_bits": test,
         "eval_items": {"val": [val_items, val_count], "test": [test_items, test_count]},
         "time_per_iter": statistics.median(steps), "n_params": rec["n_params"],
@@ -234,58 +239,38 @@ def summarise(runs: dict) -> dict:
     return out
 
 
-def parser() -> cli.Parser:
-    """The options of ``python -m fast table2`` (builds the parser, does no work)."""
-    keys = cell_keys() + ["timing"]
-    p = cli.Parser("python -m fast table2", description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="tiny runs, for development")
-    p.add_argument("--force", action="store_true", help="redo runs whose results exist")
-    p.add_argument("--only", default=[], type=cli.names(keys),
-                   help="the cells (and the timing runs) to run (default: all)")
-    p.add_argument("--seeds", type=cli.integer(1, 100), default=3,
-                   help="seeds per cell (default 3)")
-    p.add_argument("--jobs", type=cli.integer(1, 256), default=min(2, os.cpu_count() or 1),
-                   help="runs at a time, one thread each (default: 2 or the core count)")
-    p.add_argument("--out", type=cli.output_file, default=None,
-                   help="JSON (default: figures/data/table2.json)")
-    p.add_argument("--iters", type=cli.integer(1), default=None,
-                   help=f"training steps per run (default {STEPS})")
-    p.add_argument("--drift", action="store_true",
-                   help="only retrain seed 0 of every cell (or of --only) with 2 threads: "
-                        "how far the bits move when only the summation order changes")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_or_exit(argv)
-    keys, only = cell_keys() + ["timing"], args.only
-    out, models, figdir = out_paths(args.quick)
-    args.out = Path(args.out) if args.out else out
-    data = json.loads(args.out.read_text()) if args.out.exists() and not args.force else {}
-    if data.get("quick", args.quick) != args.quick:
-        raise ValueError(f"{args.out} holds {'quick' if data['quick'] else 'full'} results; "
-                         f"pass --force to replace them, or another --out")
-    data.update({"quick": args.quick, "paper": PAPER, "torch": torch.__version__,
-                 "python": platform.python_version(), "jobs": args.jobs,
+def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds: int = 3,
+        jobs: int = 2, out: Path | None = None, iters: int | None = None,
+        drift: bool = False) -> dict:
+    """Train what is missing (every cell x seed, or ``only`` those cells; ``drift``: seed 0
+    of each again on 2 threads), the timing runs, and draw the figures; the JSON is
+    rewritten after every run. Returns its data. ValueError when ``out`` holds results of
+    the other size (``quick``) and ``force`` is not given."""
+    keys, only = cell_keys() + ["timing"], list(only)
+    default, models, figdir = out_paths(quick)
+    out = Path(out) if out else default
+    data = resumable(out, quick, force, CACHE)
+    data.update({"quick": quick, "paper": PAPER, "torch": torch.__version__,
+                 "python": platform.python_version(), "jobs": jobs,
                  "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, CPU only",
                  "data": {m: dataset(m).fingerprint() for m in MODALITIES},
                  "text_eval_windows": TEXT_EVAL_WINDOWS})
     data.setdefault("runs", {})
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     todo = []
     for key in [k for k in (only or keys) if k != "timing"]:
-        if args.drift:              # only the 2-thread twins of seed 0
-            todo.append({"key": key, "seed": 0, "quick": args.quick, "iters": args.iters,
+        if drift:              # only the 2-thread twins of seed 0
+            todo.append({"key": key, "seed": 0, "quick": quick, "iters": iters,
                          "keep": None, "threads": 2})
             continue
-        for seed in range(args.seeds):
-            if str(seed) in data["runs"].get(key, {}) and not args.force and not only:
+        for seed in range(seeds):
+            if str(seed) in data["runs"].get(key, {}) and not force and not only:
                 continue
             keep = models / f"{key.replace('/', '_')}.pt" if seed == 0 else None
-            todo.append({"key": key, "seed": seed, "quick": args.quick, "iters": args.iters,
+            todo.append({"key": key, "seed": seed, "quick": quick, "iters": iters,
                          "keep": str(keep) if keep else None})
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(run_child, "fast.experiments.table2:run_one", spec,
                                env=CHILD_ENV): spec for spec in todo}
         for done, future in enumerate(as_completed(futures), 1):
@@ -300,18 +285,14 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 data["runs"].setdefault(spec["key"], {})[str(spec["seed"])] = r
             data["summary"] = summarise(data["runs"])
-            write_json(args.out, data)
+            write_json(out, data)
             print(f"table2: [{done}/{len(todo)}, {time.perf_counter() - t0:.0f} s] "
                   f"{spec['key']} seed {spec['seed']}: test {r['test_bits']:.3f} {r['unit']}, "
                   f"{r['time_per_iter']:.3f} s/iter, {r['wall_s']:.0f} s", flush=True)
-    if "timing" in (only or keys) and not args.drift and ("timing" not in data or args.force
+    if "timing" in (only or keys) and not drift and ("timing" not in data or force
                                                           or only):
-        data["timing"] = time_paper_lengths(args.quick)
-        write_json(args.out, data)
+        data["timing"] = time_paper_lengths(quick)
+        write_json(out, data)
     for path in plot_table2.make_all(data, figdir):
         print(f"table2: wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return data

@@ -1,12 +1,9 @@
-"""Compiled kernels: block-sparse attention in Triton (Child et al., 2019, sec. 5.5), and
-one decoding step on the CPU in Numba (sec. 5.2-5.6).
+"""Block-sparse attention in Triton (Child et al., 2019, sec. 5.5).
 
-One job per module: ``triton_kernels`` (the @triton.jit kernels), ``tables``
-(a layout part's look-up tables on the device), ``launch`` (launchers and the
-autograd Function) and ``triton_attention`` (the public
-``triton_sparse_attention``, its checks and the layout cache; import from here);
-``cpu_decode`` (the whole network's step for one new position, over the rows a
-key/value cache says each head reads; ``fast.transformer.cpu_step`` drives it).
+One job per module: ``triton_kernels`` (the @triton.jit kernels), ``variants``
+(the kernel variants, the speed levers selectable per call), ``launch``
+(launchers and the autograd Function) and ``triton_attention`` (the public
+``triton_sparse_attention``, its checks and the layout cache; import from here).
 
 Triton is optional: importing this package imports nothing from Triton; the
 modules that need it do, and say how to install it if it is missing. On a GPU

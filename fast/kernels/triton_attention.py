@@ -5,21 +5,27 @@ section 4.3 and the head combinations of section 5.1 (eq. 5-8). The pieces, one
 job each:
 
 * ``fast.kernels.triton_kernels`` -- the @triton.jit kernels (forward, dQ, dK/dV);
-* ``fast.kernels.tables``         -- a layout part's tables on the device;
+* ``fast.kernels.variants``       -- the kernel variants (the speed levers) by name;
 * ``fast.kernels.launch``         -- the launchers and the autograd Function;
 * this module                     -- ``triton_sparse_attention`` (pattern in,
-  layout from ``fast.layout.block_layout``, built once per device and cached),
-  ``attention_with_parts`` / ``attention_lse`` (already-built parts in) and the
-  input checks (``fast.core.checks`` plus the kernel's own limits).
+  layout from ``fast.layout.block_layout``, moved to the device once and cached),
+  ``attention_with_parts`` / ``attention_lse`` / ``forward`` (already-built parts
+  in) and the input checks (``fast.core.checks`` plus the kernel's own limits).
+
+Checks run once per call, at the entry the caller used: the public functions here
+check q, k, v, the scale and the kernel's limits; ``attend`` is the entry of
+``fast.sparse_attention``, which has checked q, k, v, the pattern and the scale
+already, so it checks only what the kernel alone limits (dtype, d, device).
 
 This is the one module to import the kernels from: it also re-exports the names
-that tests and notebook 04 use (``forward``, ``interpreted``, ``device_part``,
-``parts_from_masks``, ``DevicePart`` and ``merge``, the torch twin of the
-in-kernel merge from ``fast.core.merge``).
+that tests and notebook 04 use (``interpreted``, ``parts_from_masks``,
+``VARIANTS`` and ``merge``, the torch twin of the in-kernel merge from
+``fast.core.merge``).
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -27,14 +33,17 @@ import torch
 
 from fast.core.checks import check_scale, check_tensors
 from fast.core.merge import merge
-from fast.kernels.launch import BlockSparseAttention, forward, interpreted
-from fast.kernels.tables import DevicePart, device_part, parts_from_masks
-from fast.layout import block_layout
+from fast.kernels import launch as L
+from fast.kernels.launch import interpreted
+from fast.kernels.variants import VARIANTS, Variant, resolve
+from fast.layout import LayoutPart, block_layout
+from fast.layout.from_masks import parts_from_masks
 
 __all__ = [
-    "GPU_DTYPES", "MAX_HEAD_DIM", "DevicePart", "attention_lse", "attention_with_parts",
-    "cached_layout", "clear_layout_cache", "default_block", "device_part", "forward",
-    "interpreted", "merge", "parts_from_masks", "triton_sparse_attention",
+    "GPU_DTYPES", "MAX_HEAD_DIM", "VARIANTS", "Variant", "attend", "attention_lse",
+    "attention_with_parts", "cached_layout", "clear_layout_cache", "default_block", "forward",
+    "interpreted", "layout_cost", "merge", "parts_from_masks", "triton_sparse_attention",
+    "variant_parts",
 ]
 
 GPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -47,21 +56,20 @@ DEFAULT_BLOCK_INTERPRETER = 32
 # Checks
 # ----------------------------------------------------------------------------
 
-def _check_inputs(q, k, v) -> None:
-    """The shared q, k, v check with the kernel's dtypes, then the kernel's limits.
-    Non-finite values are left to ``fast.sparse_attention``, which checks them once:
-    here the check would make every call wait for the GPU."""
-    check_tensors(q, k, v, dtypes=GPU_DTYPES, finite=False)
+def _kernel_limits(q) -> None:
+    """What only the kernel limits, for q, k, v already checked by ``check_tensors``:
+    the dtype, d, and where it runs. Non-finite values are left to
+    ``fast.sparse_attention``, which checks them once: here the check would make every
+    call wait for the GPU."""
+    if q.dtype not in GPU_DTYPES:
+        raise ValueError(f"q has dtype {q.dtype}; allowed: "
+                         f"{', '.join(str(d) for d in GPU_DTYPES)} (the Triton kernel)")
     d = q.shape[-1]
     if d > MAX_HEAD_DIM:
         raise ValueError(
             f"head dimension d must be at most {MAX_HEAD_DIM} for the Triton kernel, got d={d} "
             "(d that is not a power of two is padded inside the kernel)"
         )
-    _check_runnable(q)
-
-
-def _check_runnable(q) -> None:
     if q.device.type == "cpu":
         if not interpreted():
             raise RuntimeError(
@@ -83,40 +91,90 @@ def _check_runnable(q) -> None:
         raise ValueError(f"device must be cuda (or cpu with TRITON_INTERPRET=1), got {q.device}")
 
 
-def _prepare(q, k, v, parts, scale, block_size: int):
-    """Checks, parts on q's device, the scale, contiguous q, k, v. Reads only host
-    values (shapes and each part's ``top``): it never waits for the GPU."""
-    _check_inputs(q, k, v)
-    parts = [p if isinstance(p, DevicePart) else device_part(p, block_size, q.device)
-             for p in parts]
+def _check_inputs(q, k, v, scale) -> float:
+    """The checks of a public entry: q, k, v (``fast.core.checks``, the kernel's dtypes),
+    the kernel's limits and the scale; returns the scale."""
+    check_tensors(q, k, v, dtypes=GPU_DTYPES, finite=False)
+    _kernel_limits(q)
+    return check_scale(scale, q.shape[-1])
+
+
+def _check_block(block_size) -> int:
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 16 \
+            or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
+    return block_size
+
+
+def _on_device(q, parts, block_size: int) -> list[LayoutPart]:
+    """Already-built parts on q's device, checked against q: built for ``block_size``,
+    for 1 head (shared) or q's heads, and for no longer a sequence than q's."""
     n_heads, n = q.shape[1], q.shape[2]
+    out = []
     for p in parts:
-        if p.n_heads not in (1, n_heads):
-            raise ValueError(f"layout part {p.name!r} has {p.n_heads} heads; q has {n_heads} "
-                             f"(a part serves 1 head, shared, or all of them)")
-        if p.top >= n:
-            raise ValueError(f"layout part {p.name!r} reads position {p.top}, but n = {n}: it "
-                             f"was built for a longer sequence")
-    scale = check_scale(scale, q.shape[-1])
+        if not isinstance(p, LayoutPart):
+            raise TypeError(f"parts must be fast.layout.LayoutPart, got {type(p).__name__}")
+        if p.block_size != block_size:
+            raise ValueError(f"layout part {p.name!r} was built for another block size "
+                             f"({p.block_size}) than block_size={block_size}")
+        p = p.to(q.device)
+        if p.q_pos.shape[0] not in (1, n_heads):
+            raise ValueError(f"layout part {p.name!r} has {p.q_pos.shape[0]} heads; q has "
+                             f"{n_heads} (a part serves 1 head, shared, or all of them)")
+        if p.facts.top >= n:
+            raise ValueError(f"layout part {p.name!r} reads position {p.facts.top}, but "
+                             f"n = {n}: it was built for a longer sequence")
+        out.append(p)
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Running on parts
+# ----------------------------------------------------------------------------
+
+def _apply(q, k, v, parts, scale: float, variant: Variant) -> torch.Tensor:
+    q, scale = L.fold_scale(q, scale)
     q, k, v = (t.contiguous() for t in (q, k, v))
-    return q, k, v, parts, scale
+    return L.BlockSparseAttention.apply(q, k, v, parts, scale, variant)
 
 
-# ----------------------------------------------------------------------------
-# Already-built parts in
-# ----------------------------------------------------------------------------
-
-def attention_with_parts(q, k, v, parts, *, scale=None, block_size: int) -> torch.Tensor:
-    """Run the kernels on already-built layout parts (``LayoutPart``-like objects or
-    ``DevicePart``); q, k, v (B, H, n, d). Used by the wrapper and by the tests."""
-    q, k, v, parts, scale = _prepare(q, k, v, parts, scale, block_size)
-    return BlockSparseAttention.apply(q, k, v, parts, scale, block_size)
+def attention_with_parts(q, k, v, parts, *, scale=None, block_size: int,
+                         variant=None) -> torch.Tensor:
+    """Run the kernels on already-built layout parts (``fast.layout.LayoutPart``, on any
+    device: moved to q's); q, k, v (B, H, n, d). Differentiable in q, k, v."""
+    scale = _check_inputs(q, k, v, scale)
+    variant = resolve(variant)
+    return _apply(q, k, v, _on_device(q, parts, _check_block(block_size)), scale, variant)
 
 
-def attention_lse(q, k, v, parts, *, scale=None, block_size: int):
-    """Forward only, returning (out, lse) in float32 (for tests and the notebook)."""
-    q, k, v, parts, scale = _prepare(q, k, v, parts, scale, block_size)
-    return forward(q, k, v, parts, scale, block_size)
+def attention_lse(q, k, v, parts, *, scale=None, block_size: int, variant=None):
+    """Forward only: (out in q's dtype, lse float32 in natural log; -inf for rows that read
+    nothing). For tests and the notebook."""
+    return forward(q, k, v, parts, scale, block_size, variant=variant)
+
+
+def forward(q, k, v, parts, scale=None, block_size: int | None = None, separate: bool = False,
+            variant=None):
+    """Forward only on already-built parts: (out, lse), merged inside the kernels, or
+    with ``separate=True`` the lists ([out_p], [lse_p]) of every part alone (their torch
+    merge, ``merge``, equals the kernels'). out in q's dtype, lse float32, natural log.
+    ``block_size``: None takes the parts' own (they must agree)."""
+    scale = _check_inputs(q, k, v, scale)
+    variant = resolve(variant)
+    if block_size is None:
+        block_size = parts[0].block_size if parts else DEFAULT_BLOCK_GPU
+    parts = _on_device(q, parts, _check_block(block_size))
+    q, scale = L.fold_scale(q, scale)
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    if not separate:
+        out, m, l = L.forward(q, k, v, parts, scale, variant)
+        return out, L.lse_of(m, l, scale)
+    outs, lses = [], []
+    for p in parts:
+        out, m, l = L.forward(q, k, v, [p], scale, variant)
+        outs.append(out)
+        lses.append(L.lse_of(m, l, scale))
+    return outs, lses
 
 
 # ----------------------------------------------------------------------------
@@ -137,14 +195,15 @@ def _hashable(x):
 
 def cached_layout(pattern: str, n: int, n_heads: int, combine: str, layer: int,
                   params: dict, block: int, device,
-                  order: str = "structured") -> tuple[list[DevicePart], object]:
+                  order: str = "structured") -> tuple[list[LayoutPart], object]:
     """The layout's parts on ``device`` (built once, then cached), and the layout.
     ``order="natural"`` (one part, natural token order) is for comparisons only.
 
-    The cache keeps the ``MAX_CACHED_LAYOUTS`` most recently used layouts (their
-    tables stay on the device: the fixed pattern's at n = 2**20, H = 8 take 4 GiB);
-    ``clear_layout_cache`` empties it. Interleaved layers r and r + 2 share one
-    entry (they read the same part), other combine modes one for every layer."""
+    The cache keeps the ``MAX_CACHED_LAYOUTS`` most recently used layouts with every
+    table a variant has written on the device (listed tables of the fixed pattern at
+    n = 2**20, H = 8 hold 4 GiB; its range tables megabytes: ``fast.kernels.variants``);
+    ``clear_layout_cache`` empties it. Interleaved layers r and r + 2 share one entry
+    (they read the same part), other combine modes one for every layer."""
     layer_key = layer % 2 if combine == "interleaved" else 0
     key = (pattern, n, n_heads, combine, layer_key,
            tuple(sorted((k, _hashable(v)) for k, v in params.items())), block, str(device),
@@ -153,7 +212,7 @@ def cached_layout(pattern: str, n: int, n_heads: int, combine: str, layer: int,
     if hit is None:
         lay = block_layout(pattern, n, n_heads=n_heads, combine=combine, layer=layer_key,
                            block_size=block, order=order, **params)
-        hit = ([device_part(p, block, device) for p in lay.parts], lay)
+        hit = ([p.to(device) for p in lay.parts], lay)
         _LAYOUTS[key] = hit
         while len(_LAYOUTS) > MAX_CACHED_LAYOUTS:
             _LAYOUTS.popitem(last=False)
@@ -170,13 +229,68 @@ def default_block(device) -> int:
     return DEFAULT_BLOCK_INTERPRETER if torch.device(device).type == "cpu" else DEFAULT_BLOCK_GPU
 
 
+def variant_parts(pattern: str, n: int, n_heads: int, combine: str, layer: int, params: dict,
+                  block: int, device, order: str, variant: Variant, dtype,
+                  d: int) -> list[LayoutPart]:
+    """The layout's parts on ``device`` for ``variant``: each part kind at the tile size
+    the variant's launch settings give it (``block`` unless set), from the cached layout
+    built at that size (the parts of a pattern, and the pairs each one holds, are the
+    same at every block size)."""
+    parts, _ = cached_layout(pattern, n, n_heads, combine, layer, params, block, device, order)
+    d_pad = L.padded_d(d)
+    out = []
+    for i, p in enumerate(parts):
+        b = variant.settings(p.name, dtype, d_pad).block
+        if b is not None and b != block:
+            p = cached_layout(pattern, n, n_heads, combine, layer, params, b, device, order)[0][i]
+        out.append(p)
+    return out
+
+
+def layout_cost(pattern: str, n: int, n_heads: int, params: dict, variant=None,
+                combine: str = "merged", block: int = DEFAULT_BLOCK_GPU, device="cpu") -> dict:
+    """The host's part of a first call, measured: building the layout (``build_s``), moving
+    its parts to ``device`` and writing the tables ``variant`` reads (``tables_s``), and
+    those tables' bytes (``table_bytes``). Runs without a kernel, on the CPU too; builds
+    from scratch (the cache is not used)."""
+    variant = resolve(variant)
+    t0 = time.perf_counter()
+    lay = block_layout(pattern, n, n_heads=n_heads, combine=combine, block_size=block,
+                       **params)
+    t1 = time.perf_counter()
+    args = [L.part_args(p.to(device), variant) for p in lay.parts]
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    t2 = time.perf_counter()
+    return dict(pattern=pattern, n=n, heads=n_heads, combine=combine, block=block,
+                variant=variant.name, build_s=t1 - t0, tables_s=t2 - t1,
+                table_bytes=sum(a.nbytes for a in args))
+
+
 # ----------------------------------------------------------------------------
-# The public wrapper
+# The entries
 # ----------------------------------------------------------------------------
+
+def _run(q, k, v, pattern, combine, layer, params, scale, block_size, order, variant):
+    variant = resolve(variant)
+    block = default_block(q.device) if block_size is None else _check_block(block_size)
+    B, H, n, d = q.shape
+    parts = variant_parts(pattern, n, H, combine, layer, params, block, q.device, order,
+                          variant, q.dtype, d)
+    return _apply(q, k, v, parts, scale, variant)
+
+
+def attend(q, k, v, pattern: str, *, combine: str, layer: int, scale: float, params: dict,
+           block_size=None, order: str = "structured", variant=None) -> torch.Tensor:
+    """The kernels for ``fast.sparse_attention``, which has checked q, k, v, the pattern,
+    its parameters and the scale (a float): only the kernel's own limits are checked here."""
+    _kernel_limits(q)
+    return _run(q, k, v, pattern, combine, layer, params, scale, block_size, order, variant)
+
 
 def triton_sparse_attention(q, k, v, pattern: str, *, stride=None, c=None,
                             combine: str = "merged", layer: int = 0, scale=None,
-                            block_size=None, order: str = "structured",
+                            block_size=None, order: str = "structured", variant=None,
                             **pattern_params) -> torch.Tensor:
     """Sparse Transformer attention with the block-sparse Triton kernels.
 
@@ -186,21 +300,18 @@ def triton_sparse_attention(q, k, v, pattern: str, *, stride=None, c=None,
     "bigbird" (window, n_random, n_global, seed); combine: "merged", "multihead"
     or "interleaved" (sec. 5.1), ``layer`` picks the interleaved head. Head h of
     q reads exactly ``reference.patterns.head_masks(pattern, n, H, combine, layer)[h]``.
-    Differentiable in q, k, v. Returns (B, H, n, d) in q's dtype.
+    Differentiable in q, k, v. Returns (B, H, n, d) in q's dtype. Any finite scale.
     block_size: tile size (power of two >= 16; default 64 on CUDA, 32 under the
-    interpreter). order: "structured" (default: strided columns transposed, fixed
-    summaries gathered, so every part is truly block-sparse) or "natural" (one
-    part in natural order, for comparison in the benchmark).
+    interpreter; a variant may set another per part kind). order: "structured"
+    (default: strided columns transposed, fixed summaries gathered, so every part
+    is truly block-sparse) or "natural" (one part in natural order, for comparison
+    in the benchmark). variant: a name in ``VARIANTS``, a ``Variant``, or None (the
+    default, ``fast.kernels.variants.DEFAULT``).
     """
-    _check_inputs(q, k, v)
-    B, H, n, d = q.shape
-    block = default_block(q.device) if block_size is None else block_size
-    if not isinstance(block, int) or block < 16 or block & (block - 1):
-        raise ValueError(f"block_size must be a power of two >= 16, got {block_size!r}")
+    scale = _check_inputs(q, k, v, scale)
     params = dict(pattern_params)
     if stride is not None:
         params["stride"] = stride
     if c is not None:
         params["c"] = c
-    parts, _ = cached_layout(pattern, n, H, combine, layer, params, block, q.device, order)
-    return attention_with_parts(q, k, v, parts, scale=scale, block_size=block)
+    return _run(q, k, v, pattern, combine, layer, params, scale, block_size, order, variant)

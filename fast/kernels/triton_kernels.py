@@ -1,4 +1,4 @@
-"""Block-sparse FlashAttention-2 kernels in Triton: forward, dQ and dK/dV.
+"""Block-sparse FlashAttention-2 kernels in Triton: forward, dQ (and delta) and dK/dV.
 
 Child et al., 2019, section 5.5 ("Efficient block-sparse attention kernels"):
 the sparse patterns are computed as blocks of dense attention; the upper
@@ -8,47 +8,70 @@ walks only the key blocks a look-up table (LUT) lists for it, and keeps an
 online softmax (running max m, running sum l, running output acc) in float32.
 
 Every kernel works in *slot space*: a layout part (``fast.layout.LayoutPart``)
-lists, per head, the sequence position of every query slot (``q_pos``) and key
-slot (``k_pos``), -1 for padding.  Rows are loaded through these maps (gathered
-pointer loads, padding slots masked), so a transposed order (the strided
-column head) or a gathered key set (the fixed summary head) costs no permuted
-copy of q, k or v.  Outputs are written back in *position space*.
+gives, per head, the sequence position of every query slot and key slot, either
+listed (``q_pos`` / ``k_pos``, -1 for padding: the rows are gathered through
+them) or as a formula (``fast.layout.slots``: natural order, the strided
+transposition, the fixed summary gather, computed here, ``Q_MAP`` / ``K_MAP``).
+So a transposed order or a gathered key set costs no permuted copy of q, k or v.
+Outputs are written back in *position space*. A LUT row is read listed (block
+index and token mask per entry) or as a range (``RANGE``: block start + t, token
+masks listed only for a row's first and last entries, ``fast.layout.lut.Ranges``).
+
+Scores are kept unscaled, s = q.k (-q.k for a negative scale, ``NEGATE``), and the
+scale enters only through c = |scale| log2(e) > 0 applied to differences from the
+row maximum,
+p = 2^((s - m) c): nothing overflows for any float32 c, and when every score a
+row reads is equal (however large) each p is exactly 1. A row's softmax is kept
+as its statistics (m, l): the maximum of its scores and the sum of 2^((s - m) c),
+both float32, never folded into one log-sum-exp (m c + log2 l loses log2 l when
+m c is large: a tie of large scores would then merge with wrong weights).
 
 Pseudocode of the forward program for query block ``qb`` of head ``(b, h)``::
 
-    q = Q[b, h, q_pos[h, qb]]                        # (BLOCK, D), padding -> 0
+    q = Q[b, h, positions of the query slots of qb]   # (BLOCK, D), padding -> 0
     m, l, acc = -inf, 0, 0
-    for t in range(kv_count[h, qb]):
-        kb, mid = kv_index[h, qb, t], kv_mask[h, qb, t]
-        k, v = K[b, h, k_pos[h, kb]], V[...]          # (BLOCK, D)
-        s = q k^T * scale * log2(e)                   # base-2 scores
-        allowed = k slot is real & (mid < 0 or token_masks[mid])
-        s = where(allowed, s, -inf)
-        m' = max(m, rowmax(s));  p = 2^(s - m');  a = 2^(m - m')
-        l = a l + rowsum(p);     acc = a acc + p v;   m = m'
-    out = acc / l,  lse = (m + log2 l) ln 2           # natural log; rows with l=0: 0, -inf
+    for t in range(count[h, qb]):
+        kb, mid = LUT entry t                           # key block, token mask
+        k, v = K[b, h, positions of kb], V[...]         # (BLOCK, D)
+        s = q k^T, -inf where the pair is not read      # token mask, padding
+        m' = max(m, rowmax(s));  p = 2^((s - m') c);  a = 2^((m - m') c)
+        l = a l + rowsum(p);     acc = a acc + p v;    m = m'
+    out = acc / l                                       # rows with l = 0: 0
 
-Parts are merged exactly through their log-sum-exp, inside the kernel: every
-part after the first is launched with ACCUMULATE and folds its (out, lse) into
-the rows already written (lse' = logaddexp(lse_prev, lse), out' = weighted sum),
-so no per-part buffers and no extra passes over memory are needed. Its readable
-twin in torch, the same formula and the same empty-row rule (out 0, lse -inf),
-is ``fast.core.merge`` (``merge``), which the tests compare it with.
+Parts are merged exactly inside the kernel: a part launched with LOAD_PREV folds
+its rows into the (out, m, l) of the parts before it,
+
+    m' = max(m_prev, m),  w_prev = l_prev 2^((m_prev - m') c),  w = l 2^((m - m') c),
+    l' = w_prev + w,      out' = (w_prev out_prev + w out) / l',
+
+and writes ``Out`` in that tensor's dtype: the last part of a layout writes the
+output in q's dtype while the others keep a float32 ``Prev`` (the launchers,
+``fast.kernels.launch``, choose which). The same formula in log-sum-exp form,
+with the same empty-row rule (out 0, lse -inf), is ``fast.core.merge``.
 
 The token mask of a partial block is always applied: the diagonal block is
 causal inside itself because the layout gives it a mask, never "a block sees
-all of itself".  ``lse`` is stored in NATURAL log units, like
-``reference.attention.attend``, so parts merge with ``fast.core.merge``.
+all of itself". Non-finite inputs are not masked away: a NaN or inf in a pair a
+row reads reaches that row's output and gradients as IEEE arithmetic carries it
+(a row with l = NaN is not taken for an empty one).
 
-Backward (FlashAttention-2, section 3.1.2): with the merged output O and merged
-lse, P = exp(S - lse) is each part's exact share of the merged softmax, so
-    dV = P^T dO,  dS = P * (dO V^T - delta),  delta = rowsum(dO * O),
+Backward (FlashAttention-2, section 3.1.2): with each row's merged (m, l),
+P = 2^((S - m) c - log2 l) is each part's exact share of the merged softmax, so
+    dV = P^T dO,  dS = P * (dO V^T - delta),  delta = rowsum(P * dO V^T) = rowsum(dO * O),
     dQ = scale dS K,  dK = scale dS^T Q.
 ``_dq_kernel`` walks a query block's key blocks (the forward table);
 ``_dkdv_kernel`` walks a key block's query blocks (the transposed table).
-Both ADD into float32 gradient buffers (load, add, store): the parts of a
-layout are launched one after another on one stream and, inside a part, every
-position owns at most one slot, so no two programs touch the same row.
+delta comes from dO * O (``COMPUTE_DELTA``: the first dQ launch, or a torch
+pass), or, for large scales, from ``_dq_kernel``'s ``DELTA_PASS``: the sum of
+P * dO V^T over the same recomputed tiles, so that a one-hot row (p = 1 exactly
+at its maximum) gets dS = 0 exactly instead of scale times a rounding error.
+Gradient writes follow the forward's LOAD_PREV / Out / Prev rule: inside a
+part every position owns at most one slot, so no two programs touch one row,
+and the parts run one after another on one stream (no atomics: bitwise
+repeatable).
+
+``GROUP`` lets one program walk several query (dK/dV: key) blocks one after
+another.
 
 Interpreter note (TRITON_INTERPRET=1, Triton 3.9): ``scalar_bool & tensor_bool``
 comes out as int32 there and ``tl.load`` rejects it as a mask, so scalar
@@ -60,8 +83,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634   # log2(e): scores are kept in base 2 inside the kernels
-LN2 = 0.6931471805599453     # ln(2): lse leaves the kernels in natural-log units
+LOG2E = 1.4426950408889634   # log2(e): the kernels exponentiate in base 2
 
 
 @triton.jit
@@ -76,10 +98,61 @@ def _program_heads(H, HL):
 
 
 @triton.jit
-def _slot_rows(ptr, base, pos, offs_d, stride_n, row_ok, d_ok):
+def _slots(Pos, Off, hl, ROW, s0, offs, P, X, Y, LIMIT, MAP: tl.constexpr):
+    """Positions (BLOCK,) of the slots s0 + offs of layout head hl and which are real:
+    computed from the slot map (s mod P) X + (s div P) Y + Off[hl] < LIMIT when MAP,
+    else loaded from Pos (rows of stride ROW; 0: one row for every head), -1 = padding."""
+    if MAP:
+        s = s0 + offs
+        pos = (s % P) * X + (s // P) * Y + tl.load(Off + hl)
+        ok = pos < LIMIT
+    else:
+        pos = tl.load(Pos + hl * ROW + s0 + offs)
+        ok = pos >= 0
+    return pos, ok
+
+
+@triton.jit
+def _rows(ptr, base, pos, offs_d, stride_n, row_ok, d_ok):
     """Load the rows ``pos`` (one per slot) of a (n, D) matrix; padding -> 0."""
     ptrs = ptr + base + pos[:, None] * stride_n + offs_d[None, :]
     return tl.load(ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _lut_row(Count, Rows, row, RANGE: tl.constexpr):
+    """LUT row ``row``: its entry count and, for a range row, (start, lead, trail,
+    offset) (``fast.layout.lut.Ranges``)."""
+    count = tl.load(Count + row)
+    start = 0
+    lead = 0
+    trail = 0
+    off = 0
+    if RANGE:
+        start = tl.load(Rows + row * 4)
+        lead = tl.load(Rows + row * 4 + 1)
+        trail = tl.load(Rows + row * 4 + 2)
+        off = tl.load(Rows + row * 4 + 3)
+    return count, start, lead, trail, off
+
+
+@triton.jit
+def _lut_entry(Index, Mask, Ends, row, W, t, count, start, lead, trail, off,
+               RANGE: tl.constexpr):
+    """Entry t of LUT row ``row``: (block, token-mask index; -1 = full tile). A range
+    row computes the block and reads a mask only for its first ``lead`` and last
+    ``trail`` entries; a listed row loads both from (HL, R, W) tables."""
+    if RANGE:
+        first_trail = count - trail
+        e = tl.where(t < lead, off + t, tl.where(t >= first_trail, off + lead + t - first_trail,
+                                                 -1))
+        mid = tl.load(Ends + tl.maximum(e, 0), mask=e >= 0, other=-1)
+        blk = start + t
+    else:
+        at = row.to(tl.int64) * W + t
+        blk = tl.load(Index + at)
+        mid = tl.load(Mask + at)
+    return blk, mid
 
 
 @triton.jit
@@ -95,220 +168,279 @@ def _token_mask(tok_ptr, mid, offs_m, offs_n, BLOCK: tl.constexpr):
 
 @triton.jit
 def _fwd_kernel(
-    # pointers: inputs (B, H, n, D) and outputs out (B, H, n, D) fp32, lse (B, H, n) fp32
-    Q, K, V, Out, Lse,
-    # strides (the last dimension is contiguous)
+    # pointers: q, k, v (B, H, n, D); Out (B, H, n, D), written in its own dtype; Prev
+    # (B, H, n, D) float32, read when LOAD_PREV (may be Out); row statistics M, L (B, H, n)
+    # float32, contiguous: read when LOAD_PREV, always written
+    Q, K, V, Out, Prev, M, L,
+    # strides (the last dimension is contiguous; Out and Prev share theirs)
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_on,
-    stride_lb, stride_lh,
-    # look-up table of one layout part (int32, contiguous)
-    QPos, KPos,                 # (HL, Mq), (HL, Mk): position of each slot, -1 = padding
-    KvCount, KvIndex, KvMask,   # (HL, NQB), (HL, NQB, MAXK), (HL, NQB, MAXK)
+    # query slots: positions (HL or 1, Mq) int32 and their row stride (Mq, or 0 when every
+    # head holds the same), or the map (period, x, y, offsets (HL,), limit)
+    QPos, QRow, QP, QX, QY, QOff, QLim,
+    # key slots: the same
+    KPos, KRow, KP, KX, KY, KOff, KLim,
+    # look-up table: counts (HL, NQB); listed index and mask (HL, NQB, W), or range rows
+    # (HL, NQB, 4) and their listed masks (E,)
+    Count, Index, Mask, W, Rows, Ends,
     TokMask,                    # (NM, BLOCK, BLOCK) int8
     # sizes
-    H, HL, Mq, Mk, NQB, MAXK, D,
-    qk_scale,                   # scale * log2(e)
+    N, H, HL, NQB, D,
+    c,                          # |scale| log2(e) > 0 (the sign: NEGATE)
     # meta-parameters
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-    ACCUMULATE: tl.constexpr,   # merge into the (out, lse) already there (every part but the first)
+    LOAD_PREV: tl.constexpr,    # merge into the (Prev, M, L) of the parts before this one
+    GROUP: tl.constexpr,        # query blocks per program
+    Q_MAP: tl.constexpr, K_MAP: tl.constexpr, RANGE: tl.constexpr,
+    NEGATE: tl.constexpr,       # the scale is negative: s = -q.k
 ):
-    qb = tl.program_id(0)
     b, h64, hl, bh = _program_heads(H, HL)
     offs_m = tl.arange(0, BLOCK)
     offs_n = tl.arange(0, BLOCK)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-
-    q_pos = tl.load(QPos + hl * Mq + qb * BLOCK + offs_m)            # (BLOCK,)
-    q_ok = q_pos >= 0
     q_base = b * stride_qb + h64 * stride_qh
     k_base = b * stride_kb + h64 * stride_kh
     v_base = b * stride_vb + h64 * stride_vh
-    q = _slot_rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
-
-    m_i = tl.full([BLOCK], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK], tl.float32)
-    acc = tl.zeros([BLOCK, BLOCK_D], tl.float32)
-
-    lut = (hl * NQB + qb) * MAXK
-    count = tl.load(KvCount + hl * NQB + qb)
-    for t in range(0, count):
-        kb = tl.load(KvIndex + lut + t)
-        mid = tl.load(KvMask + lut + t)
-        k_pos = tl.load(KPos + hl * Mk + kb * BLOCK + offs_n)        # (BLOCK,)
-        k_ok = k_pos >= 0
-        k = _slot_rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
-        v = _slot_rows(V, v_base, k_pos, offs_d, stride_vn, k_ok, d_ok)
-
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale   # (BLOCK, BLOCK)
-        allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
-        s = tl.where(allowed, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)      # rows with nothing yet
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-
-    has = l_i > 0.0
-    l_safe = tl.where(has, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    lse = tl.where(has, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     o_base = b * stride_ob + h64 * stride_oh
-    o_ptrs = Out + o_base + q_pos[:, None] * stride_on + offs_d[None, :]
-    o_ok = q_ok[:, None] & d_ok[None, :]
-    l_ptrs = Lse + b * stride_lb + h64 * stride_lh + q_pos
-    if ACCUMULATE:
-        # exact merge with the parts already written (natural-log lse; torch twin: fast.core.merge):
-        # lse' = logaddexp(lse_prev, lse), out' = e^(lse_prev - lse') out_prev + e^(lse - lse') out
-        lse_prev = tl.load(l_ptrs, mask=q_ok, other=float("-inf"))
-        out_prev = tl.load(o_ptrs, mask=o_ok, other=0.0)
-        top = tl.maximum(lse_prev, lse)
-        top = tl.where(top == float("-inf"), 0.0, top)
-        w_prev = tl.exp(lse_prev - top)
-        w_new = tl.exp(lse - top)
-        total = w_prev + w_new                                      # 0 only for empty rows
-        t_safe = tl.where(total > 0.0, total, 1.0)
-        out = (out_prev * (w_prev / t_safe)[:, None]) + (out * (w_new / t_safe)[:, None])
-        lse = tl.where(total > 0.0, top + tl.log(t_safe), float("-inf"))
-    tl.store(o_ptrs, out, mask=o_ok)
-    tl.store(l_ptrs, lse, mask=q_ok)
+    s_base = bh.to(tl.int64) * N                                     # row statistics
+
+    for g in range(0, GROUP):
+        qb = tl.program_id(0) * GROUP + g
+        if qb < NQB:
+            q_pos, q_ok = _slots(QPos, QOff, hl, QRow, qb * BLOCK, offs_m, QP, QX, QY, QLim,
+                                 Q_MAP)                                  # (BLOCK,)
+            q = _rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)  # (BLOCK, BLOCK_D)
+
+            m_i = tl.full([BLOCK], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK], tl.float32)
+            acc = tl.zeros([BLOCK, BLOCK_D], tl.float32)
+            row = hl * NQB + qb
+            count, start, lead, trail, off = _lut_row(Count, Rows, row, RANGE)
+            for t in range(0, count):
+                kb, mid = _lut_entry(Index, Mask, Ends, row, W, t, count, start, lead, trail,
+                                     off, RANGE)
+                k_pos, k_ok = _slots(KPos, KOff, hl, KRow, kb * BLOCK, offs_n, KP, KX, KY, KLim,
+                                     K_MAP)
+                k = _rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
+                v = _rows(V, v_base, k_pos, offs_d, stride_vn, k_ok, d_ok)
+
+                s = tl.dot(q, tl.trans(k), input_precision=PRECISION)     # (BLOCK, BLOCK)
+                if NEGATE:
+                    s = -s
+                allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
+                s = tl.where(allowed, s, float("-inf"))
+
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing yet
+                p = tl.exp2((s - m_safe[:, None]) * c)
+                alpha = tl.exp2((m_i - m_safe) * c)
+                l_i = l_i * alpha + tl.sum(p, 1)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+                m_i = m_new
+
+            has = l_i != 0.0                                # NaN counts: it is not empty
+            out = acc / tl.where(has, l_i, 1.0)[:, None]
+            o_off = o_base + q_pos[:, None] * stride_on + offs_d[None, :]
+            o_ok = q_ok[:, None] & d_ok[None, :]
+            s_off = s_base + q_pos
+            if LOAD_PREV:
+                m_p = tl.load(M + s_off, mask=q_ok, other=float("-inf"))
+                l_p = tl.load(L + s_off, mask=q_ok, other=0.0)
+                o_p = tl.load(Prev + o_off, mask=o_ok, other=0.0)
+                top = tl.maximum(m_p, m_i)
+                top_safe = tl.where(top == float("-inf"), 0.0, top)
+                w_p = tl.where(l_p != 0.0, l_p * tl.exp2((m_p - top_safe) * c), 0.0)
+                w_n = tl.where(has, l_i * tl.exp2((m_i - top_safe) * c), 0.0)
+                l_i = w_p + w_n
+                t_safe = tl.where(l_i != 0.0, l_i, 1.0)
+                out = o_p * (w_p / t_safe)[:, None] + out * (w_n / t_safe)[:, None]
+                m_i = top
+            tl.store(Out + o_off, out.to(Out.dtype.element_ty), mask=o_ok)
+            tl.store(M + s_off, m_i, mask=q_ok)
+            tl.store(L + s_off, l_i, mask=q_ok)
 
 
 @triton.jit
-def _row_stats(Lse, Delta, base, q_pos, q_ok):
-    """Merged lse in base 2 (+inf for rows that read nothing, so P = 0) and delta."""
-    lse = tl.load(Lse + base + q_pos, mask=q_ok, other=float("inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    delta = tl.load(Delta + base + q_pos, mask=q_ok, other=0.0)
-    return lse2, delta
+def _row_stats(M, L, base, q_pos, q_ok):
+    """A query row's merged statistics for the backward: its max (+inf for rows that read
+    nothing, so that P = 0 there) and log2 of its sum."""
+    m = tl.load(M + base + q_pos, mask=q_ok, other=float("inf"))
+    l = tl.load(L + base + q_pos, mask=q_ok, other=0.0)
+    empty = l == 0.0
+    return tl.where(empty, float("inf"), m), tl.log2(tl.where(empty, 1.0, l))
 
 
 @triton.jit
-def _recompute(q, k, v, do, lse2, delta, TokMask, mid, k_ok, offs_m, offs_n, qk_scale,
-               BLOCK: tl.constexpr, PRECISION: tl.constexpr):
-    """One tile of the backward, shared by ``_dq_kernel`` and ``_dkdv_kernel``: the
-    recomputed P = 2^(S - lse) on the allowed pairs (0 elsewhere) and
-    dS = P * (dO V^T - delta). (BLOCK_q, BLOCK_k) each."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-    allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
-    p = tl.where(allowed, tl.exp2(s - lse2[:, None]), 0.0)
-    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-    return p, p * (dp - delta[:, None])
+def _probs(q, k, m, log2_l, allowed, c, PRECISION: tl.constexpr, NEGATE: tl.constexpr):
+    """The recomputed P = 2^((s - m) c - log2 l) of one tile, s = +-q k^T, 0 on pairs not
+    read (the large terms cancel first: exactly 1 where a one-hot row has its maximum)."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    if NEGATE:
+        s = -s
+    p = tl.exp2((s - m[:, None]) * c - log2_l[:, None])
+    return tl.where(allowed, p, 0.0)
 
 
 @triton.jit
 def _dq_kernel(
-    # pointers: q, k, v, dO (B, H, n, D); lse, delta (B, H, n) fp32; dQ (B, H, n, D) fp32 (added to)
-    Q, K, V, DO, Lse, Delta, DQ,
-    # strides: q/dO/dQ share (B, H, n) strides, k/v share theirs; lse/delta contiguous (B, H, n)
+    # pointers: q, k, v (B, H, n, D); O (the output) and dO (B, H, n, D) sharing strides;
+    # M, L, Delta (B, H, n) float32 contiguous; DQ (B, H, n, D) written in its dtype,
+    # Prev float32 read when LOAD_PREV (may be DQ); they share strides
+    Q, K, V, O, DO, M, L, Delta, DQ, Prev,
+    # strides: q, k/v (shared), O/dO, dQ/Prev
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_ob, stride_oh, stride_on,
     stride_gb, stride_gh, stride_gn,
-    # look-up table of one layout part
-    QPos, KPos, KvCount, KvIndex, KvMask, TokMask,
+    # query slots, key slots, the forward look-up table, token masks: as ``_fwd_kernel``
+    QPos, QRow, QP, QX, QY, QOff, QLim,
+    KPos, KRow, KP, KX, KY, KOff, KLim,
+    Count, Index, Mask, W, Rows, Ends,
+    TokMask,
     # sizes
-    H, HL, N, Mq, Mk, NQB, MAXK, D,
-    qk_scale, scale,
+    N, H, HL, NQB, D,
+    c, scale,                   # |scale| log2(e) and the scale itself (signed)
     # meta-parameters
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    LOAD_PREV: tl.constexpr, GROUP: tl.constexpr,
+    Q_MAP: tl.constexpr, K_MAP: tl.constexpr, RANGE: tl.constexpr, NEGATE: tl.constexpr,
+    COMPUTE_DELTA: tl.constexpr,  # delta = rowsum(dO * O) here, written to Delta
+    DELTA_PASS: tl.constexpr,     # no dQ: add rowsum(P * dO V^T) of this part into Delta
 ):
-    qb = tl.program_id(0)
     b, h64, hl, bh = _program_heads(H, HL)
     offs_m = tl.arange(0, BLOCK)
     offs_n = tl.arange(0, BLOCK)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-
-    q_pos = tl.load(QPos + hl * Mq + qb * BLOCK + offs_m)
-    q_ok = q_pos >= 0
     q_base = b * stride_qb + h64 * stride_qh
     k_base = b * stride_kb + h64 * stride_kh          # v shares k's strides
     o_base = b * stride_ob + h64 * stride_oh
-    q = _slot_rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
-    do = _slot_rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
-    lse2, delta = _row_stats(Lse, Delta, bh.to(tl.int64) * N, q_pos, q_ok)
+    s_base = bh.to(tl.int64) * N
 
-    dq = tl.zeros([BLOCK, BLOCK_D], tl.float32)
-    lut = (hl * NQB + qb) * MAXK
-    count = tl.load(KvCount + hl * NQB + qb)
-    for t in range(0, count):
-        kb = tl.load(KvIndex + lut + t)
-        mid = tl.load(KvMask + lut + t)
-        k_pos = tl.load(KPos + hl * Mk + kb * BLOCK + offs_n)
-        k_ok = k_pos >= 0
-        k = _slot_rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
-        v = _slot_rows(V, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
-        _, ds = _recompute(q, k, v, do, lse2, delta, TokMask, mid, k_ok, offs_m, offs_n,
-                           qk_scale, BLOCK, PRECISION)                     # (BLOCK, BLOCK)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    for g in range(0, GROUP):
+        qb = tl.program_id(0) * GROUP + g
+        if qb < NQB:
+            q_pos, q_ok = _slots(QPos, QOff, hl, QRow, qb * BLOCK, offs_m, QP, QX, QY, QLim,
+                                 Q_MAP)
+            q = _rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
+            do = _rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
+            m_i, log2_l = _row_stats(M, L, s_base, q_pos, q_ok)
+            if COMPUTE_DELTA:
+                o = _rows(O, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
+                delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+                tl.store(Delta + s_base + q_pos, delta, mask=q_ok)
+            elif DELTA_PASS:
+                delta = tl.zeros([BLOCK], tl.float32)
+            else:
+                delta = tl.load(Delta + s_base + q_pos, mask=q_ok, other=0.0)
 
-    g_ptrs = DQ + b * stride_gb + h64 * stride_gh + q_pos[:, None] * stride_gn + offs_d[None, :]
-    g_ok = q_ok[:, None] & d_ok[None, :]
-    prev = tl.load(g_ptrs, mask=g_ok, other=0.0)
-    tl.store(g_ptrs, prev + dq * scale, mask=g_ok)
+            dq = tl.zeros([BLOCK, BLOCK_D], tl.float32)
+            row = hl * NQB + qb
+            count, start, lead, trail, off = _lut_row(Count, Rows, row, RANGE)
+            for t in range(0, count):
+                kb, mid = _lut_entry(Index, Mask, Ends, row, W, t, count, start, lead, trail,
+                                     off, RANGE)
+                k_pos, k_ok = _slots(KPos, KOff, hl, KRow, kb * BLOCK, offs_n, KP, KX, KY, KLim,
+                                     K_MAP)
+                k = _rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
+                v = _rows(V, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
+                allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
+                p = _probs(q, k, m_i, log2_l, allowed, c, PRECISION, NEGATE)      # (BLOCK, BLOCK)
+                dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+                if DELTA_PASS:
+                    delta += tl.sum(p * dp, 1)
+                else:
+                    ds = p * (dp - delta[:, None])
+                    dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+
+            if DELTA_PASS:
+                if LOAD_PREV:
+                    delta += tl.load(Delta + s_base + q_pos, mask=q_ok, other=0.0)
+                tl.store(Delta + s_base + q_pos, delta, mask=q_ok)
+            else:
+                g_off = b * stride_gb + h64 * stride_gh + q_pos[:, None] * stride_gn \
+                    + offs_d[None, :]
+                g_ok = q_ok[:, None] & d_ok[None, :]
+                dq = dq * scale
+                if LOAD_PREV:
+                    dq += tl.load(Prev + g_off, mask=g_ok, other=0.0)
+                tl.store(DQ + g_off, dq.to(DQ.dtype.element_ty), mask=g_ok)
 
 
 @triton.jit
 def _dkdv_kernel(
-    # pointers: q, k, v, dO (B, H, n, D); lse, delta (B, H, n) fp32;
-    # dK, dV (B, H, n, D) fp32 (added to)
-    Q, K, V, DO, Lse, Delta, DK, DV,
-    # strides
+    # pointers: q, k, v, dO (B, H, n, D); M, L, Delta (B, H, n) float32 contiguous;
+    # dK, dV (B, H, n, D) written in their dtype; PrevK, PrevV float32, read when
+    # LOAD_PREV (may be dK, dV); all four share strides
+    Q, K, V, DO, M, L, Delta, DK, DV, PrevK, PrevV,
+    # strides: q, k/v (shared), dO, dK/dV/PrevK/PrevV
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_ob, stride_oh, stride_on,
     stride_gb, stride_gh, stride_gn,
-    # look-up table of one layout part, transposed: per key block, its query blocks
-    QPos, KPos,
-    QCount, QIndex, QMask,      # (HL, NKB), (HL, NKB, MAXQ), (HL, NKB, MAXQ)
-    TokMask,                    # (NM, BLOCK, BLOCK): [query slot, key slot]
+    # query slots, key slots as ``_fwd_kernel``; the transposed look-up table: per key
+    # block its query blocks (counts (HL, NKB), listed or ranges); token masks
+    # [query slot, key slot]
+    QPos, QRow, QP, QX, QY, QOff, QLim,
+    KPos, KRow, KP, KX, KY, KOff, KLim,
+    Count, Index, Mask, W, Rows, Ends,
+    TokMask,
     # sizes
-    H, HL, N, Mq, Mk, NKB, MAXQ, D,
-    qk_scale, scale,
+    N, H, HL, NKB, D,
+    c, scale,
     # meta-parameters
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    LOAD_PREV: tl.constexpr, GROUP: tl.constexpr,   # GROUP: key blocks per program
+    Q_MAP: tl.constexpr, K_MAP: tl.constexpr, RANGE: tl.constexpr,
+    NEGATE: tl.constexpr,       # the scale is negative: s = -q.k
 ):
-    kb = tl.program_id(0)
     b, h64, hl, bh = _program_heads(H, HL)
     offs_m = tl.arange(0, BLOCK)
     offs_n = tl.arange(0, BLOCK)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-
-    k_pos = tl.load(KPos + hl * Mk + kb * BLOCK + offs_n)
-    k_ok = k_pos >= 0
     q_base = b * stride_qb + h64 * stride_qh
     k_base = b * stride_kb + h64 * stride_kh          # v shares k's strides
     o_base = b * stride_ob + h64 * stride_oh
-    k = _slot_rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
-    v = _slot_rows(V, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
+    s_base = bh.to(tl.int64) * N
 
-    dk = tl.zeros([BLOCK, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK, BLOCK_D], tl.float32)
-    lut = (hl * NKB + kb) * MAXQ
-    count = tl.load(QCount + hl * NKB + kb)
-    for t in range(0, count):
-        qb = tl.load(QIndex + lut + t)
-        mid = tl.load(QMask + lut + t)
-        q_pos = tl.load(QPos + hl * Mq + qb * BLOCK + offs_m)
-        q_ok = q_pos >= 0
-        q = _slot_rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
-        do = _slot_rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
-        lse2, delta = _row_stats(Lse, Delta, bh.to(tl.int64) * N, q_pos, q_ok)
-        p, ds = _recompute(q, k, v, do, lse2, delta, TokMask, mid, k_ok, offs_m, offs_n,
-                           qk_scale, BLOCK, PRECISION)                    # (BLOCK_q, BLOCK_k)
-        dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
-        dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+    for g in range(0, GROUP):
+        kb = tl.program_id(0) * GROUP + g
+        if kb < NKB:
+            k_pos, k_ok = _slots(KPos, KOff, hl, KRow, kb * BLOCK, offs_n, KP, KX, KY, KLim,
+                                 K_MAP)
+            k = _rows(K, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
+            v = _rows(V, k_base, k_pos, offs_d, stride_kn, k_ok, d_ok)
 
-    g_ok = k_ok[:, None] & d_ok[None, :]
-    off = b * stride_gb + h64 * stride_gh + k_pos[:, None] * stride_gn + offs_d[None, :]
-    prev_k = tl.load(DK + off, mask=g_ok, other=0.0)
-    tl.store(DK + off, prev_k + dk * scale, mask=g_ok)
-    prev_v = tl.load(DV + off, mask=g_ok, other=0.0)
-    tl.store(DV + off, prev_v + dv, mask=g_ok)
+            dk = tl.zeros([BLOCK, BLOCK_D], tl.float32)
+            dv = tl.zeros([BLOCK, BLOCK_D], tl.float32)
+            row = hl * NKB + kb
+            count, start, lead, trail, off = _lut_row(Count, Rows, row, RANGE)
+            for t in range(0, count):
+                qb, mid = _lut_entry(Index, Mask, Ends, row, W, t, count, start, lead, trail,
+                                     off, RANGE)
+                q_pos, q_ok = _slots(QPos, QOff, hl, QRow, qb * BLOCK, offs_m, QP, QX, QY, QLim,
+                                     Q_MAP)
+                q = _rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
+                do = _rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
+                m_i, log2_l = _row_stats(M, L, s_base, q_pos, q_ok)
+                delta = tl.load(Delta + s_base + q_pos, mask=q_ok, other=0.0)
+                allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
+                p = _probs(q, k, m_i, log2_l, allowed, c, PRECISION, NEGATE)  # (BLOCK_q, BLOCK_k)
+                dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+                ds = p * (dp - delta[:, None])
+                dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
+                dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+
+            g_ok = k_ok[:, None] & d_ok[None, :]
+            g_off = b * stride_gb + h64 * stride_gh + k_pos[:, None] * stride_gn \
+                + offs_d[None, :]
+            dk = dk * scale
+            if LOAD_PREV:
+                dk += tl.load(PrevK + g_off, mask=g_ok, other=0.0)
+                dv += tl.load(PrevV + g_off, mask=g_ok, other=0.0)
+            tl.store(DK + g_off, dk.to(DK.dtype.element_ty), mask=g_ok)
+            tl.store(DV + g_off, dv.to(DV.dtype.element_ty), mask=g_ok)

@@ -7,7 +7,9 @@ n x n mask. ``blocks`` holds the public ``block_layout``; ``heads`` turns the he
 roles of ``reference.heads`` into a per-head table; ``parts`` enumerates candidate
 tiles from closed forms; ``tiles`` turns candidates into tables; ``prefix`` builds
 the parts whose queries read a prefix of their keys (the fixed summary) without
-listing tiles; ``lut`` holds the look-up tables, listed or as ranges.
+listing tiles; ``lut`` holds the look-up tables, listed or as ranges; ``slots`` the
+slot orders that are formulas (natural, transposed, gathered); ``from_masks`` builds
+natural-order parts from any small dense mask.
 """
 
 from fast.layout.blocks import BlockLayout, LayoutPart, block_layout

@@ -37,7 +37,8 @@ import torch
 
 from fast.layout import parts as lp
 from fast.layout.heads import head_table
-from fast.layout.lut import per_head
+from fast.layout.lut import Ranges, move, one_row, per_head
+from fast.layout.slots import SlotMap
 from fast.layout.tiles import build_part
 from reference.heads import head_roles
 from reference.params import check_int, check_params
@@ -46,51 +47,102 @@ from reference.patterns import bigbird_random_keys
 ORDERS = ("structured", "natural")
 
 
+@dataclass(frozen=True)
+class PartFacts:
+    """What a launcher branches on, as host ints (read once, never from a device)."""
+    tiles: int      # non-empty (query block, key block) tiles, summed over heads
+    top: int        # the highest position any slot holds (-1: none)
+    q_real: int     # real (non-padding) query slots of the head with fewest
+    k_real: int     # the same for key slots
+    q_same: bool    # every head holds the same query positions (one row serves them all)
+    k_same: bool
+
+
 @dataclass(repr=False)
 class LayoutPart:
     """One part of a layout: a token order and its non-empty tiles.
 
     Tables are per head; "slot" means a position in this part's token order. The
     look-up tables live in ``kv_lut`` / ``q_lut`` (``fast.layout.lut``: listed, or
-    contiguous ranges written on the run device by ``tables(device)``); the
-    properties ``kv_index`` ... ``q_mask`` give them on the CPU (tests, FlexAttention).
+    contiguous ranges); the properties ``kv_index`` ... ``q_mask`` give them listed,
+    on the CPU (tests, FlexAttention). ``to(device)`` moves the part where a kernel
+    runs it; ``facts`` holds, as host ints, what a launcher branches on.
     """
     name: str                  # "local", "column", "block", "summary", "full", ...
     block_size: int            # B: slots per block
-    q_pos: torch.Tensor        # (H, Mq) int64: position held by each query slot, -1 = padding
-    k_pos: torch.Tensor        # (H, Mk) int64: same for key slots; Mq, Mk multiples of B
+    q_pos: torch.Tensor        # (H, Mq): position held by each query slot, -1 = padding
+    k_pos: torch.Tensor        # (H, Mk): same for key slots; Mq, Mk multiples of B
     kv_count: torch.Tensor     # (H, NQB) int32: non-empty key blocks of each query block
     kv_lut: object             # (H, NQB, MAXK) key-block indices, ascending, and their token
                                # mask index (-1 = full block)
     q_count: torch.Tensor      # (H, NKB) int32: the transpose: query blocks of each key block
     q_lut: object              # (H, NKB, MAXQ): query-block indices, ascending, and masks
     token_masks: torch.Tensor  # (NM, B, B) bool: deduplicated masks of the partial tiles
-    _cpu: dict = field(default_factory=dict)
+    q_map: SlotMap | None = None   # q_pos as a formula (``fast.layout.slots``), if it is one
+    k_map: SlotMap | None = None
+    _cache: dict = field(default_factory=dict)
 
     @property
     def shared(self) -> bool:
         """Every head behaves alike: the per-head tensors are views of one row."""
-        return self.q_pos.shape[0] > 1 and self.q_pos.stride(0) == 0
+        return one_row(self.q_pos)
+
+    @property
+    def device(self) -> torch.device:
+        return self.q_pos.device
 
     def tables(self, device=None, first_head: bool = False) -> tuple[torch.Tensor, ...]:
-        """(kv_index, kv_mask, q_index, q_mask), contiguous int32 on ``device``;
-        ``first_head``: head 0's rows only (enough for a ``shared`` part)."""
+        """(kv_index, kv_mask, q_index, q_mask), contiguous int32 on ``device`` (None: the
+        part's), kept once written; ``first_head``: head 0's rows only (enough for a
+        ``shared`` part)."""
         return (*self.kv_lut.on(device, first_head), *self.q_lut.on(device, first_head))
 
-    def _table(self, i: int) -> torch.Tensor:
-        if not self._cpu:
-            self._cpu.update(enumerate(self.tables("cpu")))
-        return self._cpu[i]
+    def ranges(self, first_head: bool = False) -> tuple[Ranges | None, Ranges | None]:
+        """The range form of the forward and transposed tables on the part's device
+        (``fast.layout.lut.Ranges``; None for a table whose rows are not ranges)."""
+        return (self.kv_lut.ranges(self.kv_count, first_head),
+                self.q_lut.ranges(self.q_count, first_head))
 
-    kv_index = property(lambda self: self._table(0), doc="(H, NQB, MAXK) int32, on the CPU")
-    kv_mask = property(lambda self: self._table(1), doc="(H, NQB, MAXK) int32, -1 = full")
-    q_index = property(lambda self: self._table(2), doc="(H, NKB, MAXQ) int32, on the CPU")
-    q_mask = property(lambda self: self._table(3), doc="(H, NKB, MAXQ) int32, -1 = full")
+    kv_index = property(lambda self: self.tables("cpu")[0], doc="(H, NQB, MAXK) int32, CPU")
+    kv_mask = property(lambda self: self.tables("cpu")[1], doc="(H, NQB, MAXK) int32, -1 = full")
+    q_index = property(lambda self: self.tables("cpu")[2], doc="(H, NKB, MAXQ) int32, CPU")
+    q_mask = property(lambda self: self.tables("cpu")[3], doc="(H, NKB, MAXQ) int32, -1 = full")
+
+    @property
+    def facts(self) -> PartFacts:
+        """Tile count, highest position and real slots, as host ints; computed once (by
+        ``to`` before a part leaves the host), after checking that the part is well formed:
+        shapes agree with the block size, slot maps agree with the positions they stand
+        for, and no position is held by two slots of one head (kernels add into rows by
+        position)."""
+        if "facts" not in self._cache:
+            self._cache["facts"] = _facts(self)
+        return self._cache["facts"]
 
     @property
     def n_blocks_computed(self) -> int:
         """Tiles computed, summed over heads."""
-        return int(self.kv_count.sum())
+        return self.facts.tiles
+
+    def to(self, device) -> LayoutPart:
+        """This part on ``device``: positions, counts and listed tables as int32, token
+        masks as bool; per-head tensors that are views of one row (``shared``) stay views of
+        one row there, and a ``RangeLUT`` stays ranges (listed tables are written on the
+        device only when a kernel asks for them, ``tables``). ``facts`` is computed here,
+        on the host, and carried over. A part already moved to ``device`` is returned as
+        it is."""
+        device = torch.device(device)
+        if self._cache.get("moved") == str(device):
+            return self
+        facts = self.facts
+        moved = LayoutPart(
+            self.name, self.block_size, move(self.q_pos, device), move(self.k_pos, device),
+            move(self.kv_count, device), self.kv_lut.to(device), move(self.q_count, device),
+            self.q_lut.to(device), self.token_masks.to(device=device, dtype=torch.bool),
+            None if self.q_map is None else self.q_map.to(device),
+            None if self.k_map is None else self.k_map.to(device))
+        moved._cache.update(facts=facts, moved=str(device))
+        return moved
 
     def __repr__(self) -> str:
         nh, mq = self.q_pos.shape
@@ -212,7 +264,7 @@ def block_layout(pattern: str, n: int, n_heads: int = 1, combine: str = "merged"
     parts = [_expand(LayoutPart(**(
         p if isinstance(p, dict)   # already built (the fixed summary)
         else build_part(p.name, p.q_pos, p.k_pos, block_size, p.cand, p.rule, p.tile_key,
-                        p.pairs))), inverse)
+                        p.pairs, p.q_map, p.k_map))), inverse)
         for p, inverse in build(n, block_size, order, table, params)]
     return BlockLayout(n, n_heads, block_size, pattern, params, parts)
 
@@ -239,7 +291,9 @@ def _expand(part: LayoutPart, inverse: torch.Tensor) -> LayoutPart:
     for name in ("q_pos", "k_pos", "kv_count", "q_count"):
         setattr(part, name, per_head(getattr(part, name), inverse))
     part.kv_lut, part.q_lut = part.kv_lut.expand(inverse), part.q_lut.expand(inverse)
-    part._cpu.clear()
+    part.q_map, part.k_map = (None if m is None else m.expand(inverse)
+                              for m in (part.q_map, part.k_map))
+    part._cache.clear()
     return part
 
 
@@ -353,3 +407,36 @@ _BUILDERS = {"full": _full, "strided": _strided, "fixed": _fixed,
              "longformer": _longformer, "bigbird": _bigbird}
 
 __all__ = ["BlockLayout", "LayoutPart", "block_layout", "ORDERS"]
+
+
+def _facts(part: LayoutPart) -> PartFacts:
+    """``LayoutPart.facts``: checks, then the host ints (see there). Works on the distinct
+    rows only (a part's positions are often one row for every head)."""
+    q_pos, k_pos = part.q_pos.cpu(), part.k_pos.cpu()                    # (H, Mq), (H, Mk)
+    kv_count, q_count = part.kv_count.cpu(), part.q_count.cpu()          # (H, NQB), (H, NKB)
+    b = part.block_size
+    if (q_pos.shape[-1] != kv_count.shape[-1] * b or k_pos.shape[-1] != q_count.shape[-1] * b
+            or len({q_pos.shape[0], k_pos.shape[0], kv_count.shape[0], q_count.shape[0]}) > 1):
+        raise ValueError(f"layout part {part.name!r}: slots q/k {tuple(q_pos.shape)} / "
+                         f"{tuple(k_pos.shape)} do not fit {kv_count.shape[-1]} query and "
+                         f"{q_count.shape[-1]} key blocks of block_size {b}")
+    facts = {}
+    for side, pos, slot_map in (("q", q_pos, part.q_map), ("k", k_pos, part.k_map)):
+        same = one_row(pos) or bool((pos == pos[:1]).all())
+        rows = pos[:1] if same else pos                                   # distinct rows
+        if slot_map is not None:
+            want = slot_map.positions(rows.shape[0])
+            if not (torch.equal(want, rows.long())
+                    and (not same or bool((slot_map.offset == slot_map.offset[0]).all()))):
+                raise ValueError(f"layout part {part.name!r}: {side}_pos disagrees with its "
+                                 "slot map")
+        else:   # a slot map holds each position once by construction
+            srt = rows.sort(dim=1).values
+            if bool(((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any()):
+                raise ValueError(f"layout part {part.name!r}: {side}_pos holds a position "
+                                 "twice in one head; every position may own one slot")
+        facts.update({f"{side}_same": same, f"{side}_real": int((rows >= 0).sum(1).min()),
+                      f"{side}_top": int(rows.max()) if rows.numel() else -1})
+    count = kv_count[:1] if one_row(kv_count) else kv_count
+    tiles = int(count.long().sum()) * (kv_count.shape[0] if one_row(kv_count) else 1)
+    return PartFacts(tiles=tiles, top=max(facts.pop("q_top"), facts.pop("k_top")), **facts)

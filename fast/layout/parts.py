@@ -23,7 +23,9 @@ from typing import NamedTuple
 
 import torch
 
+from fast.layout import slots
 from fast.layout.prefix import prefix_part
+from fast.layout.slots import SlotMap
 from fast.layout.tiles import Rule, TileKey, expand_ranges
 
 BIG = 1 << 40  # "no upper bound" on a band's rows back
@@ -37,6 +39,8 @@ class Plan(NamedTuple):
     rule: Rule
     tile_key: TileKey | None
     pairs: tuple | None = None  # (h, i, j): explicit allowed pairs OR-ed into the rule
+    q_map: SlotMap | None = None  # q_pos as a formula (``fast.layout.slots``), if it is one
+    k_map: SlotMap | None = None
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -52,22 +56,9 @@ def _fdiv(a: torch.Tensor, b) -> torch.Tensor:
 # ----------------------------------------------------------------------------
 
 def natural_slots(n: int, block: int, n_heads: int) -> torch.Tensor:
-    """Natural order, padded to a multiple of the block: (H, ceil(n/B)*B)."""
-    pos = torch.arange(_cdiv(n, block) * block)
-    pos[pos >= n] = -1
-    return pos.expand(n_heads, -1).contiguous()
-
-
-def transposed_slots(n: int, period: int, block: int, n_heads: int) -> torch.Tensor:
-    """The (rows, period) grid read column by column: position i sits at slot
-    (i mod p) * R_pad + i // p, every column padded to R_pad = ceil(ceil(n/p)/B)*B
-    slots so that no block straddles two columns. Only the min(p, n) columns that
-    hold a position are kept. Shape (H, min(p, n) * R_pad)."""
-    r_pad = _cdiv(_cdiv(n, period), block) * block
-    s = torch.arange(min(period, n) * r_pad)
-    pos = (s % r_pad) * period + s // r_pad
-    pos[pos >= n] = -1
-    return pos.expand(n_heads, -1).contiguous()
+    """Natural order, padded to a multiple of the block: (H, ceil(n/B)*B)
+    (``fast.layout.slots.natural``)."""
+    return slots.natural(n, block, n_heads).positions()
 
 
 def gathered_slots(lists: list[torch.Tensor], block: int) -> torch.Tensor:
@@ -117,7 +108,8 @@ def band(name: str, n: int, block: int, period: int, lo: torch.Tensor, hi: torch
     transposed grid. Candidate key blocks of a query block: a contiguous range of
     row blocks of the same column; a tile is full when all its row offsets fit."""
     n_heads = active.shape[0]
-    pos = transposed_slots(n, period, block, n_heads)
+    order = slots.transposed(n, period, block, n_heads)   # every column padded to R_pad
+    pos = order.positions()                               # (H, min(p, n) R_pad)
     rb = _cdiv(_cdiv(n, period), block)           # row blocks per column
     h, qb = _grid(active, min(period, n) * rb)
     col, rq = qb // rb, qb % rb
@@ -130,7 +122,8 @@ def band(name: str, n: int, block: int, period: int, lo: torch.Tensor, hi: torch
     def tile_key(h, qb, kb):  # a tile's mask depends only on its row-block offset
         return (qb - kb) * n_heads + h
 
-    return Plan(name, pos, pos, (h, qb, kb, full), band_rule(period, lo, hi), tile_key)
+    return Plan(name, pos, pos, (h, qb, kb, full), band_rule(period, lo, hi), tile_key,
+                q_map=order, k_map=order)
 
 
 # ----------------------------------------------------------------------------
@@ -147,7 +140,8 @@ def fixed_block(n: int, block: int, stride: int, active: torch.Tensor) -> Plan:
     """A(1) of fixed, natural order: key blocks from the start of the query
     block's first l-block up to the diagonal."""
     n_heads = active.shape[0]
-    pos = natural_slots(n, block, n_heads)
+    order = slots.natural(n, block, n_heads)
+    pos = order.positions()
     h, qb = _grid(active, pos.shape[1] // block)
     q_lo, q_hi = qb * block, (qb * block + block - 1).clamp(max=n - 1)
     h, qb, kb = expand_ranges(h, qb, _fdiv(_fdiv(q_lo, stride) * stride, block),
@@ -158,7 +152,8 @@ def fixed_block(n: int, block: int, stride: int, active: torch.Tensor) -> Plan:
     def tile_key(h, qb, kb):  # depends on the block offset and the phase of q_lo in l
         return ((qb - kb) * stride + (qb * block) % stride) * n_heads + h
 
-    return Plan("block", pos, pos, (h, qb, kb, full), fixed_block_rule(stride), tile_key)
+    return Plan("block", pos, pos, (h, qb, kb, full), fixed_block_rule(stride), tile_key,
+                q_map=order, k_map=order)
 
 
 def summary_rule(stride: int, lo: torch.Tensor, hi: torch.Tensor, strict: torch.Tensor) -> Rule:
@@ -182,20 +177,20 @@ def fixed_summary(n: int, block: int, stride: int, lo: torch.Tensor, hi: torch.T
     (c = hi - lo; strict heads leave their own l-block to the "block" part).
     Returns the built part (``fast.layout.prefix.prefix_part``: no tile is listed
     on the host), not a plan."""
-    n_heads = active.shape[0]
     width = hi - lo                                                       # (H,) = c
-    u = torch.arange(_cdiv(n, stride) * int(width.max()))                # gathered slots
-    pos = (u // width[:, None]) * stride + lo[:, None] + u % width[:, None]   # (H, U)
-    pos = torch.where(pos < n, pos, -1)
-    m = max(1, _cdiv(int((pos >= 0).sum(1).max()), block)) * block
-    k_pos = torch.full((n_heads, m), -1, dtype=torch.long)
-    k_pos[:, : min(m, pos.shape[1])] = pos[:, :m]
+    if bool((width != width[0]).any()):
+        raise ValueError(f"fixed summaries of one width c per layout, got widths {width.tolist()}")
+    c = int(width[0])
+    every = slots.gathered(n, stride, c, lo, _cdiv(n, stride) * c).positions()  # (H, U)
+    real = int((every >= 0).sum(1).max())                                 # most real slots
+    order = slots.gathered(n, stride, c, lo, max(1, _cdiv(real, block)) * block)
+    k_pos = order.positions()                                              # (H, Mk)
 
     def reads(h, i):
         own = (i % stride - lo[h] + 1).clamp(min=0).minimum(width[h])
         k = (i // stride) * width[h] + torch.where(strict[h], 0, own)
         return torch.where(active[h], k, 0)
-    return prefix_part("summary", n, k_pos, block, reads, period=stride)
+    return prefix_part("summary", n, k_pos, block, reads, period=stride, k_map=order)
 
 
 # ----------------------------------------------------------------------------
@@ -224,7 +219,8 @@ def global_keys(n: int, block: int, n_heads: int, glob: torch.Tensor, is_global:
 
     def rule(h, i, j):
         return (j <= i) & is_global[j] & ~in_window(h, i, j)
-    return Plan("global_keys", q_pos, k_pos, (h, qb, kb, full), rule, None)
+    return Plan("global_keys", q_pos, k_pos, (h, qb, kb, full), rule, None,
+                q_map=slots.natural(n, block, n_heads))
 
 
 def global_queries(n: int, block: int, n_heads: int, glob: torch.Tensor, is_global: torch.Tensor,
@@ -240,7 +236,8 @@ def global_queries(n: int, block: int, n_heads: int, glob: torch.Tensor, is_glob
 
     def rule(h, i, j):
         return is_global[i] & (j <= i) & ~is_global[j] & ~in_window(h, i, j)
-    return Plan("global_queries", q_pos, k_pos, (h, qb, kb, full), rule, None)
+    return Plan("global_queries", q_pos, k_pos, (h, qb, kb, full), rule, None,
+                k_map=slots.natural(n, block, n_heads))
 
 
 def bigbird_random(n: int, block: int, n_heads: int, keys: torch.Tensor,
@@ -259,7 +256,9 @@ def bigbird_random(n: int, block: int, n_heads: int, keys: torch.Tensor,
 
     def nothing(h, i, j):
         return torch.zeros((), dtype=torch.bool).expand(torch.broadcast_shapes(i.shape, j.shape))
-    return Plan("random", pos, pos, cand, nothing, None, per_head_pairs(i, j, n_heads))
+    order = slots.natural(n, block, n_heads)
+    return Plan("random", pos, pos, cand, nothing, None, per_head_pairs(i, j, n_heads),
+                order, order)
 
 
 def random_pairs(keys: torch.Tensor):
@@ -307,7 +306,8 @@ def natural(n: int, block: int, n_heads: int, rules: list[Rule], cand_lists: lis
         for r in rules[1:]:
             out = out | r(h, i, j)
         return out
-    return Plan("natural", pos, pos, (h, qb, kb, full), rule, tile_key, pairs)
+    order = slots.natural(n, block, n_heads)
+    return Plan("natural", pos, pos, (h, qb, kb, full), rule, tile_key, pairs, order, order)
 
 
 def band_natural_candidates(n: int, block: int, n_heads: int, window: int, dilation: int):

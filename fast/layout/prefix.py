@@ -18,9 +18,9 @@ K evaluated per query block, never per tile:
   ceil(K(g) / B) > kb to the last, so both look-up tables are ranges
   (``fast.layout.lut.RangeLUT``), written on the device that runs the kernel.
 
-At n = 2**20 (l = 256, c = 32, H = 8, block 64) the summary part holds 134 M tiles;
-listing them on the host took minutes and 4 GiB per table pair. Here the host
-work is O(H n / B) plus the edge tiles.
+At n = 2**20 (l = 256, c = 32, H = 8, block 64) the summary part holds 134 M tiles,
+too many to list on the host (listed, each of its two tables holds 8 x 16384 x 2048
+index and mask entries: 2 GiB). Here the host work is O(H n / B) plus the edge tiles.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from typing import Callable
 
 import torch
 
+from fast.layout import slots
 from fast.layout.lut import RangeLUT
+from fast.layout.slots import SlotMap
 from fast.layout.tiles import expand_ranges
 
 # K: (heads (...), positions (...)) -> int64 (...), the number of key slots read.
@@ -37,7 +39,7 @@ Reads = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def prefix_part(name: str, n: int, k_pos: torch.Tensor, block: int, reads: Reads,
-                period: int | None = None) -> dict:
+                period: int | None = None, k_map: SlotMap | None = None) -> dict:
     """The fields of a ``LayoutPart`` whose query slots are in natural order and whose
     query i of head h reads the key slots [0, reads(h, i)).
 
@@ -45,12 +47,13 @@ def prefix_part(name: str, n: int, k_pos: torch.Tensor, block: int, reads: Reads
     reads must never decrease with i and never pass a head's real key slots.
     period: if given, K_h(f + x) - K_h(f) depends only on (h, f mod period) for
     0 <= x < B (then tiles are keyed by it and evaluated once per key).
+    k_map: ``k_pos`` as a formula (``fast.layout.slots``), if it is one.
     """
     n_heads, mk = k_pos.shape
     n_qb = -(-n // block)
     n_kb = mk // block
-    q_pos = torch.arange(n_qb * block)
-    q_pos = torch.where(q_pos < n, q_pos, -1).expand(n_heads, -1).contiguous()  # (H, Mq)
+    q_map = slots.natural(n, block, n_heads)
+    q_pos = q_map.positions()                                            # (H, Mq)
     heads = torch.arange(n_heads)[:, None]                               # (H, 1)
     first = torch.arange(n_qb) * block                                   # f of each block
     last = (first + block - 1).clamp(max=n - 1)                          # g
@@ -88,7 +91,8 @@ def prefix_part(name: str, n: int, k_pos: torch.Tensor, block: int, reads: Reads
     q = RangeLUT(q_first, q_width, (h, kb, qb - q_first[h, kb], mid))
     return dict(name=name, block_size=block, q_pos=q_pos, k_pos=k_pos,
                 kv_count=count.to(torch.int32), kv_lut=kv,
-                q_count=q_count.to(torch.int32), q_lut=q, token_masks=token_masks)
+                q_count=q_count.to(torch.int32), q_lut=q, token_masks=token_masks,
+                q_map=q_map, k_map=k_map)
 
 
 def _check(name, k_pos, k_first, k_last) -> None:

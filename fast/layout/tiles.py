@@ -136,13 +136,15 @@ def tables(h, row, col, midx, n_heads, n_rows):
 
 def build_part(name: str, q_pos: torch.Tensor, k_pos: torch.Tensor, block: int,
                cand: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-               rule: Rule, tile_key: TileKey | None = None, pairs=None) -> dict:
+               rule: Rule, tile_key: TileKey | None = None, pairs=None,
+               q_map=None, k_map=None) -> dict:
     """Evaluate a part's candidate tiles; return the fields of a ``LayoutPart``.
 
     cand = (h, qb, kb, full): candidate tiles (P,) and whether the closed form says
     every pair of the tile is allowed (trusted only when no slot of it is padding).
     pairs = (h, i, j): explicit allowed positions OR-ed into the rule (BigBird's
     random keys: a small (n, n_random) table, cheaper scattered than compared).
+    q_map, k_map: the slot orders as formulas (``fast.layout.slots``), when they are.
     """
     if pairs is not None:
         n_pos = int(max(int(q_pos.max()), int(k_pos.max()))) + 1
@@ -193,4 +195,4 @@ def build_part(name: str, q_pos: torch.Tensor, k_pos: torch.Tensor, block: int,
     return dict(name=name, block_size=block, q_pos=q_pos, k_pos=k_pos,
                 kv_count=kv_count, kv_lut=DenseLUT(kv_index, kv_mask),
                 q_count=q_count, q_lut=DenseLUT(q_index, q_mask),
-                token_masks=_unpack(masks_packed, block))
+                token_masks=_unpack(masks_packed, block), q_map=q_map, k_map=k_map)

@@ -1,36 +1,23 @@
-"""Benchmark library: sparse attention against dense causal attention, time and peak memory.
+"""What a benchmark sweep amounts to: speed-ups, ideals, floors, slopes, the targets.
 
-Child et al., 2019, section 5.5 and Table 2 (sparse patterns pay only for what
-they compute). The contenders, for one pattern, B=1, H=4, d=64:
+Child et al., 2019, section 5.5 and Table 2: a sparse pattern pays only for the
+blocks it computes, so its time should grow as n sqrt(n) (slope 1.5 on a log-log
+plot) where dense attention's grows as n^2, and its speed-up over dense should
+approach the ratio of their work. ``python -m fast bench`` writes the rows of a
+sweep (one per contender, pattern, dtype, shape and n; ``fast.measure.bench_point``
+measures each); the functions here read them:
 
-  dense         scaled_dot_product_attention(is_causal=True)   (pattern-free)
-  naive         SDPA with the pattern's boolean mask           (fast.backends.naive)
-  flex          FlexAttention with the pattern's BlockMask      (fast.backends.flex; forward only
-                on a CPU: PyTorch has no FlexAttention backward there)
-  structured    fast.sparse_attention(backend="structured")    (ours)
-
-for the strided (l=128) and fixed (l=128, c=32) patterns (``PATTERN_PARAMS``),
-merged heads. They form a registry {name: fn(q, k, v) -> out}. ``python -m fast
-bench`` (``fast.experiments.bench``) sweeps n, writes the JSON and draws the
-figure. This is the CPU's method; on a GPU the benchmark times every contender
-in one process with CUDA events instead (``fast.measure.bench_gpu``).
-
-Method (``measure``: one contender at one n; the sweep runs each in a fresh
-process, ``fast.measure.child``, so that each peak memory is that run's alone):
-inputs are made, the peak is reset (``fast.measure.memory.peak_memory``: the RSS
-high-water mark on the CPU, torch.cuda.max_memory_allocated on CUDA), the first
-forward runs -> ``peak_fwd`` (bytes above the level with the inputs allocated);
-reset again, one forward+backward -> ``peak_fb``. These first calls are the
-warm-up; then each measurement repeats until about ``target`` seconds (at least
-one repetition, three for calls under 0.3 s; a first call longer than 2 s
-counts as the only repetition).
-Times reported are the minimum over repetitions (the machine is shared: the
-minimum is the least disturbed run); all repetitions are kept.
-The naive contender builds its mask inside its first call (so the mask counts
-in its peak memory) and reuses it afterwards (so the time is the attention's);
-FlexAttention is called once before all measurements (it compiles; the compile
-time is kept as ``compile_s``). ``summarize`` turns a sweep into the speed-up,
-slope and memory targets the README reports.
+* ``derive``: for one row, the speed-up over dense causal SDPA measured in the
+  same run, the ideal (``fast.layout.costs.ideal_speedup``, the tile count), the %
+  of ideal, and the floor: the larger of the bytes that must move (``io_bytes``) at
+  the copy bandwidth measured in the same run and the tiles at the dense kernel's
+  measured throughput (dense time / ideal);
+* ``summarize``: the CPU targets the README reports (speed-ups at n = 16384, the
+  strided time slope over n = 4096 .. 65536, peak memory at n = 65536) and each
+  contender's backward / forward time ratio at n = 16384;
+* ``gpu_targets``: the GPU goals, the Triton kernel against dense;
+* ``fitted_slope``, ``find``, ``entry``, ``contender_names``: reading rows;
+* ``machine_info``: the machine and versions a record was made on.
 """
 
 from __future__ import annotations
@@ -38,144 +25,13 @@ from __future__ import annotations
 import math
 import os
 import platform
-import time
 
 import torch
-import torch.nn.functional as F
 
-from fast.attention import sparse_attention
-from fast.backends import masks as masks_torch
-from fast.backends.flex import flex_sparse_attention
-from fast.backends.naive import masked_attention
-from fast.measure.timing import first_call, synchronize
+TARGET_N = 16384                 # the n of the speed-up targets
+SLOPE_NS = (4096, 65536)         # the range of the time-slope target
+PEAK_N = 65536                   # the n of the peak-memory target
 
-B, H, D = 1, 4, 64
-# pattern name -> the parameters the benchmark runs it with (the patterns: reference.patterns)
-PATTERN_PARAMS = {"strided": {"stride": 128}, "fixed": {"stride": 128, "c": 32}}
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-# ----------------------------------------------------------------------------
-# The registry of contenders: name -> fn(q, k, v) -> out.
-# ----------------------------------------------------------------------------
-
-def registry(pattern: str, params: dict, device: str, dtype: torch.dtype) -> dict:
-    """{name: fn(q, k, v)} for one pattern; q, k, v (B, H, n, d)."""
-    def dense(q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-    mask_cache = {}
-
-    def naive(q, k, v):
-        n = q.shape[2]
-        if n not in mask_cache:
-            m = masks_torch.head_masks(pattern, n, q.shape[1], device=q.device, **params)
-            mask_cache.clear()
-            mask_cache[n] = m[:1] if bool((m == m[:1]).all()) else m       # (1 | H, n, n)
-        return masked_attention(q, k, v, mask_cache[n])
-
-    def flex(q, k, v):
-        return flex_sparse_attention(q, k, v, pattern, **params)
-
-    flex.compiles = True       # warm up (compile) before the memory and time measurements
-    naive.builds_mask = True   # its first call builds the mask: memory yes, time no
-    naive.reset = mask_cache.clear
-
-    def structured(q, k, v):
-        return sparse_attention(q, k, v, pattern, backend="structured", **params)
-
-    return {"dense": dense, "naive": naive, "flex": flex, "structured": structured}
-
-
-def has_backward(name: str, device: str) -> bool:
-    return not (name == "flex" and device == "cpu")   # "does not support backward on CPU"
-
-
-def mask_bytes(pattern: str, n: int) -> int:
-    """Bytes of the naive path's bool mask plus SDPA's float copy of it."""
-    heads = 1 if pattern == "strided" else H                             # fixed: per-head summaries
-    return heads * n * n * 5
-
-
-# ----------------------------------------------------------------------------
-# One measurement (runs in a child process).
-# ----------------------------------------------------------------------------
-
-def _timed(fn, device, target: float, first: float) -> list[float]:
-    """Repetitions of fn() until about ``target`` seconds; the first call's time
-    ``first`` is the only repetition when it exceeds 2 s."""
-    if first > 2.0:
-        return [first]
-    if first == 0.0:                      # the first call was not a clean measurement
-        synchronize(device)
-        t = time.perf_counter()
-        fn()
-        synchronize(device)
-        first = time.perf_counter() - t
-        if first > 2.0 or first * 2 > target:
-            return [first]
-    # at least 3 repetitions of a short call: on a shared machine one run can be unlucky
-    reps = max(3 if first < 0.3 else 1, min(20, math.ceil(target / max(first, 1e-4))))
-    times = []
-    for _ in range(reps):
-        synchronize(device)
-        t = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - t)
-    return times
-
-
-def measure(name: str, pattern: str, n: int, device: str, dtype_name: str,
-            target: float, backward: bool) -> dict:
-    """Time and peak memory of one contender at one n (call in a fresh process)."""
-    dtype = DTYPES[dtype_name]
-    torch.manual_seed(0)
-    fn = registry(pattern, PATTERN_PARAMS[pattern], device, dtype)[name]
-    q, k, v = (torch.randn(B, H, n, D, device=device, dtype=dtype) for _ in range(3))
-    grad = torch.randn(B, H, n, D, device=device, dtype=dtype)
-    res = {}
-
-    def fwd():
-        with torch.no_grad():
-            fn(q, k, v)
-
-    if getattr(fn, "compiles", False):
-        t = time.perf_counter()
-        fwd()
-        res["compile_s"] = time.perf_counter() - t
-    first, res["peak_fwd_bytes"] = first_call(fwd, device)
-    if getattr(fn, "builds_mask", False):
-        res["first_call_s"], first = first, 0.0      # the mask is built: not a timing
-    res["fwd_s_all"] = _timed(fwd, device, target, first)
-    res["fwd_s"] = min(res["fwd_s_all"])
-
-    if backward:
-        qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
-
-        def fb():
-            for t in (qg, kg, vg):
-                t.grad = None
-            fn(qg, kg, vg).backward(grad)
-
-        if getattr(fn, "builds_mask", False):
-            fn.reset()                    # rebuilt inside the window: the mask counts here too
-        first, res["peak_fb_bytes"] = first_call(fb, device)
-        if getattr(fn, "builds_mask", False):
-            first = 0.0
-        res["fb_s_all"] = _timed(fb, device, target, first)
-        res["fb_s"] = min(res["fb_s_all"])
-    return res
-
-
-def measure_spec(spec: dict) -> dict:
-    """``measure(**spec)``: the function ``fast.measure.child`` runs in a fresh process."""
-    return measure(**spec)
-
-
-# ----------------------------------------------------------------------------
-# The machine, and what a sweep amounts to.
-# ----------------------------------------------------------------------------
 
 def machine_info(device: str) -> dict:
     """Platform, versions, CPU model and core count (and the GPU on CUDA) for the JSON."""
@@ -193,6 +49,7 @@ def machine_info(device: str) -> dict:
                                         "_scaled_dot_product_flash_attention_for_cpu")}
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
+        info["cuda"] = torch.version.cuda
     return info
 
 
@@ -228,12 +85,37 @@ def contender_names(results: list[dict], pattern: str) -> list[str]:
                   key=lambda s: (s != "dense", s))
 
 
+def io_bytes(B: int, H: int, n: int, d: int, dtype, backward: bool) -> int:
+    """Bytes any attention must move: read q, k, v and write o (4 tensors); with the
+    backward also read q, k, v, o, dO and write dq, dk, dv (12 in all)."""
+    return (12 if backward else 4) * B * H * n * d * torch.tensor([], dtype=dtype).element_size()
+
+
+def derive(time_s: float, dense_s: float | None, ideal: float, bytes_moved: int,
+           copy_bps: float) -> dict:
+    """Speed-up over dense, % of the ideal speed-up, the floor and how far above it."""
+    floor_bytes = bytes_moved / copy_bps
+    floor_tiles = dense_s / ideal if dense_s else None
+    floor = max(floor_bytes, floor_tiles or 0.0)
+    speedup = dense_s / time_s if dense_s else None
+    return {"speedup": speedup, "ideal": ideal,
+            "pct_ideal": 100 * speedup / ideal if speedup else None,
+            "floor_s": floor, "floor_bytes_s": floor_bytes, "floor_tiles_s": floor_tiles,
+            "floor_by": "bytes" if floor == floor_bytes else "tiles",
+            "x_floor": time_s / floor}
+
+
 def summarize(results: list[dict], dtype: str = "float32") -> dict:
-    """The README's targets, computed from the results (None where not measured): speed-ups
-    over dense at n=16384, time slopes over n=4096..65536, peak memory at n=65536."""
-    def ratio(pattern, n, what):
-        d = find(results, contender="dense", n=n, dtype=dtype)
-        s = find(results, contender="structured", pattern=pattern, n=n, dtype=dtype)
+    """The README's CPU targets, computed from the results (None where not measured):
+    speed-ups of the structured path over dense at n = 16384, the strided time slopes
+    over n = 4096 .. 65536, peak memory at n = 65536, and the backward / forward time
+    ratio of dense and of each pattern's structured path at n = 16384."""
+    def row(pattern, n=TARGET_N):
+        name = "dense" if pattern is None else "structured"
+        return find(results, contender=name, pattern=pattern, n=n, dtype=dtype)
+
+    def ratio(pattern, what):
+        d, s = row(None), row(pattern)
         if d and s and d.get(what) and s.get(what):
             return d[what] / s[what]
         return None
@@ -241,16 +123,39 @@ def summarize(results: list[dict], dtype: str = "float32") -> dict:
     strided = sorted((r["n"], r["fb_s"], r.get("fwd_s")) for r in results
                      if r.get("contender") == "structured" and r.get("pattern") == "strided"
                      and r.get("dtype") == dtype and "skipped" not in r
-                     and 4096 <= r["n"] <= 65536)
-    peak = find(results, contender="structured", pattern="strided", n=65536, dtype=dtype)
+                     and SLOPE_NS[0] <= r["n"] <= SLOPE_NS[1])
+    peak = row("strided", PEAK_N)
     return {
-        "strided_fwd_speedup_16384": ratio("strided", 16384, "fwd_s"),
-        "strided_fb_speedup_16384": ratio("strided", 16384, "fb_s"),
-        "fixed_fwd_speedup_16384": ratio("fixed", 16384, "fwd_s"),
-        "fixed_fb_speedup_16384": ratio("fixed", 16384, "fb_s"),
+        "strided_fwd_speedup_16384": ratio("strided", "fwd_s"),
+        "strided_fb_speedup_16384": ratio("strided", "fb_s"),
+        "fixed_fwd_speedup_16384": ratio("fixed", "fwd_s"),
+        "fixed_fb_speedup_16384": ratio("fixed", "fb_s"),
         "strided_fwd_slope_4096_65536": fitted_slope([s[0] for s in strided],
                                                      [s[2] for s in strided]),
         "strided_fb_slope_4096_65536": fitted_slope([s[0] for s in strided],
                                                     [s[1] for s in strided]),
         "strided_fb_peak_bytes_65536": peak.get("peak_fb_bytes") if peak else None,
+        **{f"{label}_bwd_over_fwd_16384": (row(pattern) or {}).get("bwd_over_fwd")
+           for label, pattern in (("dense", None), ("strided", "strided"),
+                                  ("fixed", "fixed"))},
     }
+
+
+GPU_GOALS = [((4, 16, 16384), "strided", "fwd", 12.0), ((4, 16, 16384), "strided", "fb", 8.0),
+             ((4, 16, 16384), "fixed", "fwd", 3.0), ((4, 16, 16384), "fixed", "fb", 2.5),
+             ((1, 16, 65536), "strided", "fwd", 40.0), ((1, 4, 16384), "strided", "fwd", 3.0)]
+
+
+def gpu_targets(results: list[dict]) -> dict:
+    """The GPU targets, float16, Triton block-sparse against dense causal SDPA in the same
+    run: "<pattern> <fwd|fb> B= H= n=" -> {goal, speedup, pct_ideal, x_floor}."""
+    out = {}
+    for (B, H, n), pattern, what, goal in GPU_GOALS:
+        row = next((r for r in results if r["contender"] == "triton block-sparse"
+                    and r["pattern"] == pattern and (r.get("B"), r.get("H"), r["n"]) == (B, H, n)
+                    and r["dtype"] == "float16" and what in r), None)
+        d = row[what] if row else {}
+        out[f"{pattern} {what} B={B} H={H} n={n}"] = {
+            "goal": goal, "speedup": d.get("speedup"), "pct_ideal": d.get("pct_ideal"),
+            "x_floor": d.get("x_floor")}
+    return out

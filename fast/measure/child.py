@@ -4,12 +4,12 @@ Child et al., 2019, sections 5.4 (memory) and 5.5 (speed). Peak memory is a
 high-water mark of a whole process (Linux VmHWM, or CUDA's allocator maximum): a
 measurement that follows another in the same process can reuse pages the first
 left resident and under-count, or start from a level the first inflated. So the
-benchmark (``fast.measure.bench``) and the memory report
+benchmark (``fast.measure.bench_point``) and the memory report
 (``fast.measure.model_memory``) measure every point here:
 
-    run_child("fast.measure.bench:measure_spec", spec, timeout=600)
+    run_child("fast.measure.bench_point:measure_spec", spec, timeout=600)
 
-starts ``python -m fast.measure.child fast.measure.bench:measure_spec '<spec as JSON>'``
+starts ``python -m fast.measure.child fast.measure.bench_point:measure_spec '<spec as JSON>'``
 from the repository root; the child imports the module, calls the function on
 the decoded spec and prints the JSON of its result as the last line of stdout.
 A child that fails or runs out of time is recorded, not raised: the caller

@@ -6,7 +6,7 @@ one token at a time; what a step costs is the question:
 
 * ``rerun_seconds``     one step of ``sample(cache=False)`` at prefix length t: a
                         forward pass over t tokens and a draw -- O(t) layers' work;
-* ``decode_timeline``   a whole sample through a ``fast.transformer.decode.Decoder``
+* ``decode_timeline``   a whole sample through a ``fast.transformer.decoding.decode.Decoder``
                         with the sparse or the dense cache, every step timed (the
                         fastest of ``repeats`` samples, as the re-run steps are),
                         on the decoder's ``engine`` ("auto": the compiled step for
@@ -28,23 +28,31 @@ one token at a time; what a step costs is the question:
                         shape and its pattern.
 
 Every function returns plain numbers; ``fast.experiments.generation`` runs them
-for its models and writes the JSON. Times are wall-clock seconds; the CPU seconds
-of the process are kept beside them, because on a shared machine the wall clock
-also counts the time other processes held the cores (contenders are measured in
-the same run, and what counts are their ratios).
+for its models and writes the JSON. Times are read from the model's device's
+clock (``fast.measure.timing``: wall-clock seconds on the CPU); the CPU seconds of
+the process are kept beside them, because on a shared machine the wall clock also
+counts the time other processes held the cores (contenders are measured in the
+same run, and what counts are their ratios). Per-step times leave the CPU
+counters out (a step takes microseconds; ``timing.repeat(counters=False)``).
 """
 
 from __future__ import annotations
 
-import time
+from functools import partial
 
 import numpy as np
 import torch
 
-from fast.transformer.decode import Decoder
-from fast.transformer.draw import draw
-from fast.transformer.kv_reads import row_mask
-from fast.transformer.model import SparseTransformer
+from fast.core.clock import Clock
+from fast.measure.timing import counted, cpu_times, repeat
+from fast.transformer.decoding.decode import Decoder
+from fast.transformer.decoding.draw import draw
+from fast.transformer.decoding.kv_reads import row_mask
+from fast.transformer.network.model import SparseTransformer
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
 
 
 def _prompt(model, t: int, generator: torch.Generator) -> torch.Tensor:
@@ -54,7 +62,7 @@ def _prompt(model, t: int, generator: torch.Generator) -> torch.Tensor:
     idx = torch.randint(cfg.vocab_size, (1, t), generator=generator)
     if cfg.embedding == "image":
         idx[0, 0] = cfg.vocab_size
-    return idx.to(next(model.parameters()).device)
+    return idx.to(_device(model))
 
 
 @torch.no_grad()
@@ -71,12 +79,11 @@ def rerun_seconds(model, t: int, repeats: int = 3, seed: int = 0, threads=(1,)) 
         for count in threads:
             torch.set_num_threads(count)
             model(idx[:, :min(t, 8)])                                   # warm-up
-            for _ in range(repeats):
-                wall, cpu = time.perf_counter(), time.process_time()
-                draw(model(idx)[:, -1], generator=gen)
-                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-                if wall < best["wall"]:
-                    best = {"wall": wall, "cpu": cpu}
+            got = repeat(lambda: draw(model(idx)[:, -1], generator=gen), _device(model),
+                         repeats)
+            fastest = int(np.argmin(got["s"]))
+            if got["s"][fastest] < best["wall"]:
+                best = {"wall": got["s"][fastest], "cpu": got.get("cpu_s", [None])[fastest]}
     finally:
         torch.set_num_threads(before)
     return best
@@ -97,12 +104,13 @@ def warm_up(model, kind: str, engine: str = "auto", steps: int = 4) -> float:
     state: for the "numba" engine, mostly compiling its step (or loading it from
     the disk cache) -- once per process, after which every decoder reuses it."""
     gen = torch.Generator().manual_seed(0)
-    start = time.perf_counter()
+    clock = Clock(_device(model))
+    start = clock.mark()
     dec = Decoder(model, steps + 1, kind, engine=engine)
     logits = dec.prefill(_prompt(model, 1, gen))
     for _ in range(steps):
         logits = dec.step(draw(logits, generator=gen))
-    return time.perf_counter() - start
+    return clock.seconds(start, clock.mark())
 
 
 @torch.no_grad()
@@ -123,19 +131,21 @@ def decode_timeline(model, kind: str, length: int | None = None, seed: int = 0,
 def _timeline(model, kind: str, length: int | None, seed: int, engine: str) -> dict:
     length = model.cfg.n_ctx if length is None else length
     gen = torch.Generator().manual_seed(seed)
-    start, cpu = time.perf_counter(), time.process_time()
+    clock = Clock(_device(model))
+    before, start = cpu_times(), clock.mark()
     dec = Decoder(model, length, kind, engine=engine)
     logits = dec.prefill(_prompt(model, 1, gen))
-    prefill = time.perf_counter() - start
-    stamps = np.empty(length)
-    for t in range(1, length):
+    prefilled = clock.mark()
+
+    def step():
+        nonlocal logits
         logits = dec.step(draw(logits, generator=gen))
-        stamps[t] = time.perf_counter()
+
+    seconds = repeat(step, clock.device, length - 1, counters=False)["s"]
     draw(logits, generator=gen)
-    total, cpu = time.perf_counter() - start, time.process_time() - cpu
-    stamps[0] = start + prefill
-    return {"t": list(range(1, length)), "seconds": np.diff(stamps).tolist(),
-            "total_s": total, "total_cpu_s": cpu, "prefill_s": prefill,
+    prefill, total = clock.elapsed([(start, prefilled), (start, clock.mark())])
+    return {"t": list(range(1, length)), "seconds": seconds,
+            "total_s": total, "total_cpu_s": counted(before)["cpu_s"], "prefill_s": prefill,
             "cache_bytes": dec.nbytes(), "engine": dec.engine, "steps": dict(dec.steps)}
 
 
@@ -148,11 +158,12 @@ def decode_window(model, kind: str, t: int, steps: int, seed: int = 0,
     gen = torch.Generator().manual_seed(seed)
     dec = Decoder(model, t + steps, kind, engine=engine)
     logits = dec.prefill(_prompt(model, t, gen))
-    out = []
-    for _ in range(steps):
-        start = time.perf_counter()
+
+    def step():
+        nonlocal logits
         logits = dec.step(draw(logits, generator=gen))
-        out.append(time.perf_counter() - start)
+
+    out = repeat(step, _device(model), steps, counters=False)["s"]
     if counts is not None:
         for name, n in dec.steps.items():
             counts[name] = counts.get(name, 0) + n
@@ -175,10 +186,8 @@ def engine_steps(model, kind: str, t: int, steps: int, rounds: int = 6,
     out: dict = {engine: [] for engine in decoders}
     for _ in range(rounds):
         for engine, dec in decoders.items():
-            for _ in range(steps // rounds):
-                start = time.perf_counter()
-                dec.step(token)
-                out[engine].append(time.perf_counter() - start)
+            out[engine] += repeat(partial(dec.step, token), _device(model), steps // rounds,
+                                  counters=False)["s"]
     return out
 
 

@@ -16,8 +16,9 @@ only: bytes saved for backward) or "step" (forward + backward under the peak;
 ``optimizer``: add an AdamW step; ``repeats``: time the step that many times in
 this process, the peak being the first run's). Batch of random bytes, float32, CPU.
 
-Besides wall-clock seconds, a step records the process's CPU seconds (user and
-system) and its minor page faults over the step (``cpu_times``). On a machine
+Besides wall-clock seconds (``fast.core.clock``), a step records the process's CPU
+seconds (user and system) and its minor page faults over the step
+(``fast.measure.timing.cpu_times``). On a machine
 shared with other jobs the wall clock of one run says little (a step waits
 whenever another job holds a core); CPU seconds count only the work this
 process did, so they are what compares a step with and without recomputation.
@@ -25,40 +26,20 @@ process did, so they are what compares a step with and without recomputation.
 
 from __future__ import annotations
 
-import time
-
-try:
-    import resource  # Unix: CPU seconds and page faults of this process
-except ImportError:   # Windows: cpu_times reports None
-    resource = None
-
 import torch
 import torch.nn.functional as F
 
+from fast.core.clock import Clock
 from fast.measure.memory import count_saved, peak_memory, rss_bytes
+from fast.measure.timing import cpu_times, since
 from fast.transformer.config import ModelConfig
-from fast.transformer.model import SparseTransformer
+from fast.transformer.network.model import SparseTransformer
 
 # A large allocation straight from mmap, returned to the system when freed, so that the
 # resident-memory peak follows the live tensors, not glibc's cache (the child's environment).
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 _WARM: set = set()
-
-
-def cpu_times() -> dict:
-    """CPU seconds (user, system) and minor page faults of this process so far;
-    ``None`` values where the platform does not report them."""
-    if resource is None:
-        return {"cpu_user_s": None, "cpu_sys_s": None, "minor_faults": None}
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return {"cpu_user_s": r.ru_utime, "cpu_sys_s": r.ru_stime, "minor_faults": r.ru_minflt}
-
-
-def _since(start: dict) -> dict:
-    """``cpu_times()`` now minus ``start``, field by field."""
-    now = cpu_times()
-    return {k: None if now[k] is None else now[k] - start[k] for k in now}
 
 
 def model_config(spec: dict) -> ModelConfig:
@@ -105,8 +86,8 @@ def measure(spec: dict) -> dict:
     def run() -> dict:
         """One forward (and, for a step, backward and optimiser step); its times."""
         nonlocal log, loss
-        cpu0 = cpu_times()
-        t0 = time.perf_counter()
+        clock = Clock("cpu")
+        cpu0, start = cpu_times(), clock.mark()
         with count_saved(params) as log:
             log.tag = "embed"
             hooks = [b.register_forward_pre_hook(tag_hook(f"block{i}"))
@@ -116,14 +97,14 @@ def measure(spec: dict) -> dict:
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), idx.view(-1))
             for h in hooks:
                 h.remove()
-        t_forward = time.perf_counter() - t0
+        forward = clock.mark()
         if spec["what"] == "step":
             loss.backward()
             if opt is not None:
                 opt.step()
             model.zero_grad(set_to_none=True)
-        t_total = time.perf_counter() - t0
-        return {"forward_s": t_forward, "total_s": t_total, **_since(cpu0)}
+        t_forward, t_total = clock.elapsed([(start, forward), (start, clock.mark())])
+        return {"forward_s": t_forward, "total_s": t_total, **since(cpu0)}
 
     log = loss = None
     with peak_memory("cpu") as peak:

@@ -29,14 +29,14 @@ _WORD = re.compile(rb"[A-Za-z_][A-Za-z_0-9]*")
 _KEYWORDS = {k.encode() for k in keyword.kwlist}
 
 
-def _halves(images: np.ndarray, image_shape, given: int) -> tuple[np.ndarray, np.ndarray]:
+def _halves(images: np.ndarray, given: int) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(images, dtype=np.float64).reshape(len(images), -1)
     return x[:, :given], x[:, given:]
 
 
-def brightness_agreement(images: np.ndarray, image_shape, given: int) -> float:
+def brightness_agreement(images: np.ndarray, given: int) -> float:
     """Correlation over images of the mean of tokens [0, given) with the mean of the rest."""
-    top, bottom = _halves(images, image_shape, given)
+    top, bottom = _halves(images, given)
     return float(np.corrcoef(top.mean(1), bottom.mean(1))[0, 1])
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from matplotlib.ticker import FuncFormatter
 
-from fast.measure.bench import PATTERN_PARAMS, contender_names, fitted_slope
+from fast.measure.bench import contender_names, fitted_slope
+from fast.measure.contenders import PATTERN_PARAMS
 from fast.plots import style
 from fast.plots.style import plt
 

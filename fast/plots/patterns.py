@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import NullFormatter, ScalarFormatter
+from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from fast.plots import style
 from reference import patterns as P
@@ -191,7 +191,7 @@ def head_parts(pattern: str, n: int, role, **params) -> tuple[np.ndarray, np.nda
     return tuple(m if role.reads(name) else np.zeros_like(m) for m, name in zip(masks, names))
 
 
-def _role_title(role, stride: int | None, c: int | None) -> str:
+def role_title(role, stride: int | None, c: int | None) -> str:
     """"head h" and what it reads: the parts, and a fixed summary's sub-block."""
     parts = []
     for name in role.parts:
@@ -218,7 +218,7 @@ def plot_combine_modes(pattern: str, n: int, n_heads: int,
         masks = P.head_masks(pattern, n, n_heads, combine, layer=layer, **params)  # (H, n, n)
         roles = head_roles(pattern, n_heads, combine, layer, stride=stride, c=c)
         parts = [head_parts(pattern, n, role, **params) for role in roles]
-        titles = [_role_title(role, stride, c) for role in roles]
+        titles = [role_title(role, stride, c) for role in roles]
         plot_head_masks(masks, parts, titles, axes=ax_row)
         ax_row[0].set_ylabel(f"{combine}\nlayer {layer}", fontsize=10)
     p = ", ".join(f"{k if k != 'stride' else 'l'} = {v}" for k, v in params.items())
@@ -230,6 +230,9 @@ def plot_combine_modes(pattern: str, n: int, n_heads: int,
     fig.tight_layout(rect=(0, 0.035, 1, 0.965))
     return fig
 
+
+# Where the right panel of ``plot_keys_per_query`` labels its log axis, in each decade.
+RATIO_TICKS = (1.0, 1.5, 2.0, 3.0, 5.0)
 
 # Line style of each curve of ``plot_keys_per_query``, by label prefix: curves that
 # lie on top of each other get different markers (filled / hollow, small / large),
@@ -264,8 +267,9 @@ def plot_keys_per_query(ns: np.ndarray, curves: dict[str, tuple[np.ndarray, np.n
     left.loglog(ns, ns, ":", color="grey", label="n")
     left.set(xlabel="sequence length n", ylabel="keys read (the query that reads most)",
              title="keys per query: O(sqrt n) with l = sqrt(n)")
-    right.set_yscale("log")
-    right.yaxis.set_major_formatter(ScalarFormatter())
+    right.set_yscale("log")    # ticks at 1, 1.5, 2, 3, 5 of each decade, each labelled:
+    right.yaxis.set_major_locator(LogLocator(base=10, subs=RATIO_TICKS))  # 1.5 can be read off
+    right.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     right.yaxis.set_minor_formatter(NullFormatter())
     right.set(xlabel="sequence length n", ylabel="query-key pairs of one head / n^1.5",
               title="pairs per head / n^1.5: flat means O(n sqrt n)")

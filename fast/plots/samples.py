@@ -2,9 +2,11 @@
 
 Child et al., 2019, section 7 and Figure 5 (unconditional samples, and
 completions of held-out images whose top half is given). The samples come from
-``fast.transformer.sample`` (drawn by ``fast.experiments.samples``); these
+``fast.transformer.decoding.sample`` (drawn by ``fast.experiments.samples``); these
 functions only lay them out:
 
+* ``image_grid``        token sequences -> one uint8 grid image (what
+                        ``python -m fast sample`` writes as a PNG);
 * ``plot_samples``      one panel per model, each a grid of its samples (rows of
                         ``cols`` images, every cell filled);
 * ``plot_completions``  one row per model under the held-out images, all models
@@ -14,13 +16,35 @@ functions only lay them out:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 
 from fast.plots import style
 from fast.plots.style import display_name, plt
-from fast.transformer.sample import image_grid
+
+
+def image_grid(samples: np.ndarray, image_shape, levels: int = 256,
+               cols: int | None = None) -> np.ndarray:
+    """(N, H*W*C) sequences -> one uint8 grid image (rows*H + gaps, cols*W + gaps, 3).
+
+    ``cols`` images per row (default: about sqrt(N), a square grid)."""
+    h, w, ch = image_shape
+    imgs = samples.reshape(-1, h, w, ch).astype(np.float64) * (255.0 / (levels - 1))
+    imgs = np.clip(np.rint(imgs), 0, 255).astype(np.uint8)
+    if ch == 1:
+        imgs = np.repeat(imgs, 3, axis=-1)
+    n = len(imgs)
+    cols = math.ceil(math.sqrt(n)) if cols is None else cols
+    if cols < 1:
+        raise ValueError(f"cols must be >= 1, got {cols}")
+    rows = math.ceil(n / cols)
+    grid = np.full((rows * (h + 1) + 1, cols * (w + 1) + 1, 3), 255, dtype=np.uint8)
+    for i, img in enumerate(imgs):
+        r, c = divmod(i, cols)
+        grid[1 + r * (h + 1):1 + r * (h + 1) + h, 1 + c * (w + 1):1 + c * (w + 1) + w] = img
+    return grid
 
 
 def _image(seq: np.ndarray, image_shape, levels: int) -> np.ndarray:

@@ -15,10 +15,13 @@ the same name; this module holds both, and ``save`` writes every figure.
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
 import matplotlib
+
+from fast.core.files import write_bytes
 
 if not os.environ.get("MPLBACKEND"):
     matplotlib.use("Agg")
@@ -36,7 +39,7 @@ NAMES = {"full": "dense"}   # a name -> how figures and tables show it (others u
 COLORS = {
     # the patterns
     "dense": GREY, "fixed": BLUE, "strided": ORANGE,
-    # the benchmark's other contenders (fast.measure.bench)
+    # the benchmark's other contenders (fast.measure.contenders)
     "naive": LIGHT_GREY, "flex": GREEN, "structured": PURPLE,
     "triton block-sparse": RED, "triton natural order": BLACK,
 }
@@ -59,14 +62,19 @@ def marker(name: str) -> str:
 
 
 def save(fig, path, *, tight: bool = False, close: bool = True) -> Path:
-    """Write ``fig`` to ``path`` as a PNG at ``DPI``, creating the folder; returns the path.
+    """Write ``fig`` to ``path`` at ``DPI`` in the format its suffix names (PNG), creating
+    the folder; returns the path. Drawn into memory first, then written atomically
+    (``fast.core.files.write_bytes``): a full disk or a crash leaves the previous
+    figure, never a truncated one.
 
     tight: crop to what is drawn (``bbox_inches="tight"``). close: free the figure
     (keep it open to show it next, e.g. with ``plt.show()`` in a notebook).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight" if tight else None)
+    image = io.BytesIO()
+    fig.savefig(image, format=path.suffix[1:] or "png", dpi=DPI,
+                bbox_inches="tight" if tight else None)
+    write_bytes(path, image.getvalue())
     if close:
         plt.close(fig)
     return path

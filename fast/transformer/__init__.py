@@ -1,22 +1,25 @@
-"""The Sparse Transformer network, its training, checkpoints and sampling.
+"""The Sparse Transformer network, its training, and decoding from it.
 
-Child et al., 2019, sections 5.2-5.6 (the network: pre-activation residual
-blocks, initialisation, factorized position embeddings, recomputation, mixed
-precision) and section 6 (training). One job per module:
+Child et al., 2019, sections 5.2-5.6 (the network: pre-activation residual blocks,
+initialisation, factorized position embeddings, recomputation, mixed precision),
+section 6 (training) and section 7 (samples). Three subpackages by idea, above the
+configuration they share:
 
-* ``config``      the two dataclasses (ModelConfig, TrainConfig) and the presets;
-* ``model``       the network;
-* ``optim``       AdamW and the warm-up + cosine schedule (sec. 6);
-* ``devices``     device, precision (autocast) and the DDP process group (sec. 5.6, 6);
-* ``loss``        the loss in nats, evaluation in bits per byte / bits per dim;
-* ``checkpoint``  the one file format: save, load, resume;
-* ``train``       the loop, and ``python -m fast train``;
-* ``preflight``   everything a run needs, checked before its first step;
-* ``cli``         that command's options and help text;
-* ``sample``      generation, and ``python -m fast sample``;
-* ``draw``        a sampling request's checks; temperature, top-k, top-p, one token;
-* ``decode``      incremental decoding: prefill, then one position per step;
-* ``kv_reads``    which keys a step reads (row t of every head's mask);
-* ``kv_cache``    the dense and the sparse key/value caches;
-* ``seed``        every random draw.
+* ``config``     the two dataclasses (ModelConfig, TrainConfig) and the named presets;
+* ``network``    the network (``model``), one block's arithmetic (``block``), where and
+                 in which precision it runs (``devices``), and the one checkpoint file
+                 format (``checkpoint``);
+* ``training``   the loop (``train``), its checks before the first step
+                 (``preflight``), AdamW and the schedule (``optim``), the loss and
+                 evaluation in bits (``loss``), seeding (``seed``), what a training
+                 checkpoint adds and resuming (``resume``), data parallelism
+                 (``distributed``) and the step clock (``clock``);
+* ``decoding``   sampling (``sample``: a request checked by ``request``, one token
+                 drawn by ``draw``), incremental decoding (``decode``), which keys a
+                 step reads (``kv_reads``), the key/value caches (``kv_cache``, and
+                 ``sparse_kv_cache``: the public ``fast.SparseKVCache``), and
+                 the compiled CPU step (``cpu_step`` driving the Numba ``cpu_kernel``).
+
+Imports run downward: training and decoding use the network and the config, the
+network only the config; neither training nor decoding imports the other.
 """

@@ -16,7 +16,7 @@ what was given and what is allowed. Integers are bounded by ``reference.params.M
 from fixed lists. ``python -m fast train`` reads its options into these classes, so
 these checks are its checks too. What needs the machine -- is CUDA there, can the
 data be read, is ``out_dir`` writable, does it hold a checkpoint -- is checked by
-``fast.transformer.train`` before the first step.
+``fast.transformer.training.train`` before the first step.
 
 ``PRESETS`` maps a name to a ``(ModelConfig, TrainConfig)`` pair;
 ``preset(name, **overrides)`` returns fresh copies with fields replaced.
@@ -38,7 +38,7 @@ from reference.params import FACTORIZED as PATTERNS  # the model's patterns: ful
 EMBEDDINGS = ("image", "text")
 ATTENTION_IMPLS = ("sparse", "masked")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]{1,4})?")   # resolved in fast.transformer.devices
+DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]{1,4})?")   # resolved in fast.transformer.network.devices
 MAX_THREADS = 1024
 
 
@@ -162,7 +162,7 @@ class TrainConfig:
     cpu_threads: int | None = None   # torch.set_num_threads during the run (1 helps on a
                                      # busy shared CPU); None = leave as is
     seed: int = 0                    # one seed: weights, data windows, dropout
-                                     # (see fast.transformer.seed)
+                                     # (see fast.transformer.training.seed)
     eval_interval: int = 100         # evaluate every this many steps (and at the end);
                                      # 0 = only at the end
     eval_batches: int = 8            # batches per evaluation

@@ -1,0 +1,181 @@
+"""``python -m fast bench``: sparse attention against dense causal attention, a sweep over n.
+
+Child et al., 2019, section 5.5 and Table 2 (sparse patterns pay only for what
+they compute). The options build a ``fast.experiments.bench_sweep.Sweep`` (what to
+measure; its docstring gives the three default runs) and the sweep is measured,
+written to JSON and drawn:
+
+    python -m fast bench                  # the CPU sweep, a fresh process per point
+    python -m fast bench --quick          # n <= 4096, no FlexAttention, short repetitions
+    python -m fast bench --same-process   # the same sweep in one process (medians)
+    python -m fast bench --device cuda [--long | --only-long] [--out DIR]
+    python -m fast bench --replot [--device cuda]   # redraw the figure from the saved JSON
+
+Writes figures/data/bench_cpu.json (machine, versions, load average, every
+timing) and figures/bench_cpu.png (``fast.plots.bench``); bench_cpu_same_process.*
+with --same-process, bench_cuda.* on CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from fast.commands import cli
+from fast.experiments.bench import RECORD, draw, measure_and_save, paths, report
+from fast.experiments.bench_sweep import Sweep, powers
+from fast.experiments.cache import CacheError, read_cache
+from fast.experiments.paths import FIGURES
+from fast.measure.contenders import DTYPES, NAMES
+
+PROG = "python -m fast bench"
+QUICK_N_MAX = 4096
+
+
+def shape(text: str) -> tuple[int, int]:
+    """'4x16' -> (B, H) = (4, 16), each in [1, 4096]."""
+    try:
+        b, h = (int(x) for x in text.lower().split("x"))
+        if not (1 <= b <= 4096 and 1 <= h <= 4096):
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: BxH with B and H in "
+                                         f"[1, 4096], e.g. 4x16") from None
+    return b, h
+
+
+def parser() -> cli.Parser:
+    """The parser of ``python -m fast bench``; measures nothing."""
+    n = cli.integer(1, cli.MAX_SEQUENCE)
+    limit = cli.integer(0, cli.MAX_SEQUENCE)
+    p = cli.Parser(PROG, description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cpu", type=cli.choice(("cpu", "cuda")))
+    p.add_argument("--same-process", action="store_true",
+                   help="every point in this process, medians (the method CUDA always uses); "
+                        "default on the CPU: a fresh process per point, minimum")
+    p.add_argument("--quick", action="store_true",
+                   help=f"n up to {QUICK_N_MAX}, no FlexAttention, short repetitions")
+    p.add_argument("--n-min", type=n, default=1024)
+    p.add_argument("--n-max", type=n, default=65536)
+    p.add_argument("--dtypes", nargs="+", type=cli.choice(DTYPES), default=None,
+                   help="default: float16 bfloat16 on CUDA, float32 on the CPU")
+    p.add_argument("--shapes", nargs="+", type=shape, default=None,
+                   help="(B, H) as BxH; default 1x4 4x16 on CUDA, 1x4 on the CPU")
+    p.add_argument("--contenders", nargs="+", type=cli.choice(NAMES), default=None,
+                   help="default: dense naive flex structured on the CPU; dense flex "
+                        "structured and the Triton kernels on CUDA")
+    p.add_argument("--flex-n", type=n, nargs="+", default=None,
+                   help="n at which FlexAttention runs (it compiles per n); default 4096 16384 "
+                        "on the CPU, every n on CUDA")
+    p.add_argument("--dense-n-max", type=limit, default=None,
+                   help="largest n for dense SDPA (O(n^2) time); default 32768 on the CPU")
+    p.add_argument("--naive-n-max", type=limit, default=None,
+                   help="largest n for the naive masked SDPA (O(n^2) time and memory); "
+                        "default 8192 on the CPU")
+    p.add_argument("--mask-gb", type=cli.finite(0.0, 2.0**20), default=None,
+                   help="largest naive mask (bool + SDPA's float copy), GiB; default 3")
+    p.add_argument("--target", type=cli.finite(0.0, 86400.0), default=None,
+                   help="seconds of repetitions per measurement (fresh process 1.0, --quick "
+                        "0.3; same process 0.1; 0: the fewest repetitions)")
+    p.add_argument("--min-reps", type=cli.integer(1, 10**6), default=None,
+                   help="fewest repetitions of a short call (fresh process 3, same process 5)")
+    p.add_argument("--max-minutes", type=cli.finite(0.0, 10**4, lo_open=True), default=None,
+                   help="start no new point after this (default 9 on CUDA)")
+    p.add_argument("--long", action="store_true",
+                   help="add the long sweep (B=1, H=8, l=256; one process: CUDA or "
+                        "--same-process)")
+    p.add_argument("--only-long", action="store_true",
+                   help="only the long sweep (with a 10-minute limit per command, run the "
+                        "default sweep and this one separately)")
+    p.add_argument("--long-n-min", type=n, default=2**17)
+    p.add_argument("--long-n-max", type=n, default=2**20)
+    p.add_argument("--out", type=cli.writable_folder, default=None,
+                   help="directory for data/bench_<device>.json and bench_<device>.png "
+                        "(default: figures/)")
+    p.add_argument("--replot", action="store_true",
+                   help="measure nothing: redraw bench_<device>.png from the saved JSON")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, each checked, and checked against each other (one line and exit 2
+    on a bad one)."""
+    args = parser().parse_or_exit(argv)
+    for lo, hi in (("n_min", "n_max"), ("long_n_min", "long_n_max")):
+        if getattr(args, lo) > getattr(args, hi):
+            flag, other = f"--{lo.replace('_', '-')}", f"--{hi.replace('_', '-')}"
+            cli.fail(PROG, f"{flag} {getattr(args, lo)} with {other} {getattr(args, hi)}; "
+                           f"allowed: {flag} <= {other}")
+    if args.quick and args.n_min > QUICK_N_MAX:
+        cli.fail(PROG, f"--n-min {args.n_min} with --quick; allowed: --n-min <= "
+                       f"{QUICK_N_MAX} (the quick sweep's largest n)")
+    if (args.long or args.only_long) and args.device == "cpu" and not args.same_process:
+        flag = "--only-long" if args.only_long else "--long"
+        cli.fail(PROG, f"{flag} with the CPU's fresh process per point; allowed: {flag} with "
+                       f"--same-process or --device cuda (the long sweep runs in one process)")
+    if args.flex_n is not None:
+        ns = powers(args.n_min, min(args.n_max, QUICK_N_MAX) if args.quick else args.n_max)
+        off = [x for x in args.flex_n if x not in ns]
+        if off:
+            cli.fail(PROG, f"--flex-n {' '.join(map(str, off))} is not an n of the sweep; "
+                           f"allowed: n among {', '.join(map(str, ns))}")
+    return args
+
+
+def sweep_from(args: argparse.Namespace) -> Sweep:
+    """The ``Sweep`` the options ask for: the device's defaults, changed by each option
+    given (ValueError from ``Sweep`` on values that do not fit together)."""
+    same = args.same_process or args.device == "cuda"
+    base = Sweep.defaults(args.device, same)
+    target = 0.3 if args.quick and args.target is None else args.target
+    method = base.method.with_(target_s=target, min_reps=args.min_reps)
+    if method.min_reps > method.max_reps:
+        method = method.with_(max_reps=method.min_reps)
+    n_max = min(args.n_max, QUICK_N_MAX) if args.quick else args.n_max
+    chosen = args.contenders or [c for c in base.contenders if not (args.quick and c == "flex")]
+    return Sweep.defaults(
+        args.device, same, method=method,
+        ns=() if args.only_long else powers(args.n_min, n_max),
+        dtypes=tuple(args.dtypes) if args.dtypes else None,
+        shapes=tuple(args.shapes) if args.shapes else None,
+        contenders=tuple(dict.fromkeys(chosen)),
+        flex_ns=tuple(sorted(set(args.flex_n))) if args.flex_n else None,
+        dense_n_max=args.dense_n_max, naive_n_max=args.naive_n_max, mask_gb=args.mask_gb,
+        max_minutes=args.max_minutes,
+        long_ns=powers(args.long_n_min, args.long_n_max) if args.long or args.only_long
+        else None,
+        target_points=() if args.only_long else None)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        sweep = sweep_from(args)
+    except ValueError as err:
+        cli.fail(PROG, err)
+    out = Path(args.out) if args.out is not None else FIGURES
+    path, png = paths(sweep, out)
+    if args.replot:
+        try:
+            data = read_cache(path, RECORD)
+        except CacheError as err:
+            cli.fail(PROG, f"--replot: {err}")
+        if data is None:
+            cli.fail(PROG, f"--replot with no {path}; allowed: --replot after a run of this "
+                           f"device and method has written it")
+        print(f"wrote {draw(sweep, data, png)}")
+        return 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        cli.fail(PROG, "--device cuda on a machine without CUDA; allowed: --device cpu here")
+    cli.writable_or_exit(PROG, out, out / "data")
+    data, path, png = measure_and_save(sweep, out, log=lambda line: print(line, flush=True))
+    print(report(data))
+    print(f"\nwrote {path} and {png} ({data['machine']['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Which keys a decoding step reads: row t of every head's mask, in two forms.
+
+Child et al., 2019, section 4.2 (eq. 2-4: output i attends to the set S_i),
+section 4.3 (the strided and fixed patterns) and section 5.1 (eq. 5-8: merged,
+multi-head and interleaved heads). Generating token t + 1 computes one new row of
+attention per head: head h of layer r reads exactly row t of
+``reference.patterns.head_masks(pattern, n, H, combine, r, **params)[h]``. Both
+forms below start from the head roles of ``reference.heads.head_roles`` (the
+contract); nothing here re-derives which head reads which part.
+
+* ``row_mask`` -- the generic form: row t of every head's mask as a bool
+  (H, t + 1) tensor, from the closed forms of all five patterns (full, strided,
+  fixed, and the Longformer and BigBird neighbours). A cache that keeps every
+  key reads all t + 1 of them and masks the rest (``fast.transformer.decoding.kv_cache``'s
+  dense cache): exact for any pattern, but a step costs O(t).
+
+* ``head_groups`` and ``step_pieces`` -- the sparse form, for the model's
+  patterns (full, strided, fixed; ``fast.transformer.config``). Heads that read
+  the same parts form a group (all heads for "merged" and "interleaved"; even
+  and odd heads for "multihead"), and a group's keys at step t are one or two
+  pieces of the store it keeps (``STORES``):
+
+    parts            store     rows read at step t (s = t mod l, b = t // l)
+    full             all       [0, t]
+    local            ring      [0, min(t, l - 1)]          slot j mod l holds j
+    column           all       s, s + l, ..., t            (a strided slice)
+    local + column   all       t-l+1, ..., t and s, s + l, ..., t - l: gathered
+                               into one piece by an index shared by all blocks
+    block            ring      [0, s]                      the own block up to t
+    summary          summary   [0, b c), and [b c, b c + c) with the rows each
+                               head has not yet written (lo + r > s) masked
+    block + summary  joint     [0, l + b c) of the ring followed by the
+                               summaries, the ring's slots s+1..l-1 (still
+                               holding the previous block) masked
+
+  where the summary rows keep, per head, only the c positions of its own
+  summary sub-block [lo, hi) of every block (row (j // l) c + (j mod l - lo)
+  holds j). When a head reads two parts, the column leaves out j > t - l and
+  the summaries leave out the own block, so every key is read once. A step reads
+  l + t / l keys (strided) or about l + t c / l (fixed) instead of t + 1, and a
+  fixed cache keeps O(n c / l + l) keys instead of n: summaries are the only keys
+  a later query of another block can read.
+
+The tests check both forms against ``reference.patterns.head_masks`` row by row.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from reference.heads import head_roles
+from reference.params import check_params
+from reference.patterns import bigbird_random_keys
+
+# What each store keeps: "all" every position (B, H, n, d); "ring" l slots, slot
+# j mod l; "summary" c rows per block of length l, the head's own sub-block;
+# "joint" a ring of l slots followed by the summary rows.
+STORES = ("all", "ring", "summary", "joint")
+
+
+# ----------------------------------------------------------------------------
+# The generic form: row t of every head's mask.
+# ----------------------------------------------------------------------------
+
+def _part_row(part: str, t: int, j: torch.Tensor, params: dict, summary) -> torch.Tensor:
+    """Row t of one part's mask over j = 0..t (closed forms of reference.patterns)."""
+    back = t - j
+    if part == "full":
+        return torch.ones_like(j, dtype=torch.bool)
+    if part in ("local", "column"):
+        l = params["stride"]
+        return back < l if part == "local" else back % l == 0
+    if part == "block":
+        return j // params["stride"] == t // params["stride"]
+    if part == "summary":
+        lo, hi = summary
+        jmod = j % params["stride"]
+        return (jmod >= lo) & (jmod < hi)
+    if part == "longformer":
+        r = params["dilation"]
+        row = (back < params["window"] * r) & (back % r == 0)
+        g = torch.as_tensor(params["global_tokens"], dtype=torch.long, device=j.device)
+        if bool((g == t).any()):
+            return torch.ones_like(row)                  # a global token reads every j <= t
+        return row | torch.isin(j, g)
+    # bigbird: row t of the seeded draws depends only on rows 0..t (drawn in order)
+    keys = bigbird_random_keys(t + 1, params["n_random"], params["seed"])[t]
+    row = (back < params["window"]) | (j < params["n_global"]) | (t < params["n_global"])
+    row[torch.as_tensor(keys[keys >= 0], device=j.device)] = True
+    return row
+
+
+def row_mask(pattern: str, n: int, n_heads: int, combine: str, layer: int, t: int, *,
+             device=None, **params) -> torch.Tensor:
+    """Row t < n of every head's mask: bool (n_heads, t + 1); [h, j] is True where
+    head h of layer ``layer`` reads key j at query t, as in
+    ``reference.patterns.head_masks(pattern, n, n_heads, combine, layer, **params)``."""
+    params = check_params(pattern, n, n_heads, combine, layer, params)
+    if not 0 <= t < n:
+        raise ValueError(f"row t must lie in [0, n={n}), got t={t}")
+    roles = head_roles(pattern, n_heads, combine, layer,
+                       stride=params.get("stride"), c=params.get("c"))
+    j = torch.arange(t + 1, device=device)
+    rows, parts = [], {}
+    for role in roles:
+        row = torch.zeros(t + 1, dtype=torch.bool, device=device)
+        for part in role.parts:
+            key = (part, role.summary)
+            if key not in parts:
+                parts[key] = _part_row(part, t, j, params, role.summary)
+            row |= parts[key]
+        rows.append(row)
+    return torch.stack(rows)                                             # (H, t + 1)
+
+
+# ----------------------------------------------------------------------------
+# The sparse form: head groups and the pieces of their stores read at step t.
+# ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Group:
+    """Heads of a layer that read the same parts.
+
+    heads:     a slice of the layer's heads (so q[:, heads] is a view);
+    parts:     the parts every head of the group reads (``reference.heads.PARTS``);
+    summaries: fixed only: each head's summary sub-block [lo, hi), in group order.
+    """
+    heads: slice
+    parts: tuple[str, ...]
+    summaries: tuple[tuple[int, int], ...] = ()
+
+    def store(self) -> str:
+        """The store this group keeps (``STORES``)."""
+        if "full" in self.parts or "column" in self.parts:
+            return "all"
+        if "summary" in self.parts:
+            return "joint" if "block" in self.parts else "summary"
+        return "ring"
+
+
+def head_groups(pattern: str, n_heads: int, combine: str, layer: int,
+                **params) -> tuple[Group, ...]:
+    """The heads of layer ``layer`` grouped by the parts they read (``head_roles``).
+
+    One group for "merged" and "interleaved" (and for full); for "multihead" the
+    even heads (A(1)) and the odd heads (A(2)), as the slices 0::2 and 1::2."""
+    if pattern not in ("full", "strided", "fixed"):
+        raise ValueError(f"the sparse cache serves the model's patterns ('full', 'strided', "
+                         f"'fixed'), got pattern {pattern!r}; read row_mask with a dense cache")
+    roles = head_roles(pattern, n_heads, combine, layer,
+                       stride=params.get("stride"), c=params.get("c"))
+    groups = []
+    for heads in (slice(0, n_heads, 2), slice(1, n_heads, 2)) if combine == "multihead" \
+            and pattern != "full" else (slice(0, n_heads),):
+        members = roles[heads]
+        if not members:
+            continue
+        parts = members[0].parts
+        if any(r.parts != parts for r in members):
+            raise AssertionError(f"heads {heads} of one group read different parts")
+        summaries = tuple(r.summary for r in members) if "summary" in parts else ()
+        groups.append(Group(heads, parts, summaries))
+    return tuple(groups)
+
+
+def summary_mask(group: Group, c: int, s: int) -> torch.Tensor:
+    """Which rows of the current block's summary piece each head of a summary-only
+    group reads at residue s = t mod l: bool (Hg, 1, c); row r holds position
+    b l + lo + r, read once written (lo + r <= s)."""
+    lo = torch.tensor([lo for lo, _ in group.summaries])[:, None, None]   # (Hg, 1, 1)
+    return lo + torch.arange(c)[None, None, :] <= s                      # (Hg, 1, c)
+
+
+@functools.lru_cache(maxsize=8)
+def local_and_column(t: int, l: int, device: str = "cpu") -> torch.Tensor:
+    """Positions a merged strided head reads at step t: t-l+1..t, then the column
+    s, s + l, ..., t - l. A LongTensor, built once per step for all blocks."""
+    first = max(0, t - l + 1)
+    column = np.arange(t % l, max(first, t % l), l)                     # j <= t - l
+    return torch.from_numpy(np.concatenate([np.arange(first, t + 1), column])).to(device)
+
+
+def step_pieces(group: Group, t: int, stride: int | None, c: int | None,
+                device="cpu") -> list[tuple]:
+    """The pieces group ``group`` reads at step t from its store: a list of
+    (rows, drop) where rows is a slice of the store's rows or a LongTensor of
+    them, and drop says which rows no head reads: None, a slice (for every
+    head), or ``("summary", s)`` (``summary_mask`` at residue s, per head).
+    Pieces are disjoint."""
+    parts = group.parts
+    if parts == ("full",):
+        return [(slice(0, t + 1), None)]
+    l = stride
+    s, b = t % l, t // l
+    if parts == ("local",):
+        return [(slice(0, min(t + 1, l)), None)]
+    if parts == ("column",):
+        return [(slice(s, t + 1, l), None)]
+    if parts == ("local", "column"):
+        return [(local_and_column(t, l, device if isinstance(device, str) else str(device)),
+                 None)]
+    if parts == ("block",):
+        return [(slice(0, s + 1), None)]
+    if parts == ("block", "summary"):                # joint: ring, then earlier summaries
+        return [(slice(0, l + b * c), slice(s + 1, l) if s + 1 < l else None)]
+    if parts == ("summary",):
+        pieces = [(slice(0, b * c), None)] if b else []
+        lows = [lo for lo, _ in group.summaries]
+        if s >= min(lows):                           # some head has written rows of block b
+            full = s >= max(lows) + c - 1
+            pieces.append((slice(b * c, b * c + c), None if full else ("summary", s)))
+        return pieces
+    raise AssertionError(f"no pieces for parts {parts}")

@@ -1,0 +1,288 @@
+"""The training loop: ``train(model_cfg, train_cfg) -> dict``.
+
+Child et al., 2019, section 6: Adam (here AdamW, decoupled weight decay 0.01 on
+weight matrices), linear warm-up then cosine decay, gradient clipping at 1.0
+(``fast.transformer.training.optim``); section 5.6: mixed precision with fp32 master
+weights (fp16 activations and dynamic loss scaling on CUDA; bf16 autocast on
+CPU; ``fast.transformer.network.devices``); evaluation in bits per byte (text) or
+bits per dim (images) (``fast.transformer.training.loss``). ``python -m fast train``
+(``fast.commands.train``) reads any ModelConfig or TrainConfig field as
+``--field value`` and calls ``train``.
+
+Before the first step, ``fast.transformer.training.preflight.check_run`` checks
+everything that can be known then (device, data and every evaluation split, a
+writable ``out_dir``, a checkpoint already there: resumed, replaced on
+``overwrite``, or the run is refused), so no run is lost to a mistake found after
+training. While it runs, the run holds out_dir's lock and writes its checkpoint only
+over the file it expects there (``fast.transformer.training.output``); it stops
+early, never with a traceback, on SIGTERM or SIGINT (after saving the step it was
+on) and on a NaN or inf in the loss or the weights (saving nothing after it:
+``fast.transformer.training.stop``).
+
+The trainer knows nothing about the model beyond ``model(x) -> logits``. Every
+random draw flows from ``train_cfg.seed`` (``fast.transformer.training.seed``): the
+weights, the dropout masks, and the batch of step t on rank r. A checkpoint
+(``fast.transformer.training.resume``) holds the model, optimiser, scheduler, loss
+scaler, every rank's RNG states and the step, so ``resume=True`` continues to the
+same weights as an uninterrupted run. Under torchrun every rank draws its own
+batches (batch_size is split across ranks) and its own dropout masks
+(``seed.seed_rank``); only rank 0 writes checkpoints and shows progress.
+
+With float16 and loss scaling, a step whose gradients overflow is skipped by the
+scaler, and then the learning-rate schedule does not advance either: the schedule
+counts the updates made.
+
+On a shared CPU, one intra-op thread (``cpu_threads=1`` or ``OMP_NUM_THREADS=1``)
+can be many times faster than two threads contending with other processes: each
+parallel operation waits for both cores.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from fast.data import Dataset
+from fast.transformer.config import ModelConfig, TrainConfig
+from fast.transformer.network.devices import autocast
+from fast.transformer.network.model import SparseTransformer
+from fast.transformer.training import seed as seeding
+from fast.transformer.training.clock import StepClock
+from fast.transformer.training.distributed import gather, init_distributed
+from fast.transformer.training.loss import LN2, evaluate, loss_fn, unit
+from fast.transformer.training.optim import make_optimizer, make_scheduler
+from fast.transformer.training.output import RunOutput
+from fast.transformer.training.preflight import Plan, check_run
+from fast.transformer.training.resume import restore, training_state
+from fast.transformer.training.stop import (
+    NAMES,
+    FiniteWatch,
+    Interrupted,
+    NonFinite,
+    Signals,
+    agreed_signal,
+)
+
+
+def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, progress: bool = True,
+          dataset: Dataset | None = None, plan: Plan | None = None) -> dict:
+    """Train a SparseTransformer; returns the run's record.
+
+    dataset: an already loaded ``fast.data.Dataset`` (else ``fast.data.load`` by
+    ``train_cfg.dataset``). plan: what ``check_run(model_cfg, train_cfg, dataset)``
+    returned, if the caller checked the run itself (a command does, to report a bad
+    run in one line); otherwise ``train`` checks it first, and a bad run raises a
+    ValueError before any step; so does an out_dir another run holds
+    (``fast.core.lock.FolderBusy``). A run that stops early raises a
+    ``stop.RunStopped`` (on SIGTERM / SIGINT after saving, on a non-finite loss or
+    weight without saving it: ``fast.transformer.training.stop``); a checkpoint that
+    cannot be written raises ``fast.transformer.network.checkpoint.CheckpointWriteError``,
+    an OSError; the previous checkpoint is then intact. Returns a dict:
+
+      model          the trained SparseTransformer (unwrapped from DDP), train mode
+      history        {"step", "loss", "bits", "lr"}: training loss (nats) and
+                     bits per byte/dim every log_interval steps (this rank's batch)
+      evals          [{"step": s, "<split>": bits, ...}] every eval_interval and at the end
+      final          {"<split>": bits} of the last evaluation
+      time_per_iter  mean seconds per optimiser step (steps after the first of this
+                     process, evaluation and checkpointing excluded); None when this
+                     process took no step (a resume of a finished run)
+      iter_times     seconds of every step of this process (on CUDA the GPU's time
+                     between CUDA events around the step: ``clock.StepClock``)
+      checkpoint     path of the run's checkpoint (None if none, or rank > 0)
+      step           optimiser steps done in total
+      n_params, device, precision, world_size, unit ("bits per dim" / "bits per byte")
+    """
+    if plan is None:
+        plan = check_run(model_cfg, train_cfg, dataset)     # ValueError before any step
+    rank, world, created_group = init_distributed(plan.device)
+    threads = torch.get_num_threads()
+    if train_cfg.cpu_threads is not None:
+        torch.set_num_threads(train_cfg.cpu_threads)
+    try:
+        with (RunOutput(plan, writes=train_cfg.save_checkpoint and rank == 0) as output,
+              Signals() as signals):
+            return _train(model_cfg, train_cfg, progress, plan, rank, world, output, signals)
+    finally:
+        torch.set_num_threads(threads)
+        if created_group:
+            dist.destroy_process_group()
+
+
+def train_step(net, model, x, y, optimizer, scheduler, scaler, precision, device,
+          grad_clip: float) -> torch.Tensor:
+    """One optimiser step on batch (x, y): forward under autocast, backward (loss-scaled
+    when fp16), gradient clipping, update, and the schedule's step if the update was
+    made (the loss scaler skips it when the gradients overflow, and lowers its scale
+    exactly then). Returns the loss (nats)."""
+    with autocast(precision, device):
+        logits = net(x)                                                  # (B, n, vocab)
+    loss = loss_fn(logits, y)
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+    else:
+        loss.backward()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    updated = True
+    if scaler is not None:
+        scale = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        updated = scaler.get_scale() >= scale                       # lowered: step skipped
+    else:
+        optimizer.step()
+    if updated:
+        scheduler.step()
+    return loss
+
+
+def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world, output: RunOutput,
+           signals: Signals) -> dict:
+    dataset, device, precision, local_batch = (plan.dataset, plan.device, plan.precision,
+                                               plan.local_batch)
+    seeding.seed_everything(train_cfg.seed)                          # one seed for everything
+    model = SparseTransformer(model_cfg).to(device)                  # the same on every rank
+    seeding.seed_rank(train_cfg.seed, rank)                          # dropout: per rank
+    optimizer = make_optimizer(model, train_cfg)
+    scheduler = make_scheduler(optimizer, train_cfg)
+    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+    history = {"step": [], "loss": [], "bits": [], "lr": []}
+    evals: list[dict] = []
+    step = 0
+    path = plan.path
+
+    if plan.resume_state is not None:
+        step, saved = restore(plan.resume_state, model=model, optimizer=optimizer,
+                              scheduler=scheduler, scaler=scaler, rank=rank)
+        plan.resume_state = None                                     # free it
+        history, evals = saved["train"], saved["evals"]
+    first_step = step
+
+    net = model
+    if world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    def save() -> str | None:
+        if not train_cfg.save_checkpoint:
+            return None
+        rng = gather(seeding.rng_state(), world)                     # every rank takes part
+        if rank != 0:
+            return None
+        return output.save(training_state(
+            model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, step=step,
+            world=world, model_cfg=model_cfg, train_cfg=train_cfg, history=history,
+            evals=evals, rng=rng, data=plan.data, precision=precision, device=device), step)
+
+    def kept() -> str:
+        """Which checkpoint out_dir holds now, in words."""
+        if not train_cfg.save_checkpoint:
+            return "no checkpoint is saved by this run (save_checkpoint false)"
+        if output.saved_step is not None:
+            return f"{path} keeps step {output.saved_step}"
+        if first_step:
+            return f"{path} keeps step {first_step}, where this run resumed"
+        return "no checkpoint was written (raise checkpoint_interval's frequency to keep some)"
+
+    def check_finite() -> None:
+        bad = watch.first_bad(world)
+        if bad is not None:
+            raise NonFinite(f"the loss or the weights turned non-finite (NaN or inf) at step "
+                            f"{bad}; the run stopped there and saved nothing after it: {kept()} "
+                            f"(a lower lr, or precision fp32, may keep it finite)")
+
+    def run_eval(record: bool = True) -> dict:
+        row = {"step": step}
+        for split in train_cfg.eval_splits:
+            row[split] = evaluate(model, dataset, split, batch_size=local_batch,
+                                  max_batches=train_cfg.eval_batches, precision=precision)
+        if record:
+            evals.append(row)
+        return row
+
+    end = train_cfg.max_iters if train_cfg.stop_iter is None else min(train_cfg.stop_iter,
+                                                                       train_cfg.max_iters)
+    clock = StepClock(device)             # no host-device sync of its own per step
+    watch = FiniteWatch(model)            # nor this one: read where the loop waits anyway
+    checkpoint_path = None
+    bar = None
+    if progress and rank == 0:
+        bar = tqdm(total=end, initial=step, desc=f"train {dataset.name}", dynamic_ncols=True)
+    model.train()
+    try:
+        while step < end:
+            clock.start()
+            gen = seeding.data_generator(train_cfg.seed, step, rank)
+            x, y = dataset.batch("train", local_batch, model_cfg.n_ctx, gen)   # (B, n) each
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            loss = train_step(net, model, x, y, optimizer, scheduler, scaler, precision,
+                              device, train_cfg.grad_clip)
+            step += 1
+            clock.stop()
+            watch.add(step, loss)
+
+            # the last step of the whole run is logged, not the step a stopped run ends
+            # on (a stop and resume must give the same learning curve as one run)
+            logged = step % train_cfg.log_interval == 0 or step == train_cfg.max_iters
+            due_eval = bool(train_cfg.eval_interval) and step % train_cfg.eval_interval == 0 \
+                and step < end
+            due_save = bool(train_cfg.checkpoint_interval) and \
+                step % train_cfg.checkpoint_interval == 0 and step < end
+            signum = agreed_signal(signals, world, device)
+            if device.type == "cpu" or logged or due_eval or due_save or signum or step == end:
+                check_finite()            # before anything reads or saves this step
+            if logged:
+                value = loss.item()
+                clock.collect()                   # the host waited for this step already
+                history["step"].append(step)
+                history["loss"].append(value)
+                history["bits"].append(value / LN2)
+                history["lr"].append(scheduler.get_last_lr()[0])
+            if bar is not None:
+                bar.update(1)
+                if logged:
+                    bar.set_postfix(loss=f"{history['loss'][-1]:.3f}",
+                                    bits=f"{history['bits'][-1]:.3f}")
+            if due_eval:
+                row = run_eval()
+                if bar is not None:
+                    bar.write(f"step {step}: " + ", ".join(
+                        f"{s} {row[s]:.4f} {unit(dataset)}" for s in train_cfg.eval_splits))
+            if due_save or (signum and step < end):
+                checkpoint_path = save()
+            if signum and step < end:
+                raise Interrupted(f"stopped by {NAMES.get(signum, signum)} after step {step} "
+                                  f"of {end}; " + (f"{kept()}: continue it with --resume"
+                                                   if train_cfg.save_checkpoint else kept()),
+                                  signum)
+    finally:
+        if bar is not None:
+            bar.close()
+    # The final evaluation joins the learning curve at the run's last step, or at a
+    # stop that falls on the eval interval; a run stopped elsewhere (stop_iter) reports
+    # it without recording it, so that stop + resume gives one run's curve. A step
+    # already recorded (a resume that took no step) is not recorded twice.
+    on_interval = bool(train_cfg.eval_interval) and step % train_cfg.eval_interval == 0
+    recorded = bool(evals) and evals[-1]["step"] == step
+    final = run_eval(record=(step == train_cfg.max_iters or on_interval) and not recorded)
+    if train_cfg.save_checkpoint:
+        if step > first_step:
+            checkpoint_path = save()
+        elif rank == 0 and path.is_file():
+            checkpoint_path = str(path)             # nothing new: the one resumed stands
+    if world > 1:
+        dist.barrier()
+    iter_times = clock.seconds()
+    timed = iter_times[1:] if len(iter_times) > 1 else iter_times
+    return {
+        "model": model, "history": history, "evals": evals,
+        "final": {s: final[s] for s in train_cfg.eval_splits},
+        "time_per_iter": sum(timed) / len(timed) if timed else None,
+        "iter_times": iter_times, "checkpoint": checkpoint_path, "step": step,
+        "n_params": model.num_params(), "device": str(device), "precision": precision,
+        "world_size": world, "unit": unit(dataset),
+    }
