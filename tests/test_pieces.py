@@ -41,6 +41,7 @@ def test_piece_times_covers_the_plan_and_its_pairs(pattern, combine, params):
     for r in res["pieces"]:
         assert 0 < r["fwd_s"] == min(r["fwd_s_all"]) and len(r["fwd_s_all"]) == 2
         assert 0 < r["bwd_s"] == min(r["bwd_s_all"])
+        assert len(r["bwd_cpu_s_all"]) == len(r["bwd_faults_all"]) == 2
         assert r["bwd_ops_s"]["kernel"] > 0                 # the backward ran the kernel
     assert set(res["glue"]) >= {"prepare", "grad_prepare", "checks"}
     assert all(t >= 0 for t in res["glue"].values())

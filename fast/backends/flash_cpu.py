@@ -73,8 +73,11 @@ def attention_backward(grad_out, q, k, v, out, lse, *, is_causal: bool = False, 
     return _math_backward(grad_out, q, k, v, out, lse, is_causal, mask, scale)
 
 
-# Largest output of one kernel call that a piece plans for (see ``spans``).
-SLAB_BYTES = 8 << 20
+# Largest output of one kernel call that a piece plans for (see ``spans``): below
+# glibc's largest mmap threshold (32 MiB), so a slab's memory is reused from the heap
+# call after call, and large enough to keep the number of calls -- each a parallel
+# region that waits for both threads, costly when another process holds a core -- small.
+SLAB_BYTES = 24 << 20
 
 
 def spans(count: int, bytes_each: int, budget: int | None = None) -> list[tuple[int, int]]:

@@ -22,7 +22,9 @@ and counts the (query, key) pairs each piece reads (``pairs``; its share of the
 pattern's ideal work) beside the pairs dense causal attention reads. Each
 measurement is repeated in ``rounds`` interleaved rounds (every item once per
 round, so that a disturbance on a shared machine hits them alike); the minimum
-is reported and every repetition kept. The clock is ``fast.measure.timing``'s.
+is reported and every repetition kept, with its CPU seconds and minor page faults
+(``fast.measure.timing.repeat``: the wall clock also counts the time other
+processes held the cores; page faults show memory touched for the first time).
 
 With ``ops=True`` each piece's backward is also run once under
 ``torch.profiler`` and its time split by operator: the attention kernel
@@ -44,7 +46,7 @@ from fast.attention import sparse_attention
 from fast.backends import structured
 from fast.core.checks import check_tensors
 from fast.core.precision import acc_dtype
-from fast.measure.timing import steady
+from fast.measure.timing import repeat
 
 PIECE_OPS = {  # category -> substrings of the profiler's operator names
     "kernel": ("scaled_dot_product_flash_attention", "scaled_dot_product_attention"),
@@ -55,15 +57,28 @@ PIECE_OPS = {  # category -> substrings of the profiler's operator names
 
 
 def _interleaved(calls: dict, rounds: int) -> dict:
-    """{name: [seconds, ...]}: every call once per round (after one warm-up call each)."""
-    times = {name: [] for name in calls}
+    """{name: {"s": [...], "cpu_s": [...], "faults": [...]}}: every call once per round
+    (after one warm-up call each), timed by ``fast.measure.timing.repeat``."""
+    times = {name: {"s": [], "cpu_s": [], "faults": []} for name in calls}
     for call in calls.values():
         call()
     for _ in range(rounds):
         for name, call in calls.items():
-            times[name] += steady(call, "cpu", warmup=0, min_reps=1, max_reps=1,
-                                  target_s=0.0)["times_s"]
+            for key, values in repeat(call, "cpu", 1).items():
+                times[name][key] += values
     return times
+
+
+def _whole(best: dict, times: dict, who: str) -> dict:
+    """Forward and forward + backward of ``who`` ("whole" or "dense"): best times, and
+    every repetition's wall and CPU seconds and page faults."""
+    out = {"fwd_s": best[f"{who} fwd"], "fb_s": best[f"{who} fb"],
+           "bwd_s": best[f"{who} fb"] - best[f"{who} fwd"]}
+    for what in ("fwd", "fb"):
+        t = times[f"{who} {what}"]
+        out.update({f"{what}_s_all": t["s"], f"{what}_cpu_s_all": t["cpu_s"],
+                    f"{what}_faults_all": t["faults"]})
+    return out
 
 
 def _op_split(call) -> dict:
@@ -89,10 +104,10 @@ def piece_times(pattern: str = "strided", n: int = 16384, *, B: int = 1, H: int 
     docstring). ``c`` defaults to 32 for "fixed". Returns
 
     {"conditions": {...}, "pieces": [{"group", "piece", "pairs", "pair_share",
-     "fwd_s", "bwd_s", "fwd_s_all", "bwd_s_all"[, "bwd_ops_s"]}, ...],
-     "glue": {name: seconds}, "glue_all": {name: [seconds]},
-     "whole": {"fwd_s", "fb_s", "bwd_s"}, "dense": {"fwd_s", "fb_s"} or None,
-     "pairs": {"pattern", "dense"}}
+     "fwd_s", "bwd_s", "fwd_s_all", "bwd_s_all", "fwd_cpu_s_all", "fwd_faults_all", ...
+     [, "bwd_ops_s"]}, ...], "glue": {name: seconds}, "glue_all": {name: [seconds]},
+     "whole": {"fwd_s", "fb_s", "bwd_s", "fwd_s_all", "fwd_cpu_s_all", "fwd_faults_all",
+     ...}, "dense": the same or None, "pairs": {"pattern", "dense"}}
 
     Times are the minimum over ``rounds`` (CPU wall clock, this process's torch threads).
     """
@@ -173,11 +188,13 @@ def piece_times(pattern: str = "strided", n: int = 16384, *, B: int = 1, H: int 
         calls["dense fwd"], calls["dense fb"] = dense_fwd, dense_fb
 
     times = _interleaved(calls, rounds)
-    best = {name: min(ts) for name, ts in times.items()}
+    best = {name: min(t["s"]) for name, t in times.items()}
     for row in rows:
         for what in ("fwd", "bwd"):
+            t = times[f"{row['name']} {what}"]
             row[f"{what}_s"] = best[f"{row['name']} {what}"]
-            row[f"{what}_s_all"] = times[f"{row['name']} {what}"]
+            row[f"{what}_s_all"] = t["s"]
+            row[f"{what}_cpu_s_all"], row[f"{what}_faults_all"] = t["cpu_s"], t["faults"]
         if ops:
             call = calls[f"{row['name']} bwd"]
             row["bwd_ops_s"] = _op_split(call)
@@ -196,9 +213,8 @@ def piece_times(pattern: str = "strided", n: int = 16384, *, B: int = 1, H: int 
                        "statistic": "minimum over interleaved rounds, perf_counter"},
         "pieces": rows,
         "glue": {name: best[name] for name in glue},
-        "glue_all": {name: times[name] for name in glue},
-        "whole": {"fwd_s": best["whole fwd"], "fb_s": best["whole fb"],
-                  "bwd_s": best["whole fb"] - best["whole fwd"]},
-        "dense": ({"fwd_s": best["dense fwd"], "fb_s": best["dense fb"]} if dense else None),
+        "glue_all": {name: times[name]["s"] for name in glue},
+        "whole": _whole(best, times, "whole"),
+        "dense": _whole(best, times, "dense") if dense else None,
         "pairs": {"pattern": total_pairs, "dense": dense_pairs},
     }
