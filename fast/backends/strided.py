@@ -18,9 +18,11 @@ i = r l + s sit at row r, column s of that grid (n padded up to N = M l).
   divides l); chunk w reads the C + l keys before and at it, a strided window
   of k (no copy), through a fixed (C, C + l) band mask (``band_mask``). Its
   backward gets each chunk's key and value gradients as (C + l)-row windows,
-  which overlap (C + l) / C times; they are folded back into dk, dv slab by
-  slab (``flash_cpu.spans``), so the windows of one slab are small and still in
-  cache when folded.
+  which overlap J = (C + l) / C times. It runs the chunks in J classes, chunk w
+  in class w mod J: a class's windows are disjoint and adjacent, so each class's
+  gradients land in dk and dv by one addition each (no fold), and each class
+  (cut further by ``flash_cpu.spans`` when large) is a kernel output small
+  enough for the allocator to reuse.
 
 Each piece returns (start_row, out, lse) chunks -- out (G, R, d) in natural row
 order, or (G, R1, R2, d) with R1 R2 consecutive rows blocked as the kernel left
@@ -66,24 +68,16 @@ def band_chunk(l: int) -> int:
     return l
 
 
-def _windows(t: torch.Tensor, l: int, C: int, a: int = 0, b: int | None = None) -> torch.Tensor:
-    """Overlapping key windows a..b-1, a view: (G, N, d) -> (G, b - a, C + l, d),
+def _windows(t: torch.Tensor, l: int, C: int, a: int = 0, b: int | None = None,
+             step: int = 1) -> torch.Tensor:
+    """Key windows a, a + step, ... (below b), a view: (G, N, d) -> (G, count, C + l, d),
     window w = rows [w C, w C + C + l), the keys of query chunk w (rows l + w C ...)."""
     G, N, d = t.shape
     b = (N - l) // C if b is None else b
-    return t.as_strided((G, b - a, C + l, d), (t.stride(0), C * t.stride(1), t.stride(1), 1),
+    count = len(range(a, b, step))
+    return t.as_strided((G, count, C + l, d),
+                        (t.stride(0), step * C * t.stride(1), t.stride(1), 1),
                         t.storage_offset() + a * C * t.stride(1))
-
-
-def _fold_add(dst: torch.Tensor, dwin: torch.Tensor, C: int) -> None:
-    """dst (G, R, d) += the overlapping windows dwin (G, nc, C + l, d), window w
-    starting at row w C (the inverse of ``_windows``): window w's slice j (rows
-    j C .. j C + C) lands at chunk w + j. R = nc C + l."""
-    G, R, d = dst.shape
-    nc, width = dwin.shape[1], dwin.shape[2]
-    chunks = dst.view(G, R // C, C, d)                                  # (G, R/C, C, d)
-    for j in range(width // C):
-        chunks[:, j:j + nc].add_(dwin[:, :, j * C:(j + 1) * C])
 
 
 class LocalBand:
@@ -149,14 +143,22 @@ class LocalBand:
             return grads
         rows = lambda t: t[:, l:].unflatten(1, (-1, C))                 # (G, nc, C, ...)
         mask = band_mask(C, l, self.strict, q.dtype, q.device)
-        for a, b in self._slabs(q, C + l):
-            dqb, dkw, dvw = attention_backward(
-                rows(go)[:, a:b], rows(q)[:, a:b], _windows(k, l, C, a, b),
-                _windows(v, l, C, a, b), rows(out)[:, a:b], rows(lse)[:, a:b], mask=mask,
-                scale=self.scale)                   # dqb (G, b-a, C, d); dkw (G, b-a, C+l, d)
-            rows(dq)[:, a:b].add_(dqb)
-            _fold_add(dk[:, a * C:b * C + l], dkw, C)
-            _fold_add(dv[:, a * C:b * C + l], dvw, C)
+        nc, J = (N - l) // C, (C + l) // C
+        for r in range(J):
+            # chunks r, r + J, ...: their windows (J C = C + l rows each) are disjoint and
+            # adjacent, so their gradients land in dk, dv by one addition each
+            count = len(range(r, nc, J))
+            for a, b in spans(count, G * (C + l) * d * q.element_size()):
+                w = slice(r + a * J, r + b * J, J)                     # its chunks a..b-1
+                dqb, dkw, dvw = attention_backward(
+                    rows(go)[:, w], rows(q)[:, w], _windows(k, l, C, w.start, w.stop, J),
+                    _windows(v, l, C, w.start, w.stop, J), rows(out)[:, w], rows(lse)[:, w],
+                    mask=mask, scale=self.scale)   # dqb (G, b - a, C, d); dkw (G, b-a, C+l, d)
+                rows(dq)[:, w].add_(dqb)
+                w0 = w.start
+                keys = slice(w0 * C, w0 * C + (b - a) * (C + l))
+                dk[:, keys].unflatten(1, (b - a, C + l)).add_(dkw)
+                dv[:, keys].unflatten(1, (b - a, C + l)).add_(dvw)
         return grads
 
 
