@@ -213,6 +213,15 @@ def layer_forward(groups, low, acc):
     return out, lse
 
 
+def _outgrows_float32(lse: torch.Tensor) -> bool:
+    """Whether some row's |lse| passes EXACT_LSE (rows that read nothing, -inf, aside):
+    one pass over lse, two when some row reads nothing."""
+    low, high = torch.aminmax(lse)
+    if low == float("-inf"):
+        low = lse.nan_to_num(neginf=0.0).amin()
+    return bool(high > EXACT_LSE or -low > EXACT_LSE)
+
+
 class _StructuredAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, groups, stride):
@@ -220,7 +229,7 @@ class _StructuredAttention(torch.autograd.Function):
         N = -(-n // stride) * stride
         low = pad_rows(q, N), pad_rows(k, N), pad_rows(v, N)            # (B, H, N, d)
         out, lse = layer_forward(groups, low, acc_dtype(q.dtype))   # "Precision" above
-        if out.dtype == torch.float32 and lse.nan_to_num(neginf=0.0).abs().amax() > EXACT_LSE:
+        if out.dtype == torch.float32 and _outgrows_float32(lse):
             out, lse = layer_forward(groups, low, torch.float64)
         ctx.save_for_backward(*low, out, lse)       # q, k, v as given; out, lse in acc
         ctx.groups, ctx.n = groups, n
