@@ -83,6 +83,9 @@ CASES = [
     ("strided", {"stride": 1}, "merged", 7, 16, 2),
     ("strided", {"stride": 2}, "merged", 9, 16, 2),
     ("strided", {"stride": 8}, "merged", 13, 48, 4),
+    # the band's backward chunks unlike its forward (64 and 32 rows)
+    ("strided", {"stride": 128}, "merged", 300, 16, 2),
+    ("strided", {"stride": 64}, "multihead", 200, 16, 2),
     # an odd number of heads in two groups: a group is a copy when B > 1, not a view
     ("strided", {"stride": 5}, "multihead", 23, 16, 3),
     ("fixed", {"stride": 6, "c": 2}, "multihead", 23, 16, 3),

@@ -18,8 +18,9 @@ i = r l + s sit at row r, column s of that grid (n padded up to N = M l).
   divides l); chunk w reads the C + l keys before and at it, a strided window
   of k (no copy), through a fixed (C, C + l) band mask (``band_mask``). Its
   backward gets each chunk's key and value gradients as (C + l)-row windows,
-  which overlap J = (C + l) / C times. It runs the chunks in J classes, chunk w
-  in class w mod J: a class's windows are disjoint and adjacent, so each class's
+  which overlap J = (C + l) / C times; it chunks by its own, larger C
+  (``band_chunk(l, backward=True)``: fewer overlaps), since it recomputes from the
+  merged out and lse. It runs the chunks in J classes, chunk w in class w mod J: a class's windows are disjoint and adjacent, so each class's
   gradients land in dk and dv by one addition each (no fold), and each class
   (cut further by ``flash_cpu.spans`` when large) is a kernel output small
   enough for the allocator to reuse.
@@ -58,11 +59,14 @@ def band_mask(C: int, l: int, strict: bool, dtype, device) -> torch.Tensor:
     return _MASKS[key]
 
 
-def band_chunk(l: int) -> int:
-    """Query chunk C of the band: a divisor of l near 32. Small chunks waste less
-    of the (C, C + l) rectangle (the band fills l / (C + l) of it); too small
-    ones starve the kernel's tiles."""
-    for C in (32, 64, 16, 48, 24, 40, 56):
+def band_chunk(l: int, backward: bool = False) -> int:
+    """Query chunk C of the band: a divisor of l near 32 (near 64 for the backward).
+    Small chunks waste less of the (C, C + l) rectangle (the band fills l / (C + l)
+    of it); too small ones starve the kernel's tiles. The backward, whose
+    gradient windows overlap (C + l) / C times and whose kernel calls come one per
+    overlap (``LocalBand.backward``), does better with fewer, larger chunks; it
+    recomputes from the merged out and lse, so it need not chunk as the forward did."""
+    for C in ((64, 32, 128, 48, 96) if backward else (32, 64, 16, 48, 24, 40, 56)):
         if l % C == 0 and C <= l:
             return C
     return l
@@ -85,7 +89,8 @@ class LocalBand:
     (0 <= i - j < l), or without i (``strict``: 0 < i - j < l, beside the column)."""
 
     def __init__(self, l: int, scale: float, strict: bool = False):
-        self.l, self.scale, self.C, self.strict = l, scale, band_chunk(l), strict
+        self.l, self.scale, self.strict = l, scale, strict
+        self.C, self.C_back = band_chunk(l), band_chunk(l, backward=True)
 
     def pairs(self, n: int, heads: int) -> int:
         """Pairs ``heads`` rows of G read among rows < n: sum of min(i + 1, l) each
@@ -94,12 +99,11 @@ class LocalBand:
         first = min(n, l)
         return heads * (first * (first + 1) // 2 + full * l - (n if self.strict else 0))
 
-    def _slabs(self, q, rows: int) -> list[tuple[int, int]]:
-        """Chunk ranges whose kernel outputs, ``rows`` rows of (G, d) per chunk (C for
-        the forward's output, C + l for the backward's key and value windows), fit
-        a slab (``flash_cpu.spans``)."""
+    def _slabs(self, q) -> list[tuple[int, int]]:
+        """Ranges of the forward's chunks whose outputs (C rows of (G, d) each) fit a
+        slab (``flash_cpu.spans``)."""
         G, N, d = q.shape
-        return spans((N - self.l) // self.C, G * rows * d * q.element_size())
+        return spans((N - self.l) // self.C, G * self.C * d * q.element_size())
 
     def _prefix(self, t, keys: bool):
         """Block 0 as one causal problem (G, 1, L, ...): rows [0, l), or, if strict,
@@ -120,7 +124,7 @@ class LocalBand:
         if N > l:
             qb = q[:, l:].unflatten(1, (-1, C))                          # (G, nc, C, d)
             mask = band_mask(C, l, self.strict, q.dtype, q.device)
-            for a, b in self._slabs(q, C):
+            for a, b in self._slabs(q):
                 o, lse = attention_forward(qb[:, a:b], _windows(k, l, C, a, b),
                                            _windows(v, l, C, a, b), mask=mask,
                                            scale=self.scale)            # (G, b-a, C, d)
@@ -129,7 +133,7 @@ class LocalBand:
 
     def backward(self, q, k, v, go, out, lse, grads=None):
         G, N, d = q.shape
-        l, C, p = self.l, self.C, self._prefix
+        l, C, p = self.l, self.C_back, self._prefix
         if grads is None:
             grads = [torch.zeros_like(q) for _ in range(3)]
         dq, dk, dv = grads
