@@ -19,8 +19,9 @@ i = r l + s sit at row r, column s of that grid (n padded up to N = M l).
   of k (no copy), through a fixed (C, C + l) band mask (``band_mask``). Its
   backward gets each chunk's key and value gradients as (C + l)-row windows,
   which overlap J = (C + l) / C times; it chunks by its own, larger C
-  (``band_chunk(l, backward=True)``: fewer overlaps), since it recomputes from the
-  merged out and lse. It runs the chunks in J classes, chunk w in class w mod J: a class's windows are disjoint and adjacent, so each class's
+  (``band_chunk(l, backward=True)``: fewer overlaps), since it recomputes from
+  the merged out and lse. It runs the chunks in J classes, chunk w in class
+  w mod J: a class's windows are disjoint and adjacent, so each class's
   gradients land in dk and dv by one addition each (no fold), and each class
   (cut further by ``flash_cpu.spans`` when large) is a kernel output small
   enough for the allocator to reuse.
