@@ -83,6 +83,9 @@ CASES = [
     ("strided", {"stride": 1}, "merged", 7, 16, 2),
     ("strided", {"stride": 2}, "merged", 9, 16, 2),
     ("strided", {"stride": 8}, "merged", 13, 48, 4),
+    # the column cut in three problems (M >= strided.SPLIT_ROWS grid rows), odd M
+    ("strided", {"stride": 2}, "merged", 775, 16, 2),
+    ("strided", {"stride": 2}, "multihead", 800, 16, 2),
     # the band's backward chunks unlike its forward (64 and 32 rows)
     ("strided", {"stride": 128}, "merged", 300, 16, 2),
     ("strided", {"stride": 64}, "multihead", 200, 16, 2),

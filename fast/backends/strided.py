@@ -179,13 +179,27 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2).flatten(1, 2)
 
 
+# The column splits its (M, M) causal problems in two from this many grid rows on:
+# halves of at least 192 rows, which the kernel still takes in query blocks of 64
+# (below 192 rows it takes 32, and the smaller products cost more than the quarter
+# of the square saved; measured with fast.measure.pieces).
+SPLIT_ROWS = 384
+
+
 class Column:
     """A(2) of the strided pattern: every l-th position, (i - j) mod l == 0, j <= i
     (j = i included: a band beside it is strict). Every grid row reads the rows
     before it in its column, so every row is a query and every row a key, and the
     column is causal attention along the M rows of each column: problems of M rows,
     which the kernel's vector loops take whole when M is a multiple of their width
-    (a strict column, M - 1 rows, ran slower)."""
+    (a strict column, M - 1 rows, ran slower).
+
+    The kernel skips the upper triangle only by blocks of 512 keys, so a causal
+    problem of at most 512 rows costs a full square. From ``SPLIT_ROWS`` grid rows
+    on, the column is three problems instead -- the first h = M // 2 rows causal,
+    the last M - h rows causal over their own rows, and those same rows over the
+    first h as a plain rectangle (merged with their causal part through the lse)
+    -- three quarters of the square."""
 
     def __init__(self, l: int, scale: float):
         self.l, self.scale = l, scale
@@ -195,19 +209,43 @@ class Column:
         whole, rest = divmod(n, self.l)
         return heads * (self.l * whole * (whole - 1) // 2 + rest * whole + n)
 
+    def _parts(self, N: int):
+        """[(query grid rows, key grid rows, causal)] of the column's problems."""
+        M = N // self.l
+        if M < SPLIT_ROWS:
+            return [(slice(0, M), slice(0, M), True)]
+        h = M // 2
+        return [(slice(0, h), slice(0, h), True), (slice(h, M), slice(0, h), False),
+                (slice(h, M), slice(h, M), True)]
+
     def forward(self, q, k, v):
-        c = lambda t: _columns(t, self.l)
-        o, lse = attention_forward(c(q), c(k), c(v), is_causal=True,
-                                   scale=self.scale)                    # (G, l, M, d)
-        return [(0, _rows(o), _rows(lse))]
+        c = lambda t, rows: _columns(t, self.l)[:, :, rows]            # (G, l, R, ...)
+        chunks = []
+        for qr, kr, causal in self._parts(q.shape[1]):
+            o, lse = attention_forward(c(q, qr), c(k, kr), c(v, kr), is_causal=causal,
+                                       scale=self.scale)                # (G, l, R, d)
+            chunks.append((qr.start * self.l, _rows(o), _rows(lse)))
+        return chunks
 
     def backward(self, q, k, v, go, out, lse, grads=None):
-        c = lambda t: _columns(t, self.l)
-        g = attention_backward(c(go), c(q), c(k), c(v), c(out), c(lse), is_causal=True,
-                               scale=self.scale)                        # (G, l, M, d) each
-        g = [_rows(t) for t in g]                  # (G, N, d), natural order: no copy
-        if grads is None:
-            return g                               # first: the kernel's own tensors
-        for acc, grad in zip(grads, g):
-            acc.add_(grad)
+        c = lambda t, rows: _columns(t, self.l)[:, :, rows]            # (G, l, R, ...)
+        parts = self._parts(q.shape[1])
+        fresh = grads is None                 # then the parts write first, add after
+        if fresh and len(parts) > 1:
+            grads = [torch.empty_like(q) for _ in range(3)]
+        written = set()                       # (buffer, first row) of the rows written
+        for qr, kr, causal in parts:
+            g = attention_backward(c(go, qr), c(q, qr), c(k, kr), c(v, kr), c(out, qr),
+                                   c(lse, qr), is_causal=causal,
+                                   scale=self.scale)                    # (G, l, R, d) each
+            g = [_rows(t) for t in g]              # (G, R l, d), natural order: no copy
+            if grads is None:
+                return g                           # alone: the kernel's own tensors
+            for i, (acc, grad, rows) in enumerate(zip(grads, g, (qr, kr, kr))):
+                dst = acc[:, rows.start * self.l:rows.stop * self.l]
+                if fresh and (i, rows.start) not in written:   # [0, h) or [h, M), first
+                    dst.copy_(grad)
+                    written.add((i, rows.start))
+                else:
+                    dst.add_(grad)
         return grads
