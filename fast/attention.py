@@ -23,19 +23,31 @@ Backends (one flag, the slow and the fast path side by side):
                longformer, bigbird -> "naive".
 
 Every bad input raises ValueError saying what was given and what is allowed.
-Any finite ``scale`` is allowed, zero and negative ones included (scale 0 is uniform
-attention over the positions a row reads): every backend gives the reference's
-answer. For scale <= 0 the scale is folded into q (q * scale with scale 1), since the
-fused CPU attention kernel under the structured path and under dense causal SDPA
-returns NaN for a non-positive scale (torch 2.13.0); the Triton kernels take the scale
-as it is (``fast.kernels.launch.fold_scale`` says how).
 q, k, v and the scale are checked by ``fast.core.checks`` (the same checks as the
-Triton kernel's own entry point). Non-finite q, k or v (NaN, inf) are rejected
-there too (``check_finite``), in one read-only pass, since a NaN would otherwise
-surface far from its cause -- by default on the CPU only: on CUDA the answer must
-be read back on the host, which makes every call wait for the GPU three times
-(q, k, v; with recomputation, twice per layer and training step). Pass
-``check_finite=True`` to ask for it there.
+Triton kernel's own entry point); the backends trust what they get.
+
+Scale: any finite ``scale`` is allowed, zero and negative ones included (scale 0 is
+uniform attention over the positions a row reads), and every backend gives the
+reference's answer. The rule (``fast.core.precision.fold_dtype``): scores are
+scale * (q . k); the kernels apply a scale that is a positive normal number of the
+accumulation dtype (float32 for float32, bfloat16 and float16 inputs; float64 for
+float64); any other scale (<= 0, below the smallest normal number, or beyond
+float32's range) is folded into q first -- q * scale in the accumulation dtype
+(float64 beyond float32's range), with q, k, v in that dtype, scale 1 -- and the
+output is rounded back once. So float16 never overflows in q * scale, and the fused
+CPU kernel, which returns NaN for a scale <= 0 or one that rounds to 0 (torch
+2.13.0), never sees one. The Triton kernels take the scale as it is
+(``fast.kernels.launch.fold_scale`` says how). Large scales are exact too: the
+structured backend recomputes a float32 call in float64 when its log-sum-exp
+outgrows float32 (``fast.backends.structured.EXACT_LSE``).
+
+Non-finite q, k or v (NaN, inf) are rejected by ``check_finite``, in one read-only
+pass, since a NaN would otherwise surface far from its cause -- by default on the
+CPU only: on CUDA the answer must be read back on the host, which makes every call
+wait for the GPU. With ``check_finite=False`` the "naive" and "structured" backends
+keep the promise of ``fast.core.nonfinite``: a row that reads a NaN or inf (its
+query, or a key or value it reads) outputs NaN, and its gradients are NaN; no
+other row sees it.
 """
 
 from __future__ import annotations
@@ -51,6 +63,8 @@ import torch.nn.functional as F
 from fast.backends.naive import naive_sparse_attention
 from fast.backends.structured import structured_attention
 from fast.core.checks import check_scale, check_tensors
+from fast.core.nonfinite import attention_reach, causal_reach, quarantine
+from fast.core.precision import fold_dtype
 from reference.params import check_params
 
 BACKENDS = ("auto", "structured", "naive", "triton")
@@ -128,12 +142,22 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
         raise ValueError(f"variant {variant!r} selects a Triton kernel variant, but backend "
                          f"{backend!r} runs {which!r} here; allowed: variant=None, or "
                          f"backend='triton'")
-    if scale <= 0 and which != "triton":
-        # the fused CPU kernel returns NaN for scale <= 0 (its running maximum assumes
-        # scale > 0); folding the scale into q gives every backend the same scores (the
-        # Triton kernels take any finite scale, fast.kernels.launch.fold_scale)
-        q, scale = q * scale, 1.0                                        # (B, H, n, d)
+    run = functools.partial(_run, which, pattern, combine, layer, params, variant)
+    dtype, fold = q.dtype, fold_dtype(scale, q.dtype) if which != "triton" else None
+    if fold is not None:          # see fold_dtype: q * scale in the dtype it fits, scale 1
+        q, k, v = q.to(fold) * scale, k.to(fold), v.to(fold)            # (B, H, n, d)
+        scale = 1.0
+    if not check_finite and which in ("naive", "structured"):
+        reach = causal_reach if pattern == "full" else attention_reach(
+            functools.partial(run, scale=1.0))
+        out = quarantine(functools.partial(run, scale=scale), q, k, v, reach)
+    else:
+        out = run(q, k, v, scale=scale)
+    return out.to(dtype)
 
+
+def _run(which, pattern, combine, layer, params, variant, q, k, v, *, scale):
+    """The chosen backend on checked inputs."""
     if which == "naive":
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
                                       scale=scale, **params)

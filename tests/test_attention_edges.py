@@ -76,6 +76,87 @@ def test_non_positive_scale_matches_the_reference(scale, pattern, params, combin
         assert err < tol, f"{backend} scale={scale} {name}: max error {err:.3e}"
 
 
+def _plain(q, k, v, go, mask, scale, dtype):
+    """The reference's formula computed plainly in ``dtype`` (matmul, masked softmax,
+    matmul; autograd): what "the reference computed in that precision" means below."""
+    q, k, v = (t.detach().to(dtype).requires_grad_(True) for t in (q, k, v))
+    s = (q @ k.transpose(-1, -2)) * scale
+    p = torch.softmax(s.masked_fill(~torch.from_numpy(mask), float("-inf")), -1).nan_to_num(0.0)
+    out = p @ v
+    out.backward(go.to(dtype))
+    return [out.detach(), q.grad, k.grad, v.grad]
+
+
+SCALES = [0.0, -1e6, 1e-30, 1e-46, 5e-324, 1e4, 1e6, 1e10, 1e39]
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16],
+                         ids=str)
+@pytest.mark.parametrize("backend", ["structured", "naive"])
+@pytest.mark.parametrize("pattern,params,combine,H", [
+    ("strided", {"stride": 5}, "merged", 4),
+    ("fixed", {"stride": 8, "c": 2}, "multihead", 4),
+])
+def test_any_finite_scale_gives_the_reference(pattern, params, combine, H, backend, dtype, scale):
+    """Every finite scale, in every dtype: the output and gradients of the reference (on the
+    inputs as rounded to the dtype), by the flash-attention rule: error at most twice that
+    of the reference's formula computed plainly in the dtype the call computes in (float32
+    for float32, bfloat16 and float16 inputs; float64 for float64), plus the final rounding
+    to the input dtype, plus -- in float64 -- the precision of the reference itself, whose
+    backward forms rowsum(dO * O) as the kernels do (about eps * |scale| |dO| |v| |k|).
+    Before: float32 gradient errors of 0.06 at scale 1e4, 11 at 1e6, 8e4 at 1e10 (the
+    float32 log-sum-exp holds ulp(|lse|) of the weights); NaN for 0 < scale < 1.4e-45
+    (the kernel's float32 scale rounded to 0)."""
+    n, d = 37, 48
+    q, k, v, go = _rand(1, H, n, d, seed=8, dtype=dtype)
+    mask = patterns.head_masks(pattern, n, H, combine, 0, **params)
+    want = _truth(q, k, v, go, mask, scale)
+    got = _grads(q, k, v, go, pattern, combine, backend, scale=scale, **params)
+    inside = torch.float64 if dtype == torch.float64 or abs(scale) > 3e38 else torch.float32
+    plain = _plain(q, k, v, go, mask, scale, inside)
+    low, eps64 = torch.finfo(dtype), torch.finfo(torch.float64).eps
+    rounding = 16 * torch.finfo(inside).eps + low.eps    # a few roundings inside, one at the end
+    reference = 64 * eps64 * abs(scale) * (go.abs().max() * v.abs().max()
+                                           * max(q.abs().max(), k.abs().max())).item()
+    for name, a, b, c in zip(("out", "dq", "dk", "dv"), got, want, plain):
+        err = (a.double() - b).abs().max().item()
+        err_plain = (c.double() - b).abs().max().item()
+        floor = (rounding * b.abs().max().item() + low.tiny       # below tiny: flushed to 0
+                 + (reference if name in ("dq", "dk") else 0.0))
+        print(f"{dtype} scale {scale:g} {backend} {name}: error {err:.3e}, plain "
+              f"{inside} {err_plain:.3e}, floor {floor:.3e}")
+        assert err <= 2 * err_plain + floor + 1e-300, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("score", [4e4, 3.6e7])
+@pytest.mark.parametrize("pattern,params,combine", [
+    ("strided", {"stride": 5}, "merged"),
+    ("fixed", {"stride": 8, "c": 2}, "merged"),
+    ("fixed", {"stride": 8, "c": 2}, "multihead"),
+])
+def test_tied_large_scores_merge_exactly(pattern, params, combine, score, dtype):
+    """Every score a row reads equal and large: the output is the mean of the values it
+    reads, whatever the pieces. Before: float32 errors of 1e-3 at score 4e4 and 0.85 at
+    3.6e7 (each piece's log-sum-exp rounded to ulp(score) lost log(count), so the weights
+    tended to one half per piece); a float32 call is now recomputed in float64 beyond
+    EXACT_LSE. float64 keeps ulp(|lse|) of the weights: 2e-9 at 3.6e7."""
+    n, H, d = 97, 2, 8
+    q = torch.zeros(1, H, n, d, dtype=dtype)
+    q[..., 0] = score ** 0.5
+    v = torch.randn(1, H, n, d, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    mask = patterns.head_masks(pattern, n, H, combine, 0, **params)
+    want, _ = attend(q.double().numpy(), q.double().numpy(), v.numpy(), mask, scale=1.0)
+    got = sparse_attention(q, q, v.to(dtype), pattern, combine=combine, scale=1.0,
+                           backend="structured", **params)
+    err = (got.double() - torch.from_numpy(want)).abs().max().item()
+    tol = {torch.float32: 4 * torch.finfo(torch.float32).eps,
+           torch.float64: 1e-10 if score < 1e6 else 4 * score * torch.finfo(torch.float64).eps}
+    print(f"{dtype} score {score:g} {pattern} {combine}: error {err:.3e}, allowed {tol[dtype]:.1e}")
+    assert err <= tol[dtype] * v.abs().max().item()
+
+
 # ----------------------------------------------------------------------------
 # Second derivatives: the hand-written backwards are once-differentiable.
 # ----------------------------------------------------------------------------

@@ -79,6 +79,19 @@ CASES = [
     ("fixed", {"stride": 8, "c": 8}, "interleaved", 96, 16, 1),
     ("fixed", {"stride": 16, "c": 4}, "multihead", 1000, 48, 4),
     ("fixed", {"stride": 32, "c": 8}, "merged", 1000, 16, 1),
+    # the strict band beside the column at its smallest strides, and n < 2 l
+    ("strided", {"stride": 1}, "merged", 7, 16, 2),
+    ("strided", {"stride": 2}, "merged", 9, 16, 2),
+    ("strided", {"stride": 8}, "merged", 13, 48, 4),
+    # the column cut in three problems (M >= strided.SPLIT_ROWS grid rows), odd M
+    ("strided", {"stride": 2}, "merged", 775, 16, 2),
+    ("strided", {"stride": 2}, "multihead", 800, 16, 2),
+    # the band's backward chunks unlike its forward (64 and 32 rows)
+    ("strided", {"stride": 128}, "merged", 300, 16, 2),
+    ("strided", {"stride": 64}, "multihead", 200, 16, 2),
+    # an odd number of heads in two groups: a group is a copy when B > 1, not a view
+    ("strided", {"stride": 5}, "multihead", 23, 16, 3),
+    ("fixed", {"stride": 6, "c": 2}, "multihead", 23, 16, 3),
 ]
 
 
@@ -95,6 +108,26 @@ def test_matches_reference_float64(pattern, params, combine, n, d, H, backend):
             assert a.dtype == torch.float64
             err = (a - b).abs().max().item()
             assert err < 1e-10, f"{name}: max error {err:.3e} (layer {layer})"
+
+
+@pytest.mark.parametrize("pattern,params,combine,n", [
+    ("strided", {"stride": 8}, "merged", 101),
+    ("strided", {"stride": 8}, "multihead", 99),
+    ("strided", {"stride": 4}, "interleaved", 45),
+])
+def test_band_slabs_match_reference(monkeypatch, pattern, params, combine, n):
+    """The band's kernel calls cut into slabs of a few chunks (flash_cpu.spans; in a real
+    call only when its outputs pass SLAB_BYTES): every slab edge, and windows that
+    overlap the next slab's, give the reference's answer, forward and backward."""
+    H, d = 4, 16
+    q, k, v, g = _rand(2, H, n, d, seed=43)
+    want = _reference(q, k, v, g, _ref_masks(pattern, n, H, combine, 0, params))
+    for budget in (1, 3 * 2 * H * 8 * d * 8):          # one chunk per slab; three chunks
+        monkeypatch.setattr(flash_cpu, "SLAB_BYTES", budget)
+        got = _fast(q, k, v, g, pattern, combine, 0, "structured", params)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+            err = (a - b).abs().max().item()
+            assert err < 1e-10, f"{name}: max error {err:.3e} (slab budget {budget})"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

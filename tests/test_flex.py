@@ -178,3 +178,58 @@ def test_cache_key_accepts_array_and_list_parameters():
             got = flex_sparse_attention(qt, kt, vt, "longformer", window=np.int64(3),
                                         dilation=2, global_tokens=tokens, compile=False)
         assert float(np.abs(got.double().numpy() - want).max()) < 1e-5
+
+
+def _with_nan(q, k, v):
+    """Float32 copies with a NaN in head 1's query 20 and in head 0's key 3."""
+    q, k, v = (torch.from_numpy(x).float() for x in (q, k, v))
+    q[0, 1, 20, 5] = float("nan")
+    k[0, 0, 3, 7] = float("nan")
+    return q, k, v
+
+
+def _nan_rows_match_reference(got, q, k, v, case):
+    """Rows that read the NaN are NaN, the others are the reference's answer without it."""
+    mask = reference_mask(*case)                                    # (H, n, n)
+    rows = np.zeros(mask.shape[:2], bool)                           # (H, n): rows with a NaN
+    rows[0] = mask[0, :, 3]                                         # head 0: they read key 3
+    rows[1, 20] = True                                              # head 1: query 20
+    clean = [t.clone() for t in (q, k, v)]
+    clean[0][0, 1, 20] = 0.0
+    clean[1][0, 0, 3] = 0.0
+    want, _ = attend(*(t.double().numpy() for t in clean), mask)
+    nan = torch.isnan(got[0]).any(-1).numpy()                       # (H, n)
+    print("NaN rows per head:", [np.flatnonzero(h).tolist() for h in nan])
+    np.testing.assert_array_equal(nan, rows)
+    assert torch.isnan(got[0][torch.from_numpy(rows)]).all()
+    err = float(np.abs(got.double().numpy() - want)[0][~rows].max())
+    assert err < 1e-5
+
+
+def test_flex_non_finite_values():
+    """check_finite: None on the CPU and True reject NaN / inf; False gives NaN exactly in
+    the rows that read it (eager FlexAttention here; the compiled one below)."""
+    case = ("fixed", 140, 2, "multihead", 0, dict(stride=16, c=4))
+    q, k, v = _with_nan(*make_qkv(140, 48, (1, 2)))
+    for check in (None, True):
+        with pytest.raises(ValueError, match="non-finite"):
+            flex_sparse_attention(q, k, v, "fixed", stride=16, c=4, combine="multihead",
+                                  compile=False, check_finite=check)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = flex_sparse_attention(q, k, v, "fixed", stride=16, c=4, combine="multihead",
+                                    compile=False, check_finite=False)
+    _nan_rows_match_reference(got, q, k, v, case)
+
+
+@pytest.mark.slow
+def test_compiled_flex_non_finite_values():
+    """Before: the compiled CPU kernel output 0 in every row that read a NaN (the
+    query's own row and the rows reading the key), hiding it."""
+    case = ("fixed", 140, 2, "multihead", 0, dict(stride=16, c=4))
+    q, k, v = _with_nan(*make_qkv(140, 48, (1, 2)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = flex_sparse_attention(q, k, v, "fixed", stride=16, c=4, combine="multihead",
+                                    check_finite=False)
+    _nan_rows_match_reference(got, q, k, v, case)

@@ -25,12 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from fast.backends.flash_cpu import (
-    attention_backward,
-    attention_forward,
-    causal_prefix_backward,
-    causal_prefix_forward,
-)
+from fast.backends.flash_cpu import attention_backward, attention_forward
 from fast.core.precision import acc_dtype
 
 
@@ -56,27 +51,82 @@ def _scatter_add(dst: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> Non
     dst.scatter_add_(1, idx[..., None].expand(*idx.shape, dst.shape[-1]), src.to(dst.dtype))
 
 
+def _tri(m: int) -> int:
+    return m * (m + 1) // 2
+
+
+def _block_pairs(n: int, l: int) -> int:
+    """Pairs of A(1) among rows < n: sum over i < n of (i mod l) + 1."""
+    whole, rest = divmod(n, l)
+    return whole * _tri(l) + _tri(rest)
+
+
+def _earlier_pairs(n: int, l: int, c: int) -> int:
+    """Pairs of one head's summaries of earlier blocks among rows < n: c floor(i / l)."""
+    whole, rest = divmod(n, l)
+    return c * (l * whole * (whole - 1) // 2 + rest * whole)
+
+
+def _own_pairs(n: int, l: int, c: int, lo: int) -> int:
+    """Pairs of one head's summaries [lo, lo + c) of its own block, j <= i, rows < n."""
+    def block(r):            # rows s < r of one block: sum of clip(s + 1 - lo, 0, c)
+        m = max(0, r - lo)
+        return _tri(min(m, c)) + max(0, m - c) * c
+    whole, rest = divmod(n, l)
+    return whole * block(l) + block(rest)
+
+
+def _first(t: torch.Tensor, l: int) -> torch.Tensor:
+    """Rows [0, l) of (G, N, ...) as one attention problem: (G, 1, l, ...), a view."""
+    return t[:, :l].unsqueeze(1)
+
+
+def causal_prefix_forward(q, k, v, l: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (G, l, d), lse (G, l)) of plain causal attention over rows [0, l) of
+    q, k, v (G, N, d): the first block, where no row reads anything before it."""
+    o, lse = attention_forward(_first(q, l), _first(k, l), _first(v, l), is_causal=True,
+                               scale=scale)                             # (G, 1, l, d)
+    return o.squeeze(1), lse.squeeze(1)
+
+
+def causal_prefix_backward(q, k, v, go, out, lse, dq, dk, dv, l: int, scale: float) -> None:
+    """Add the gradient of ``causal_prefix_forward`` into rows [0, l) of dq, dk, dv
+    (G, N, d), given the merged out and lse of those rows."""
+    g = attention_backward(*(_first(t, l) for t in (go, q, k, v, out, lse)), is_causal=True,
+                           scale=scale)
+    for acc, grad in zip((dq, dk, dv), g):
+        acc[:, :l].add_(grad.squeeze(1))
+
+
+
 class BlockCausal:
     """A(1) of the fixed pattern: floor(j / l) == floor(i / l), j <= i."""
 
     def __init__(self, l: int, scale: float):
         self.l, self.scale = l, scale
 
+    def pairs(self, n: int, heads: int) -> int:
+        """Pairs ``heads`` rows of G read among rows < n: sum of (i mod l) + 1 each."""
+        return heads * _block_pairs(n, self.l)
+
     def _blocks(self, t):
-        return t.unflatten(1, (-1, self.l)).flatten(0, 1).unsqueeze(1)   # (G M, 1, l, ...)
+        return t.unflatten(1, (-1, self.l))                              # (G, M, l, ...) view
 
     def forward(self, q, k, v):
-        G, N, d = q.shape
-        o, lse = attention_forward(self._blocks(q), self._blocks(k), self._blocks(v),
-                                   is_causal=True, scale=self.scale)    # (G M, 1, l, d)
-        return [(0, o.reshape(G, N, d), lse.reshape(G, N))]
+        b = self._blocks
+        o, lse = attention_forward(b(q), b(k), b(v), is_causal=True,
+                                   scale=self.scale)                    # (G, M, l, d)
+        return [(0, o, lse)]
 
-    def backward(self, q, k, v, go, out, lse, dq, dk, dv):
+    def backward(self, q, k, v, go, out, lse, grads=None):
         b = self._blocks
         g = attention_backward(b(go), b(q), b(k), b(v), b(out), b(lse), is_causal=True,
-                               scale=self.scale)
-        for acc, grad in zip((dq, dk, dv), g):
+                               scale=self.scale)                        # (G, M, l, d) each
+        if grads is None:                            # it covers every row: write, not add
+            return [grad.flatten(1, 2).contiguous() for grad in g]       # (G, N, d)
+        for acc, grad in zip(grads, g):
             b(acc).add_(grad)
+        return grads
 
 
 class SummaryEarlier:
@@ -84,6 +134,9 @@ class SummaryEarlier:
 
     def __init__(self, l: int, c: int, los: list[int], scale: float):
         self.l, self.c, self.los, self.scale = l, c, los, scale
+
+    def pairs(self, n: int, heads: int) -> int:
+        return heads * _earlier_pairs(n, self.l, self.c)
 
     def forward(self, q, k, v):
         G, N, d = q.shape
@@ -101,11 +154,13 @@ class SummaryEarlier:
             lse[:, (b - 1) * l:b * l] = s[:, 0]
         return [(l, out, lse)]
 
-    def backward(self, q, k, v, go, out, lse, dq, dk, dv):
+    def backward(self, q, k, v, go, out, lse, grads=None):
         G, N, d = q.shape
         l, c, M = self.l, self.c, N // self.l
+        grads = [torch.zeros_like(q) for _ in range(3)] if grads is None else grads
+        dq, dk, dv = grads
         if M < 2:
-            return
+            return grads
         idx = _gather_index(G, M - 1, l, c, self.los, q.device)
         ks, vs = _gather(k, idx), _gather(v, idx)
         dks = torch.zeros(G, (M - 1) * c, d, dtype=dk.dtype, device=dk.device)
@@ -120,6 +175,7 @@ class SummaryEarlier:
             dvs[:, :b * c].add_(gv[:, 0])
         _scatter_add(dk, idx, dks)
         _scatter_add(dv, idx, dvs)
+        return grads
 
 
 class Summary:
@@ -135,7 +191,7 @@ class Summary:
     * ``block=True`` (the merged head): the tail and A(1) share one call -- each
       block's queries read [block b-1's summaries | block b] (c + l keys, one
       copy) through a fixed (l, c + l) mask; block 0 is plain causal
-      (``flash_cpu.causal_prefix_forward``, as in the strided local band).
+      (``causal_prefix_forward``).
 
     fold + tail = the summaries of all earlier blocks, exactly once. Needs c | l;
     otherwise (one summary head only, see reference.patterns.check_summary)
@@ -150,6 +206,16 @@ class Summary:
         if block and (own or self.loop is not None):
             raise ValueError("block=True is the merged head: c must divide l and own=False")
         self.block = block
+
+    def pairs(self, n: int, heads: int) -> int:
+        """Pairs ``heads`` rows of G (row g is head g mod len(los)) read among rows < n."""
+        l, c = self.l, self.c
+        total = heads * _earlier_pairs(n, l, c)
+        if self.own:
+            total += heads // len(self.los) * sum(_own_pairs(n, l, c, lo) for lo in self.los)
+        if self.block:
+            total += heads * _block_pairs(n, l)
+        return total
 
     # -- masks --------------------------------------------------------------
     def _tail_mask(self, dtype, device):
@@ -230,15 +296,17 @@ class Summary:
             chunks.append((0, o, lse.masked_fill(empty, float("-inf"))))
         return chunks
 
-    def backward(self, q, k, v, go, out, lse, dq, dk, dv):
+    def backward(self, q, k, v, go, out, lse, grads=None):
         G, N, d = q.shape
         l, c, M = self.l, self.c, N // self.l
+        grads = [torch.zeros_like(q) for _ in range(3)] if grads is None else grads
+        dq, dk, dv = grads
         idx = _gather_index(G, M, l, c, self.los, q.device)
         ks, vs = _gather(k, idx), _gather(v, idx)                        # (G, M c, d)
         dks = torch.zeros(G, M * c, d, dtype=dk.dtype, device=dk.device)
         dvs = torch.zeros_like(dks)
         if M >= 2 and self.loop is not None:
-            self.loop.backward(q, k, v, go, out, lse, dq, dk, dv)
+            self.loop.backward(q, k, v, go, out, lse, grads)
         elif M >= 2:
             g, S = l // c, (M - 1) * c
             f = lambda t: self._fold(t, M)
@@ -277,3 +345,4 @@ class Summary:
             dvs.add_(gv.flatten(1, 2))
         _scatter_add(dk, idx, dks)
         _scatter_add(dv, idx, dvs)
+        return grads

@@ -28,9 +28,14 @@ of one row, ``fast.core.merge``), P is this piece's columns of the merged
 softmax, and delta = rowsum(dO * O) is the merged one (FlashAttention-2, Dao,
 2023, sec. 3.1.2).
 
-``causal_prefix_forward`` / ``causal_prefix_backward``: plain causal attention
-over the first l rows of (G, N, d) tensors, the first block that the strided
-local band and the fixed merged head both start with.
+``spans``: every kernel call returns new tensors (its output and log-sum-exp,
+or its three gradients, zero-filled before it accumulates into them). A new
+tensor above the C library's mmap threshold (32 MiB at most, glibc) is mapped
+fresh and page-faulted on every call, which costs about as much as the
+attention it holds (docs/design.md, section 5, "Where the time goes"); pieces
+whose kernel outputs would be that large cut their calls into spans of at most
+``SLAB_BYTES``, which also keeps each call's outputs in cache while they are
+folded or merged.
 """
 
 from __future__ import annotations
@@ -68,26 +73,20 @@ def attention_backward(grad_out, q, k, v, out, lse, *, is_causal: bool = False, 
     return _math_backward(grad_out, q, k, v, out, lse, is_causal, mask, scale)
 
 
-def _first(t: torch.Tensor, l: int) -> torch.Tensor:
-    """Rows [0, l) of (G, N, ...) as one attention problem: (G, 1, l, ...), a view."""
-    return t[:, :l].unsqueeze(1)
+# Largest output of one kernel call that a piece plans for (see ``spans``): below
+# glibc's largest mmap threshold (32 MiB), so a slab's memory is reused from the heap
+# call after call, and large enough to keep the number of calls -- each a parallel
+# region that waits for both threads, costly when another process holds a core -- small.
+SLAB_BYTES = 24 << 20
 
 
-def causal_prefix_forward(q, k, v, l: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out (G, l, d), lse (G, l)) of plain causal attention over rows [0, l) of
-    q, k, v (G, N, d): the first block, where no row reads anything before it."""
-    o, lse = attention_forward(_first(q, l), _first(k, l), _first(v, l), is_causal=True,
-                               scale=scale)                             # (G, 1, l, d)
-    return o.squeeze(1), lse.squeeze(1)
-
-
-def causal_prefix_backward(q, k, v, go, out, lse, dq, dk, dv, l: int, scale: float) -> None:
-    """Add the gradient of ``causal_prefix_forward`` into rows [0, l) of dq, dk, dv
-    (G, N, d), given the merged out and lse of those rows."""
-    g = attention_backward(*(_first(t, l) for t in (go, q, k, v, out, lse)), is_causal=True,
-                           scale=scale)
-    for acc, grad in zip((dq, dk, dv), g):
-        acc[:, :l].add_(grad.squeeze(1))
+def spans(count: int, bytes_each: int, budget: int | None = None) -> list[tuple[int, int]]:
+    """[(a, b), ...]: range(count) cut into consecutive runs of at most ``budget``
+    bytes (default ``SLAB_BYTES``), ``bytes_each`` per item (at least one item per
+    run); [] for count 0."""
+    budget = SLAB_BYTES if budget is None else budget
+    per = max(1, budget // max(1, bytes_each))
+    return [(a, min(count, a + per)) for a in range(0, count, per)]
 
 
 # The fallback materialises scores for at most this many elements at a time

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from fast.core.checks import check_finite as reject_non_finite
+from fast.core.nonfinite import attention_reach, quarantine
 from fast.layout import block_layout
 from fast.layout.heads import head_table
 from reference.heads import head_roles
@@ -158,7 +160,8 @@ def _cached_block_mask(pattern, n, n_heads, combine, layer, device, items):
 
 def flex_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, *,
                           stride=None, c=None, combine: str = "merged", layer: int = 0,
-                          scale=None, compile: bool = True, **params) -> torch.Tensor:
+                          scale=None, compile: bool = True, check_finite: bool | None = None,
+                          **params) -> torch.Tensor:
     """FlexAttention with the pattern's BlockMask: q, k (B, H, n, d), v (B, H, n, d_v)
     -> output (B, H, n, d_v). Rows that read nothing give 0.
 
@@ -166,6 +169,13 @@ def flex_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pat
     device); ``compile=True`` uses one cached ``torch.compile(flex_attention)``
     (its first call compiles, about 25 s on a CPU), ``compile=False`` the eager
     version (slow, materialises the scores; for tests). Forward only on a CPU.
+
+    check_finite: True rejects NaN / inf in q, k, v (ValueError); False keeps the
+    promise of ``fast.core.nonfinite`` (a row that reads one outputs NaN, no other row
+    sees it; the compiled kernel alone outputs 0 there), at the price of one more
+    FlexAttention call when a non-finite value is present (on the CPU; on a GPU every
+    call, as it cannot look without waiting); None: True on the CPU, and on a GPU
+    FlexAttention as it is (the benchmarks' peer).
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be (B, H, n, d), got shapes {tuple(q.shape)}, "
@@ -178,7 +188,24 @@ def flex_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pat
     items = tuple(sorted(params.items()))
     mask = _cached_block_mask(pattern, n, n_heads, combine, layer, str(q.device), items)
     attend = _compiled_flex() if compile else flex_attention
-    return attend(q, k, v, block_mask=mask, scale=scale)
+    run = lambda q, k, v: attend(q, k, v, block_mask=mask, scale=scale)
+    if check_finite is None:
+        check_finite = True if q.device.type == "cpu" else None
+    if check_finite:
+        reject_non_finite(q, k, v)
+    if check_finite is False:
+        return quarantine(run, q, k, v, attention_reach(_wide(run)))
+    return run(q, k, v)
+
+
+def _wide(run, width: int = 16):
+    """``run`` for inputs narrower than FlexAttention's smallest head (zero columns
+    added to q, k, v; the output cut back): the reach of ``fast.core.nonfinite``
+    runs with one column."""
+    def wide(q, k, v):
+        pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[-1]))  # (B, H, n, 16)
+        return run(pad(q), pad(k), pad(v))[..., :v.shape[-1]]
+    return wide
 
 
 __all__ = ["mask_mod", "block_mask", "flex_sparse_attention"]

@@ -2,8 +2,9 @@
 
 The bottom layer of ``fast``: it imports nothing of ``fast`` and only
 ``reference`` from the project. Input checks (``checks``), the accumulation
-dtype (``precision``), the exact log-sum-exp merge of attention pieces
-(``merge``), the once-differentiable mark of hand-written backwards
+dtype and where the score scale goes (``precision``), the exact log-sum-exp merge
+of attention pieces (``merge``), non-finite inputs kept to the rows that read
+them (``nonfinite``), the once-differentiable mark of hand-written backwards
 (``autograd``), atomic file writes (``files``), a device's clock (``clock``: marks on
 the wall clock or a CUDA stream, read without a wait of their own), the lock of a
 run's output folder (``lock``) and the shape checks of files read back (``schema``)

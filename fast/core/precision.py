@@ -14,3 +14,17 @@ import torch
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 -> float64; every other dtype (float32, bfloat16, float16) -> float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def fold_dtype(scale: float, dtype: torch.dtype) -> torch.dtype | None:
+    """Where the score scale goes. None: the kernels apply it, which they do exactly
+    for a positive normal number of the accumulation dtype (the fused CPU kernel
+    keeps the scale in that dtype and returns NaN for a scale <= 0 or one that rounds
+    to 0; torch 2.13.0). Otherwise the dtype in which to fold it into q instead
+    (q * scale, then scale 1) and run the call: the accumulation dtype, or float64
+    for a scale beyond float32's range."""
+    acc = acc_dtype(dtype)
+    info = torch.finfo(acc)
+    if info.tiny <= scale <= info.max:
+        return None
+    return torch.float64 if abs(scale) > info.max else acc
