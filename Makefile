@@ -34,7 +34,7 @@ help:
 	@echo "make test     - install, then run pytest over tests/ and nbval over notebooks/"
 	@echo "make lab      - install JupyterLab, then open the notebooks in it"
 	@echo "make notebooks - re-execute every notebook in place (outputs committed)"
-	@echo "make bench    - CPU attention benchmark (figures/data/bench_cpu.json)"
+	@echo "make bench    - CPU attention benchmark (figures/data/bench_cpu.json, auto_cpu.json)"
 	@echo "make lint     - ruff and the import-layer contract (part of make test)"
 	@echo "TORCH=cpu (default) | cu128 | ... | pypi picks the PyTorch build (see Makefile)"
 	@echo "make gpu-check OUT=dir - GPU tests, variant sweep, benchmark, long sweep, training time"
@@ -81,6 +81,7 @@ figures: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m fast bench
+	$(PY) -m fast bench --crossover
 
 # JupyterLab (the "lab" extra) with the notebooks opened in it; the kernel is .venv's
 # Python, which imports this checkout (installed editable). Notebooks run from

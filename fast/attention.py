@@ -108,6 +108,7 @@ from fast.backends.naive import naive_sparse_attention
 from fast.backends.padding import check_padding, padded_run
 from fast.backends.row import row_attention
 from fast.backends.structured import structured_attention
+from fast.core.checks import check_finite as reject_non_finite
 from fast.core.checks import check_scale, check_tensors
 from fast.core.nonfinite import attention_reach, causal_reach, quarantine
 from fast.core.precision import fold_dtype
@@ -307,7 +308,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     if check_finite is None:
         check_finite = q.device.type == "cpu" if isinstance(q, torch.Tensor) else True
     dropout_p = _check_sdpa(dropout_p, is_causal, enable_gqa)
-    check_tensors(q, k, v, finite=check_finite, enable_gqa=enable_gqa)
+    check_tensors(q, k, v, finite=False, enable_gqa=enable_gqa)
     B, H, n_q, d = q.shape
     n_k = k.shape[2]
     params = check_params(pattern, n_k, H, combine, layer,
@@ -329,13 +330,17 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
                 B, H, n_q, n_k, q.dtype, q.device, B if lengths is not None or offsets
                 is not None else 1, naive_backend.mask_heads(pattern, combine, H), False):
         which = "structured"                  # the crossover's path cannot hold this call
+    # the one-query step looks for NaN and inf only in q and in what its row reads
+    row = which == "structured" and n_q == 1 and pattern in FACTORIZED
+    if check_finite and not row:
+        reject_non_finite(q, k, v)
     run = functools.partial(_run, which, pattern, combine, layer, params, variant,
-                            attn_mask, lengths, offsets)
+                            attn_mask, lengths, offsets, check_finite)
     dtype, fold = q.dtype, None if which == "triton" else fold_dtype(scale, q.dtype)
     if fold is not None:          # see fold_dtype: q * scale in the dtype it fits, scale 1
         q, k, v = q.to(fold) * scale, k.to(fold), v.to(fold)            # (B, H, n, d)
         scale = 1.0
-    if not check_finite and which in ("naive", "structured"):
+    if not check_finite and which in ("naive", "structured") and not row:
         simple = (pattern == "full" and n_q == n_k and k.shape[1] == H and attn_mask is None
                   and lengths is None and offsets is None)
         reach = causal_reach if simple else attention_reach(
@@ -348,7 +353,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
 
 
 def _run(which, pattern, combine, layer, params, variant, attn_mask, lengths, offsets,
-         q, k, v, *, scale, dropout_p):
+         check_finite, q, k, v, *, scale, dropout_p):
     """The chosen backend on checked inputs."""
     if which == "naive":
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
@@ -369,7 +374,8 @@ def _run(which, pattern, combine, layer, params, variant, attn_mask, lengths, of
     # "structured"
     if q.shape[2] == 1:                   # the one-query step: only the keys its row reads
         return row_attention(q, k, v, pattern, combine=combine, layer=layer, scale=scale,
-                             params=params, lengths=lengths, offsets=offsets)
+                             params=params, lengths=lengths, offsets=offsets,
+                             check_finite=check_finite)
     full = lambda q, k, v: structured_attention(q, k, v, pattern, combine=combine,
                                                 layer=layer, scale=scale, **params)
     return padded_run(full, q, k, v, lengths, offsets)

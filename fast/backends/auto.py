@@ -75,7 +75,9 @@ def read_record(path) -> dict:
             if not stride.isdigit() or int(stride) < 1:
                 raise ValueError(f"{path}: ['crossover'][{pattern!r}] has the stride "
                                  f"{stride!r}; allowed: positive integers as text")
-    return data["crossover"]
+    return {pattern: {stride: {what: entry[what] for what in PASSES}
+                      for stride, entry in strides.items()}
+            for pattern, strides in data["crossover"].items()}
 
 
 @functools.lru_cache(maxsize=1)

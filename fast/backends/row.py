@@ -36,6 +36,8 @@ from __future__ import annotations
 import torch
 
 from fast.backends.reads import head_groups, step_pieces, store_positions, summary_mask
+from fast.core.checks import check_finite as reject_non_finite
+from fast.core.nonfinite import attention_reach, quarantine
 from fast.core.precision import acc_dtype
 
 
@@ -95,53 +97,89 @@ def _kv_heads(heads: slice, n_heads: int, share: int):
 
 
 def _piece(k: torch.Tensor, v: torch.Tensor, heads, pos) -> tuple[torch.Tensor, torch.Tensor]:
-    """(K^T (B Hk, dk, m), V (B Hk, m, dv)) of the key/value heads ``heads`` (a slice, or a
-    LongTensor with one per query head) at positions ``pos`` (a slice: a view of k and v;
-    a LongTensor (m,), or (Hg, m) with one row per query head: gathered)."""
+    """(K, V) (B, Hk, m, d) of the key/value heads ``heads`` (a slice, or a LongTensor with
+    one per query head) at positions ``pos`` (a slice: views of k and v; a LongTensor
+    (m,), or (Hg, m) with one row per query head: gathered)."""
     if isinstance(heads, slice):
         if isinstance(pos, slice):
-            kp, vp = k[:, heads, pos], v[:, heads, pos]                  # (B, Hk, m, d) views
-        else:
-            kp, vp = k[:, heads][:, :, pos], v[:, heads][:, :, pos]      # (B, Hk, m, d)
-    elif isinstance(pos, slice):
-        kp, vp = k[:, :, pos][:, heads], v[:, :, pos][:, heads]          # (B, Hg, m, d)
+            return k[:, heads, pos], v[:, heads, pos]                    # (B, Hk, m, d) views
+        return k[:, heads][:, :, pos], v[:, heads][:, :, pos]            # (B, Hk, m, d)
+    if isinstance(pos, slice):
+        return k[:, :, pos][:, heads], v[:, :, pos][:, heads]            # (B, Hg, m, d)
+    return k[:, heads[:, None], pos], v[:, heads[:, None], pos]          # (B, Hg, m, d)
+
+
+def _drop(drop, Hg: int, m: int, device) -> torch.Tensor:
+    """A piece's drop (None, a slice of its m keys, or (Hg, 1, m)) as bool (Hg, 1, m)."""
+    if isinstance(drop, torch.Tensor):
+        return drop
+    out = torch.zeros(Hg, 1, m, dtype=torch.bool, device=device)
+    if drop is not None:
+        out[..., drop] = True
+    return out
+
+
+def _group_keys(q, k, v, group, t: int, params: dict):
+    """The keys and values row t of ``group``'s heads reads, as one small dense problem:
+    (K, V) (B, Hk, m, d), drop (Hg, 1, m) bool or None (True where a head does not read
+    a key), G (the consecutive query heads per key/value head of K)."""
+    H, share = q.shape[1], q.shape[1] // k.shape[1]
+    l, c = params.get("stride"), params.get("c")
+    pieces = [(drop, store_positions(group, rows, t, l, c, q.device))
+              for rows, drop in step_pieces(group, t, l, c, q.device)]
+    heads, G = _kv_heads(group.heads, H, share)
+    if G == 1 and share > 1 or any(not isinstance(p, slice) and p.dim() == 2
+                                   for _, p in pieces):
+        # query heads that read their own positions, or share no key/value head with a
+        # neighbour of their group: each query head gets its own keys
+        heads = torch.tensor([h // share for h in range(H)[group.heads]], device=q.device)
+        G = 1
+    Hg = len(range(H)[group.heads])
+    kvs = [_piece(k, v, heads, pos) for _, pos in pieces]
+    drops = [drop if not isinstance(drop, tuple)                    # ("summary", s)
+             else ~summary_mask(group, c, drop[1]).to(q.device) for drop, _ in pieces]
+    if len(kvs) == 1:
+        (K, V), = kvs
     else:
-        kp, vp = k[:, heads[:, None], pos], v[:, heads[:, None], pos]    # (B, Hg, m, d)
-    B, Hk, m, d = kp.shape
-    return kp.reshape(B * Hk, m, d).transpose(1, 2), vp.reshape(B * Hk, m, vp.shape[-1])
+        K, V = torch.cat([a for a, _ in kvs], 2), torch.cat([b for _, b in kvs], 2)
+    if all(d is None for d in drops):
+        drop = None
+    else:
+        drop = torch.cat([_drop(d, Hg, kv[0].shape[2], q.device) for d, kv in zip(drops, kvs)],
+                         -1)                                               # (Hg, 1, m)
+    return K, V, drop, G
 
 
 def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, pattern: str,
-         combine: str, layer: int, scale: float, params: dict) -> torch.Tensor:
+         combine: str, layer: int, scale: float, params: dict,
+         check_finite: bool = True) -> torch.Tensor:
     """Row t of every head, one sequence position for the whole batch: q (B, H, 1, d),
     k, v (B, Hkv, >= t + 1, d) -> (B, H, 1, dv) in the accumulation dtype. Keys past t
-    are never read."""
+    are never read. ``check_finite``: reject NaN and inf in q and in the keys and values
+    the row reads; False: keep ``fast.core.nonfinite``'s promise over them (a head whose
+    query, or a key or value it reads, is not finite outputs NaN)."""
     B, H = q.shape[:2]
-    share = H // k.shape[1]
-    l, c = params.get("stride"), params.get("c")
     groups = head_groups(pattern, H, combine, layer, **params)
     outs = []
     for group in groups:
-        pieces = [(drop, store_positions(group, rows, t, l, c, q.device))
-                  for rows, drop in step_pieces(group, t, l, c, q.device)]
-        heads, G = _kv_heads(group.heads, H, share)
-        if G == 1 and share > 1 or any(not isinstance(p, slice) and p.dim() == 2
-                                       for _, p in pieces):
-            # query heads that read their own positions, or share no key/value head
-            # with a neighbour of their group: each query head gets its own keys
-            heads = torch.tensor([h // share for h in range(H)[group.heads]], device=q.device)
-            G = 1
-        built = []
-        for drop, pos in pieces:
-            if isinstance(drop, tuple):                           # ("summary", s): (Hg, 1, c)
-                drop = ~summary_mask(group, c, drop[1]).to(q.device)
-            built.append((*_piece(k, v, heads, pos), drop))
-        if not built:                             # a summary head before its first summary
-            Hg = len(range(H)[group.heads])
-            outs.append(q.new_zeros(B, Hg, 1, v.shape[-1], dtype=acc_dtype(q.dtype)))
+        qg = q[:, group.heads]                                           # (B, Hg, 1, d)
+        if not step_pieces(group, t, params.get("stride"), params.get("c"), q.device):
+            # a summary head before its first summary: reads nothing
+            outs.append(q.new_zeros(*qg.shape[:3], v.shape[-1], dtype=acc_dtype(q.dtype)))
+            continue
+        K, V, drop, G = _group_keys(q, k, v, group, t, params)
+        empty = group.parts == ("summary",)
+
+        def attend(a, b, c, drop=drop, G=G, empty=empty):
+            B_, Hk, m, _ = b.shape                             # one piece: K^T, V, drop
+            piece = (b.reshape(B_ * Hk, m, -1).transpose(1, 2), c.reshape(B_ * Hk, m, -1), drop)
+            return attend_pieces(a, scale, [piece], G, empty)
+
+        if check_finite:
+            reject_non_finite(qg, K, V)
+            outs.append(attend(qg, K, V))
         else:
-            outs.append(attend_pieces(q[:, group.heads], scale, built, G,
-                                      empty_rows=group.parts == ("summary",)))
+            outs.append(quarantine(attend, qg, K, V, attention_reach(attend)))
     if len(groups) == 1:
         return outs[0]
     out = q.new_empty(B, H, 1, v.shape[-1], dtype=outs[0].dtype)
@@ -152,15 +190,17 @@ def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, pattern: str
 
 def row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, *,
                   combine: str, layer: int, scale: float, params: dict,
-                  lengths: torch.Tensor | None = None,
-                  offsets: torch.Tensor | None = None) -> torch.Tensor:
+                  lengths: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
+                  check_finite: bool = True) -> torch.Tensor:
     """The one-query step: q (B, H, 1, d) at position n_k - 1 (of each sequence, minus
     its offset), k, v (B, Hkv, n_k, d), Hkv dividing H; the pattern one of
     ``reference.params.FACTORIZED``, its parameters checked. ``lengths`` and ``offsets``:
-    (B,) integer tensors, checked (``fast.backends.padding``). Returns (B, H, 1, d) in
-    q's dtype (module docstring)."""
+    (B,) integer tensors, checked (``fast.backends.padding``). ``check_finite`` as
+    ``step``: only q and what the row reads are looked at. Returns (B, H, 1, d) in q's
+    dtype (module docstring)."""
     B, n_k = q.shape[0], k.shape[2]
-    run = lambda qq, kk, vv, t: step(qq, kk, vv, t, pattern, combine, layer, scale, params)
+    run = lambda qq, kk, vv, t: step(qq, kk, vv, t, pattern, combine, layer, scale, params,
+                                     check_finite)
     if offsets is None:
         out = run(q, k, v, n_k - 1)
     else:
