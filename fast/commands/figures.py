@@ -36,11 +36,11 @@ from fast.experiments.paths import DATA, FIGURES
 
 # step -> (command of python -m fast, the flags it takes of --quick/--force, rough minutes on
 # an idle 2-core CPU (shown beside the progress bar; what the last run took is in
-# figures/data/make_figures.json, and tests/test_figure_scripts.py holds their sum to the
-# 45-minute budget), the output whose presence skips it under --resume when it takes no
-# --force). Order: Table 2 before Figure 2 (Fig. 2 draws Table 2's kept image models) and
-# before the samples (drawn from every kept model); the decoding benchmark uses untrained
-# weights and goes last.
+# figures/data/make_figures.json, and tests/fast/experiments/test_figure_scripts.py holds
+# their sum to the 45-minute budget), the output whose presence skips it under --resume
+# when it takes no --force). Order: Table 2 before Figure 2 (Fig. 2 draws Table 2's kept
+# image models) and before the samples (drawn from every kept model); the decoding
+# benchmark uses untrained weights and goes last.
 STEPS = {
     "bench": ("bench", (), 7, DATA / "bench_cpu.json"),
     "memory": ("memory", ("--quick", "--force"), 9, None),

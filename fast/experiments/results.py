@@ -229,8 +229,9 @@ def drift_section(t2: dict) -> list[str]:
     out = ["Reproducibility: every run draws all its randomness from its seed and uses a fixed "
            "number of intra-op threads (one per Table 2 run), so on the same CPU with the same "
            "library versions a rerun gives bitwise-equal weights and bits "
-           "(`tests/test_reproducibility.py` checks it on short trainings). The data each result "
-           "saw are named by SHA-256 fingerprints in figures/data/table2.json."]
+           "(`tests/fast/transformer/training/test_reproducibility.py` checks it on short "
+           "trainings). The data each result saw are named by SHA-256 fingerprints in "
+           "figures/data/table2.json."]
     drift = t2.get("drift", {})
     unknown = sorted(k for k in drift if "0" not in t2["runs"].get(k, {}))
     if unknown:
