@@ -57,6 +57,7 @@ from fast.core.files import write_json
 from fast.data import Dataset, load
 from fast.experiments.cache import resumable
 from fast.experiments.paths import DATA, FIGURES, QUICK
+from fast.experiments.reproducible import kernels, training_env, weights_digest
 from fast.measure.child import run_child
 from fast.plots import table2 as plot_table2
 from fast.plots.style import PATTERN_ORDER
@@ -69,7 +70,6 @@ MODALITIES = ("text", "image")
 TEXT_EVAL_WINDOWS = 256          # text windows per held-out split, evenly spread
 STEPS = 160                      # training steps of every run (--iters overrides)
 WIDTH = 64                       # d: 3 seeds x 6 cells must fit about 15 minutes of 2 cores
-CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 # The paper's Table 2 (bits, seconds per iteration on their GPUs).
 PAPER = {
@@ -188,7 +188,7 @@ def run_one(spec: dict) -> dict:
         "time_per_iter": statistics.median(steps), "n_params": rec["n_params"],
         "steps": rec["step"], "threads": train_cfg.cpu_threads,
         "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-        "unit": rec["unit"],
+        "unit": rec["unit"], "weights_sha256": weights_digest(model), "kernels": kernels(),
     }
 
 
@@ -262,7 +262,8 @@ def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(run_child, "fast.experiments.table2:run_one", spec,
-                               env=CHILD_ENV): spec for spec in todo}
+                               env=training_env(spec.get("threads", 1))): spec
+                   for spec in todo}
         for done, future in enumerate(as_completed(futures), 1):
             spec, result = futures[future], future.result()
             if "error" in result:
@@ -271,7 +272,8 @@ def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds
             r = result["result"]
             if spec.get("threads", 1) != 1:     # --drift: the same run, another summation order
                 data.setdefault("drift", {})[spec["key"]] = {
-                    k: r[k] for k in ("val_bits", "test_bits", "threads", "seed")}
+                    k: r[k] for k in ("val_bits", "test_bits", "threads", "seed",
+                                      "weights_sha256")}
             else:
                 data["runs"].setdefault(spec["key"], {})[str(spec["seed"])] = r
             data["summary"] = summarise(data["runs"])
