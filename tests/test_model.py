@@ -79,26 +79,25 @@ def test_gelu_is_the_papers_sigmoid_approximation():
 
 def test_init_statistics():
     """Sec. 6: std 0.125/sqrt(d_in); W_2, W_p also / sqrt(2N); position tables
-    0.125/sqrt(d n_emb); biases 0; "The weight matrix for the output logits was
-    initialized to 0": W_out = 0 (drawn like the other weights only when asked)."""
+    0.125/sqrt(d n_emb); biases 0; W_out drawn like the other weights by default (the
+    checks on untrained models in these tests rely on it: their logits, and every
+    gradient, depend on every weight), and 0 with output_init="zero", sec. 6's "The
+    weight matrix for the output logits was initialized to 0", the rest unchanged."""
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=256, n_ctx=3072, d_model=256, n_heads=2, n_layers=3,
                       pattern="strided", stride=96, embedding="image",
                       image_shape=(32, 32, 3), ff_mult=4)
+    assert cfg.output_init == "normal"
     model = SparseTransformer(cfg)
-    assert torch.count_nonzero(model.head.weight) == 0                 # W_out = 0 (sec. 6)
+    torch.manual_seed(0)
+    paper = SparseTransformer(dataclasses.replace(cfg, output_init="zero"))
+    assert torch.count_nonzero(paper.head.weight) == 0                    # W_out = 0
     x = torch.randint(0, 256, (1, 40))
-    assert torch.count_nonzero(model(x)) == 0        # uniform predictions before training
-    torch.manual_seed(1)
-    model.reset_parameters()
-    paper = {k: v.clone() for k, v in model.state_dict().items()}
-    torch.manual_seed(1)
-    model.reset_parameters(zero_output=False)
-    # the same draws: only W_out differs from the paper's initialisation
-    assert all(torch.equal(v, paper[k]) for k, v in model.state_dict().items()
-               if k != "head.weight")
-    with pytest.raises(TypeError, match="zero_output"):
-        model.reset_parameters(zero_output="no")
+    assert torch.count_nonzero(paper(x)) == 0             # uniform predictions before training
+    drawn, zero = model.state_dict(), paper.state_dict()
+    assert all(torch.equal(drawn[k], zero[k]) for k in drawn if k != "head.weight")
+    with pytest.raises(ValueError, match="output_init"):
+        ModelConfig(output_init="zeros")
     d, N = 256, 3
     expect = {
         "embed.tok.weight": 0.125 / math.sqrt(d),
@@ -124,7 +123,6 @@ def test_init_statistics():
 def _loss_and_grads(cfg, x, y, seed):
     torch.manual_seed(0)
     model = SparseTransformer(cfg).train()
-    model.reset_parameters(zero_output=False)    # else only W_out and b_out have gradients
     torch.manual_seed(seed)                           # dropout masks
     logits = model(x)
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), y.reshape(-1))
@@ -155,7 +153,6 @@ def test_sparse_path_equals_masked_path(pattern, combine, c):
     cfg = tiny(pattern=pattern, combine=combine, c=c, n_heads=2, qk_half=(pattern == "strided"))
     torch.manual_seed(0)
     model = SparseTransformer(cfg).double().eval()
-    model.reset_parameters(zero_output=False)    # logits that depend on every weight
     masked = SparseTransformer(dataclasses.replace(cfg, attention_impl="masked")).double().eval()
     masked.load_state_dict(model.state_dict())
     x = torch.randint(0, 14, (2, 19))
@@ -166,7 +163,6 @@ def test_return_attention_weights_follow_the_masks():
     cfg = tiny(pattern="fixed", combine="multihead", c=1, n_heads=2, n_layers=2)
     torch.manual_seed(0)
     model = SparseTransformer(cfg).eval()
-    model.reset_parameters(zero_output=False)    # logits that depend on every weight
     x = torch.randint(0, 14, (1, 19))
     logits, weights = model(x, return_attention=True)
     assert torch.allclose(logits, model(x), atol=1e-5)
@@ -184,7 +180,6 @@ def test_return_attention_weights_follow_the_masks():
 def test_bf16_autocast_and_qk_fp32():
     torch.manual_seed(0)
     model = SparseTransformer(tiny(pattern="fixed", c=1)).eval()
-    model.reset_parameters(zero_output=False)    # logits that depend on every weight
     x = torch.randint(0, 14, (2, 19))
     ref = model(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -60,3 +60,49 @@ def test_drift_section_sets_the_move_beside_the_seed_spread():
     assert not any("summation order" in line for line in results.drift_section({"runs": runs}))
     lines = results.drift_section({"runs": runs, "drift": {"image/full": {"test_bits": 6.52}}})
     assert "image/full 0.02, seed std 0.1 (bits)" in lines[-1]
+
+
+def _depth_summary(layers: int, rowcol_layer: int | None) -> dict:
+    """A depth model's summary rows: every head mixed, one head labelled column where asked."""
+    labels = [["mixed", "local"] for _ in range(layers)]
+    rows = [{"layer": i, "row_x": 1.5, "column_x": 2.0 + i, "rowcol_heads": []}
+            for i in range(layers)]
+    if rowcol_layer is not None:
+        labels[rowcol_layer][1] = "column"
+        rows[rowcol_layer]["rowcol_heads"] = [1]
+    return {"labels": labels, "layers": rows}
+
+
+def test_fig2_depth_section_answers_from_which_depth_rows_or_columns_appear():
+    train = {str(L): {"test_bits": 5.0 - L / 10, "steps": 1500, "model_cfg": {
+        "d_model": 64, "n_heads": 2}, "train_cfg": {"batch_size": 16},
+        "machine": {"cpu": "CPU"}} for L in (2, 4)}
+    none = {"train": train, "images": "16 test images",
+            "models": {"2": _depth_summary(2, None), "4": _depth_summary(4, None)}}
+    lines = results.fig2_depth_section(none)
+    assert "| 2 | 4.800 | mixed 2, local 2 | 1.5x (0) | 3.0x (1) | none |" in lines
+    assert lines[-1] == ("- No head of any depth is labelled row, column or row+column (most "
+                         "of its pixel mass there): row/column attention does not appear up to "
+                         "4 layers. The strongest lift is 5.0x uniform's (column, layer 3 of "
+                         "the 4-layer model).")
+    some = dict(none, models={"2": _depth_summary(2, None), "4": _depth_summary(4, 2)})
+    lines = results.fig2_depth_section(some)
+    assert "| 4 | 4.600 | mixed 4, local 3, column 1 | 1.5x (0) | 5.0x (3) | layer 2 h1 " \
+           "(column) |" in lines
+    assert lines[-1] == ("- Row/column attention appears from the 4-layer model on: heads "
+                         "labelled row, column or row+column in the 4-layer model's layers 2.")
+
+
+def test_profile_section_gives_each_part_of_a_step_as_a_share():
+    cell = {"phases": {"data": 0.001, "forward": 0.1, "backward": 0.2, "clip": 0.004,
+                       "optimizer": 0.005}, "op_shares": {"attention": 0.5, "matmul": 0.3,
+                                                          "other": 0.2},
+            "op_calls": 4000, "dispatch_s": 0.0062, "eval_item_s": 0.01,
+            "per_token_s": [6e-5, 6.1e-5, 5.9e-5]}
+    prof = {"cells": {"text/full": cell}, "conditions": {
+        "machine": "CPU, 2 cores", "torch": "2.13.0", "threads": 1,
+        "kernels": {"aten_cpu_capability": "AVX2"}, "steps": 6, "warmup": 2,
+        "batches": [8, 16, 32]}}
+    lines = results.profile_section(prof)
+    assert "| text/full | 310 ms | 32.3% | 64.5% | 1.6% | 1.3% | 0.3% | 50% | 30% | 20% " \
+           "| 4000 | 2% | 10.0 ms | 60 us / 61 us / 59 us |" in lines

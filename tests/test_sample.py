@@ -36,7 +36,6 @@ def model_for(pattern: str, combine: str, image: bool, heads: int = 2) -> Sparse
                   dict(embedding="text"))
     torch.manual_seed(0)
     model = SparseTransformer(ModelConfig(**fields))
-    model.reset_parameters(zero_output=False)         # W_out = 0 would draw uniformly
     with torch.no_grad():                                  # sharper than the init: real choices
         model.head.weight.mul_(20.0)
     return model

@@ -28,7 +28,7 @@ Here, on the 16x16 greyscale photo crops ("grey16", n = 256):
 writes figures/data/learned_attention.json and the figures (fast.plots.attention).
 The dense model is trained only when its cached weights are missing (or --force).
 Every training runs in a child process with the kernels pinned
-(``fast.experiments.reproducible.training_env``), so its weights are the same on
+(``fast.experiments.reproducible.child_env``), so its weights are the same on
 every x86 host with AVX2.
 
 ``--long`` is the heavier run behind a flag: the same dense model trained for
@@ -64,7 +64,7 @@ from fast.core.files import write_json
 from fast.data import load
 from fast.experiments.cache import read_cache, resumable
 from fast.experiments.paths import DATA, FIGURES, QUICK, ROOT
-from fast.experiments.reproducible import kernels, training_env, weights_digest
+from fast.experiments.reproducible import child_env, kernels, weights_digest
 from fast.measure import attention_stats as stats
 from fast.measure.bench import machine_info
 from fast.measure.child import run_child
@@ -89,7 +89,7 @@ LONG_ITERS, LONG_THREADS = 3000, 1   # --long: five times the steps, one thread 
 DEPTHS = (6, 12, 24)             # --depth: dense models this deep, all else equal
 QUICK_DEPTHS = (1, 2)
 DEPTH_WIDTH = 64                 # narrower than the 6-layer models: 24 layers must fit a session
-DEPTH_ITERS = 2000               # steps of every depth model, one thread each
+DEPTH_ITERS = 1500               # steps of every depth model, one thread each
 ROWCOL_LABELS = ("row", "column", "row+column")   # the rule's labels of row/column heads
 PER_LAYER = ("start", "mass", "shares", "entropy", "image_entropy", "topk", "labels",
              "data_dependence", "in_strided", "in_fixed")   # a dense summary's (L, ...) lists
@@ -161,14 +161,14 @@ def train_model(weights: Path, quick: bool = False, iters: int | None = None,
                 layers: int | None = None, threads: int = THREADS,
                 width: int | None = None) -> dict:
     """Train a dense model in a child process (``train_one``, the kernels pinned by
-    ``training_env``), keep its weights at ``weights``; returns its record. RuntimeError,
+    ``child_env``), keep its weights at ``weights``; returns its record. RuntimeError,
     with the child's output, when the training fails."""
     spec = {"quick": quick, "iters": iters, "layers": layers, "threads": threads,
             "width": width, "weights": str(weights)}
     print(f"learned_attention: training {layers or 'the'}-layer dense model "
           f"({threads} thread{'s' if threads > 1 else ''}) -> {weights}", flush=True)
     result = run_child("fast.experiments.learned_attention:train_one", spec,
-                       env=training_env(threads))
+                       env=child_env(threads))
     if "error" in result:
         raise RuntimeError(f"learned_attention: training {weights.name} {result['error']}\n"
                            f"{result['output']}")
@@ -300,7 +300,9 @@ def beats_uniform(summary: dict) -> list[dict]:
     rows = []
     for layer in range(len(shares)):
         local = shares[layer, :, 0] / uni[0]
-        row, column = shares[layer, :, 1] / uni[1], shares[layer, :, 2] / uni[2]
+        # a region uniform attention cannot read (outside a sparse pattern) has no lift
+        row, column = (np.divide(shares[layer, :, k], uni[k], out=np.zeros(len(shares[layer])),
+                                 where=uni[k] > 0) for k in (1, 2))
         rowcol = (shares[layer, :, 1] + shares[layer, :, 2]) / (uni[1] + uni[2])
         rows.append({"layer": layer, "local_x": float(local.max()),
                      "local_head": int(local.argmax()), "rowcol_x": float(rowcol.max()),

@@ -19,9 +19,10 @@ CPU run:
   kernels on the AVX-512 host gave back the AVX2 host's results bit for bit
   (docs/design.md, "Reproducibility", has the numbers).
 
-So ``training_env`` gives every training child ``ATEN_CPU_CAPABILITY=avx2`` and
-``MKL_CBWR=AVX2`` (MKL's conditional numerical reproducibility, AVX2 code path) where
-the CPU has AVX2 -- every x86-64 CPU from 2013-2015 on. Elsewhere (ARM, or x86 without
+So ``child_env`` gives every child process that trains or evaluates for a committed
+figure ``ATEN_CPU_CAPABILITY=avx2`` and ``MKL_CBWR=AVX2`` (MKL's conditional numerical
+reproducibility, AVX2 code path) where the CPU has AVX2 -- every x86-64 CPU from
+2013-2015 on. Elsewhere (ARM, or x86 without
 AVX2) nothing is pinned, and a result repeats on the same kind of CPU only. The
 variables must be set before PyTorch picks its kernels, hence a child process
 (``fast.measure.child.run_child``). ``kernels`` records what a process ran with, and
@@ -40,9 +41,9 @@ PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
 AVX2_OR_BETTER = ("AVX2", "AVX512")      # what torch.backends.cpu.get_cpu_capability() says
 
 
-def training_env(threads: int = 1) -> dict[str, str]:
-    """Environment variables for a training child: ``threads`` intra-op threads, and the
-    AVX2 kernels of PyTorch and MKL where this CPU has AVX2 (``PINNED``)."""
+def child_env(threads: int = 1) -> dict[str, str]:
+    """Environment variables for a child that trains or evaluates: ``threads`` intra-op
+    threads, and the AVX2 kernels of PyTorch and MKL where this CPU has AVX2 (``PINNED``)."""
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
@@ -51,11 +52,24 @@ def training_env(threads: int = 1) -> dict[str, str]:
     return env
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (an empty set where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f
+                         if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
 def kernels() -> dict:
-    """The kernels this process runs: PyTorch's CPU capability and MKL's reproducibility
-    mode (None when unset), for a result's record."""
+    """The kernels this process runs -- PyTorch's CPU capability and MKL's reproducibility
+    mode (None when unset) -- and whether the host has AVX-512 (None when unknown): two
+    hosts with the same CPU name can differ there."""
+    flags = cpu_flags()
     return {"aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "mkl_cbwr": os.environ.get("MKL_CBWR")}
+            "mkl_cbwr": os.environ.get("MKL_CBWR"),
+            "host_avx512": ("avx512f" in flags) if flags else None}
 
 
 def weights_digest(model: torch.nn.Module) -> str:
