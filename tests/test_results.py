@@ -106,3 +106,22 @@ def test_profile_section_gives_each_part_of_a_step_as_a_share():
     lines = results.profile_section(prof)
     assert "| text/full | 310 ms | 32.3% | 64.5% | 1.6% | 1.3% | 0.3% | 50% | 30% | 20% " \
            "| 4000 | 2% | 10.0 ms | 60 us / 61 us / 59 us |" in lines
+
+
+def test_drift_section_sets_the_kernels_move_beside_the_seed_spread():
+    """``table2 --drift`` on an AVX-512 host: seed 0 with the host's own kernels instead of
+    the pinned AVX2 ones, its move beside the spread over seeds."""
+    runs = {"text/full": {"0": {"test_bits": 4.0}, "1": {"test_bits": 4.2}}}
+    lines = results.drift_section({"runs": runs, "drift_kernels": {
+        "text/full": {"test_bits": 4.0000002}}})
+    assert "AVX2 kernels pinned" in lines[0] and "AVX-512 host's own kernels" in lines[-1]
+    assert "text/full 2e-07, seed std 0.14 (bits)." in lines[-1]
+
+
+def test_output_init_section_compares_the_same_seeds():
+    drawn = {"text/full": {str(s): {"test_bits": 4.0 + 0.01 * s} for s in range(3)}}
+    zero = {"runs": {"text/full": {str(s): {"test_bits": 4.4 + 0.01 * s - 0.02 * (s == 2),
+                                            "steps": 160} for s in range(3)}}}
+    line = results.output_init_section({"runs": drawn}, zero)[0]
+    assert "160 steps" in line and "text/full +0.393 (worse in 3 of 3 seeds; seed std 0.010)" \
+        in line

@@ -52,6 +52,13 @@ def child_env(threads: int = 1) -> dict[str, str]:
     return env
 
 
+def avx512_env(threads: int = 1) -> dict[str, str]:
+    """Environment variables for a child that runs an AVX-512 host's own kernels (what a
+    run without the pin does there): to measure what the pin changes, never for results."""
+    return {**{k: v for k, v in child_env(threads).items() if k not in PINNED},
+            "ATEN_CPU_CAPABILITY": "avx512"}
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo (an empty set where there is none)."""
     try:

@@ -177,26 +177,41 @@ def table2_timing(t2: dict) -> list[str]:
     return out
 
 
+def _moves(t2: dict, twins: dict) -> str:
+    """'key move, seed std s; ...': how far each seed-0 twin's test bits are from seed 0's."""
+    moves = []
+    for key, d in sorted(twins.items()):
+        seeds = [r["test_bits"] for r in t2["runs"][key].values()]
+        move = abs(d["test_bits"] - t2["runs"][key]["0"]["test_bits"])
+        spread = f", seed std {np.std(seeds, ddof=1):.2g}" if len(seeds) > 1 else ""
+        moves.append(f"{key} {move:.2g}{spread}")
+    return "; ".join(moves)
+
+
 def drift_section(t2: dict) -> list[str]:
     """Reproducibility: what is bitwise, and how far the bits moved when only the
-    floating-point summation order changed (``python -m fast table2 --drift``)."""
-    out = ["Reproducibility: every run draws all its randomness from its seed and uses a fixed "
-           "number of intra-op threads (one per Table 2 run), so on the same CPU with the same "
-           "library versions a rerun gives bitwise-equal weights and bits "
-           "(`tests/test_reproducibility.py` checks it on short trainings). The data each result "
-           "saw are named by SHA-256 fingerprints in figures/data/table2.json."]
+    floating-point summation order changed (``python -m fast table2 --drift``): on two
+    threads, and with an AVX-512 host's own kernels instead of the pinned AVX2 ones."""
+    out = ["Reproducibility: every run draws all its randomness from its seed, uses a fixed "
+           "number of intra-op threads (one per Table 2 run) and runs in a child process with "
+           "PyTorch's and MKL's AVX2 kernels pinned (fast/experiments/reproducible.py), so with "
+           "the same library versions a rerun gives bitwise-equal weights and bits on any x86 "
+           "host with AVX2, with or without AVX-512, however many runs share the machine "
+           "(`tests/test_reproducibility.py` trains an image cell as on both kinds of host, two "
+           "at a time, and compares the weights bitwise). Each run records its kernels and a "
+           "digest of its weights, and the data it saw by SHA-256 fingerprints, in "
+           "figures/data/table2.json."]
     drift = t2.get("drift", {})
     if drift:
-        moves = []
-        for key, d in sorted(drift.items()):
-            seeds = [r["test_bits"] for r in t2["runs"][key].values()]
-            move = abs(d["test_bits"] - t2["runs"][key]["0"]["test_bits"])
-            spread = f", seed std {np.std(seeds, ddof=1):.2g}" if len(seeds) > 1 else ""
-            moves.append(f"{key} {move:.2g}{spread}")
         out.append(f"Changing only the summation order (seed 0 retrained with 2 threads instead of "
-                   f"1, `--drift`) moved the test bits by: {'; '.join(moves)} (bits). A different "
+                   f"1, `--drift`) moved the test bits by: {_moves(t2, drift)} (bits). A different "
                    f"CPU or library version changes the order the same way, so read differences "
                    f"between patterns against this and against the spread over seeds.")
+    kernels = t2.get("drift_kernels", {})
+    if kernels:
+        out.append(f"Running seed 0 with an AVX-512 host's own kernels instead of the pinned AVX2 "
+                   f"ones (what a run without the pin does there; `--drift` on such a host) moved "
+                   f"the test bits by: {_moves(t2, kernels)} (bits).")
     return out
 
 
@@ -224,6 +239,25 @@ def fig2_section(la: dict, long: bool = False) -> list[str]:
                    f"| {r['rowcol_x']:.1f}x | {r['min_entropy']:.2f} | {r['max_start']:.2f} "
                    f"| {r['max_data_dependence']:.2f} |")
     return out
+
+
+def output_init_section(t2: dict, zero: dict) -> list[str]:
+    """W_out = 0 (sec. 6, ``table2 --output-init zero``) against the default drawn W_out: per
+    cell measured, the mean per-seed change of the test bits (same seeds: same other
+    weights and batches), in how many seeds it is worse, beside the spread over seeds."""
+    parts = []
+    for key, by_seed in zero["runs"].items():
+        drawn = t2["runs"][key]
+        seeds = sorted(set(by_seed) & set(drawn))
+        diffs = [by_seed[s]["test_bits"] - drawn[s]["test_bits"] for s in seeds]
+        spread = np.std([drawn[s]["test_bits"] for s in drawn], ddof=1)
+        parts.append(f"{key} {np.mean(diffs):+.3f} (worse in {sum(d > 0 for d in diffs)} of "
+                     f"{len(diffs)} seeds; seed std {spread:.3f})")
+    steps = next(iter(next(iter(zero["runs"].values())).values()))["steps"]
+    return [f"Output layer at initialisation (`python -m fast table2 --output-init zero`, "
+            f"{steps} steps, the same seeds, batches and other initial weights): W_out = 0 as "
+            f"sec. 6 says, instead of drawn like every other weight (the default), changed the "
+            f"test bits by: {'; '.join(parts)}."]
 
 
 def fig2_depth_section(d: dict) -> list[str]:
@@ -355,6 +389,8 @@ def report(data: Path) -> tuple[str, list[str]]:
     the JSON files not there yet). A damaged file raises ``CacheError``, naming it."""
     sections = [("bench_cpu.json", bench_section), ("memory.json", memory_section),
                 ("table2.json", lambda t2: table2_section(t2) + [""] + drift_section(t2)),
+                ("table2_zero_output.json", lambda zero: output_init_section(
+                    read_cache(Path(data) / "table2.json"), zero)),
                 ("table2_profile.json", profile_section),
                 ("table3.json", table3_section),
                 ("learned_attention.json", fig2_section),

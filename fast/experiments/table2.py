@@ -30,7 +30,8 @@ does not depend on them), batch 1, one thread, alone.
 
     python -m fast table2 [--quick] [--force] [--seeds 3] [--jobs 2] [--iters 160]
                           [--only text/full,...]
-    python -m fast table2 --drift     # seed 0 of every cell again, 2 threads (reproducibility)
+    python -m fast table2 --drift     # seed 0 of every cell again: on 2 threads, and on an
+                                      # AVX-512 host with its own kernels (reproducibility)
     python -m fast table2 --profile   # where a step's time goes (figures/data/table2_profile.json)
 
 Results go to figures/data/table2.json (written after each run; a run already
@@ -58,7 +59,7 @@ from fast.core.files import write_json
 from fast.data import Dataset, load
 from fast.experiments.cache import resumable
 from fast.experiments.paths import DATA, FIGURES, QUICK
-from fast.experiments.reproducible import child_env, kernels, weights_digest
+from fast.experiments.reproducible import avx512_env, child_env, kernels, weights_digest
 from fast.measure.bench import machine_info
 from fast.measure.child import run_child
 from fast.measure.step_profile import profile_step
@@ -250,8 +251,7 @@ def profile(*, quick: bool = False) -> dict:
             # what pinning the AVX2 kernels costs on this AVX-512 host
             free = run_child("fast.experiments.table2:profile_one",
                              {"key": key, "quick": quick},
-                             env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                                  "ATEN_CPU_CAPABILITY": "avx512"})
+                             env=avx512_env(1))
             if "error" in free:
                 raise RuntimeError(f"table2: profile {key} {free['error']}\n{free['output']}")
             cells[key]["host_kernels"] = {k: free["result"][k] for k in ("phases", "kernels")}
@@ -311,9 +311,16 @@ def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds
     out.parent.mkdir(parents=True, exist_ok=True)
     todo = []
     for key in [k for k in (only or keys) if k != "timing"]:
-        if drift:              # only the 2-thread twins of seed 0
-            todo.append({"key": key, "seed": 0, "quick": quick, "iters": iters,
-                         "keep": None, "threads": 2, "output_init": output_init})
+        if drift:   # seed 0 again: on 2 threads; on an AVX-512 host, also with its kernels
+            twin = {"key": key, "seed": 0, "quick": quick, "iters": iters, "keep": None,
+                    "output_init": output_init}
+            for field, spec in (("drift", {**twin, "threads": 2}),
+                                ("drift_kernels", {**twin, "host_kernels": True})):
+                if key in data.get(field, {}):
+                    print(f"table2: {field} of {key} already measured, kept", flush=True)
+                elif field == "drift" or (kernels()["host_avx512"]
+                                          and "ATEN_CPU_CAPABILITY" in child_env(1)):
+                    todo.append(spec)
             continue
         for seed in range(seeds):
             if str(seed) in data["runs"].get(key, {}) and not force and not only:
@@ -324,7 +331,8 @@ def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(run_child, "fast.experiments.table2:run_one", spec,
-                               env=child_env(spec.get("threads", 1))): spec
+                               env=(avx512_env if spec.get("host_kernels") else child_env)(
+                                   spec.get("threads", 1))): spec
                    for spec in todo}
         for done, future in enumerate(as_completed(futures), 1):
             spec, result = futures[future], future.result()
@@ -332,10 +340,11 @@ def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds
                 raise RuntimeError(f"table2: {spec['key']} seed {spec['seed']} "
                                    f"{result['error']}\n{result['output']}")
             r = result["result"]
-            if spec.get("threads", 1) != 1:     # --drift: the same run, another summation order
-                data.setdefault("drift", {})[spec["key"]] = {
+            if drift:               # the same run, another summation order
+                field = "drift_kernels" if spec.get("host_kernels") else "drift"
+                data.setdefault(field, {})[spec["key"]] = {
                     k: r[k] for k in ("val_bits", "test_bits", "threads", "seed",
-                                      "weights_sha256")}
+                                      "weights_sha256", "kernels")}
             else:
                 data["runs"].setdefault(spec["key"], {})[str(spec["seed"])] = r
             data["summary"] = summarise(data["runs"])
