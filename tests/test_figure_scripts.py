@@ -11,6 +11,7 @@ import pytest
 
 from fast.commands import fig2 as fig2_command
 from fast.commands import figures as make_figures
+from fast.commands import table2 as table2_command
 from fast.commands.figures import STEPS, command
 from fast.commands.registry import COMMANDS
 from fast.experiments import learned_attention as LA
@@ -289,3 +290,17 @@ def test_row_and_column_lifts_are_measured_against_uniform():
     whole = LA.summarise(deep)
     assert chunked["labels"] == whole["labels"] and np.allclose(chunked["shares"],
                                                                 whole["shares"])
+
+
+def test_table2_profile_and_output_init_options(capsys):
+    """``table2 --profile`` measures and trains nothing, so it refuses training options in
+    one line; ``--output-init`` takes the config's two values only."""
+    with pytest.raises(SystemExit) as end:
+        table2_command.main(["--profile", "--drift"])
+    assert end.value.code == 2 and "--profile with --drift" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as end:
+        table2_command.main(["--output-init", "zeros"])
+    assert end.value.code == 2 and "'zeros'" in capsys.readouterr().err
+    m, _ = run_configs("text", "full", quick=False, output_init="zero")
+    assert m.output_init == "zero" and run_configs("text", "full", quick=False)[0].output_init \
+        == "normal"

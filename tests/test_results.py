@@ -105,7 +105,10 @@ def test_profile_section_gives_each_part_of_a_step_as_a_share():
         "batches": [8, 16, 32]}}
     lines = results.profile_section(prof)
     assert "| text/full | 310 ms | 32.3% | 64.5% | 1.6% | 1.3% | 0.3% | 50% | 30% | 20% " \
-           "| 4000 | 2% | 10.0 ms | 60 us / 61 us / 59 us |" in lines
+           "| 4000 | 2% | 10.0 ms | 60 us / 61 us / 59 us | - |" in lines
+    cell["host_kernels"] = {"phases": {"forward": 0.1, "backward": 0.18},
+                            "kernels": {"aten_cpu_capability": "AVX512"}}
+    assert results.profile_section(prof)[-1].endswith("| 280 ms (AVX512) |")
 
 
 def test_drift_section_sets_the_kernels_move_beside_the_seed_spread():

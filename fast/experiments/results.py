@@ -361,8 +361,8 @@ def profile_section(prof: dict) -> list[str]:
            f"torch.profiler):", "",
            "| cell | step | forward | backward | optimizer | clip | data | attention | matmul "
            "| other ops | op calls | dispatch, est. | eval per item | per token at batch "
-           + " / ".join(str(b) for b in c["batches"]) + " |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           + " / ".join(str(b) for b in c["batches"]) + " | step, host's own kernels |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in prof["cells"].items():
         ph, ops = r["phases"], r["op_shares"]
         step = sum(ph.values())
@@ -373,7 +373,10 @@ def profile_section(prof: dict) -> list[str]:
                                                                    "other"))
             + f" | {r['op_calls']:.0f} | {100 * r['dispatch_s'] / step:.0f}% "
             f"| {r['eval_item_s'] * 1e3:.1f} ms | "
-            + " / ".join(f"{t * 1e6:.0f} us" for t in r["per_token_s"]) + " |")
+            + " / ".join(f"{t * 1e6:.0f} us" for t in r["per_token_s"])
+            + (f" | {sum(r['host_kernels']['phases'].values()) * 1e3:.0f} ms "
+               f"({r['host_kernels']['kernels']['aten_cpu_capability']}) |"
+               if "host_kernels" in r else " | - |"))
     return out
 
 
