@@ -128,3 +128,9 @@ def test_output_init_section_compares_the_same_seeds():
     line = results.output_init_section({"runs": drawn}, zero)[0]
     assert "160 steps" in line and "text/full +0.393 (worse in 3 of 3 seeds; seed std 0.010)" \
         in line
+
+
+def test_fig2_depth_section_of_a_run_still_training_says_so():
+    lines = results.fig2_depth_section({"train": {"24": {}, "6": {}}})
+    assert lines == ["Figure 2 against depth, `python -m fast fig2 --depth`: models of 6, 24 "
+                     "layers trained, not measured yet (run it again to measure them)."]

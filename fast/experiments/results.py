@@ -264,7 +264,11 @@ def fig2_depth_section(d: dict) -> list[str]:
     """Figure 2 against depth: per model its bits, head labels and most row-like and
     column-like head, then the answer: whether, and from which depth, a head is labelled
     row or column by the rule."""
-    models = {int(k): v for k, v in d["models"].items()}
+    models = {int(k): v for k, v in d.get("models", {}).items()}
+    if not models:               # the trainings write the JSON before the models are measured
+        return [f"Figure 2 against depth, `python -m fast fig2 --depth`: models of "
+                f"{', '.join(sorted(d.get('train', {}), key=int))} layers trained, not measured "
+                f"yet (run it again to measure them)."]
     first = d["train"][str(min(models))]
     cfg, tcfg = first["model_cfg"], first["train_cfg"]
     m = first["machine"]
