@@ -165,7 +165,7 @@ def train_model(weights: Path, quick: bool = False, iters: int | None = None,
     with the child's output, when the training fails."""
     spec = {"quick": quick, "iters": iters, "layers": layers, "threads": threads,
             "width": width, "weights": str(weights)}
-    print(f"learned_attention: training {layers or 'the'}-layer dense model "
+    print(f"learned_attention: training the {f'{layers}-layer ' if layers else ''}dense model "
           f"({threads} thread{'s' if threads > 1 else ''}) -> {weights}", flush=True)
     result = run_child("fast.experiments.learned_attention:train_one", spec,
                        env=child_env(threads))
