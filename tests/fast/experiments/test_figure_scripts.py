@@ -11,6 +11,7 @@ import pytest
 
 from fast.commands import fig2 as fig2_command
 from fast.commands import figures as make_figures
+from fast.commands import table2 as table2_command
 from fast.commands.figures import STEPS, command
 from fast.commands.registry import COMMANDS
 from fast.experiments import learned_attention as LA
@@ -141,12 +142,18 @@ def test_make_figures_commands():
     assert all(fast_command.split()[0] in COMMANDS for fast_command, _, _, _ in STEPS.values())
     # the long Fig. 2 run is redrawn from its kept weights: make figures never retrains it
     assert command("learned_attention_long", quick=False, resume=False)[3:] == ["fig2", "--long"]
+    # ... and so are the models of Fig. 2 against depth
+    assert command("learned_attention_depth", quick=False, resume=False)[3:] == ["fig2",
+                                                                                "--depth"]
+    # Table 3 reads Table 2's kept text models, and is recomputed from scratch
+    assert command("table3", quick=False, resume=False)[3:] == ["table3", "--force"]
     assert "--force" not in command("experiments", quick=False, resume=True)
     assert "--quick" in command("learned_attention", quick=True, resume=False)
     assert command("bench", quick=True, resume=False) is None
     # the samples are drawn from Table 2's kept models, after Table 2; decoding speed last
     order = list(STEPS)
     assert order.index("experiments") < order.index("learned_attention") < order.index("samples")
+    assert order.index("experiments") < order.index("table3")
     assert command("samples", quick=False, resume=True)[3:] == ["samples"]
     assert command("samples", quick=True, resume=False) is None      # no quick version
     assert command("generate", quick=True, resume=False)[3:] == ["generate", "--quick"]
@@ -241,3 +248,60 @@ def test_fig2_long_run_is_kept_and_redrawn_from_its_weights(tmp_path, monkeypatc
     stamp = weights.stat().st_mtime_ns
     assert fig2_command.main(["--long", "--quick"]) == 0
     assert "using cached" in capsys.readouterr().out and weights.stat().st_mtime_ns == stamp
+
+
+def test_fig2_depth_models_are_kept_measured_and_redrawn(tmp_path, monkeypatch, capsys):
+    """``fig2 --depth``: one dense model per depth, trained in children with the kernels
+    pinned, kept in models/; every layer of each gets its row and column lifts and every
+    head a label; a second call redraws from the kept weights without training."""
+    monkeypatch.setattr(LA, "QUICK", tmp_path)
+    assert fig2_command.main(["--depth", "--quick", "--jobs", "2"]) == 0
+    data = json.loads((tmp_path / "learned_attention_depth.json").read_text())
+    assert sorted(data["models"]) == sorted(map(str, LA.QUICK_DEPTHS)) == sorted(data["train"])
+    for depth in LA.QUICK_DEPTHS:
+        s, train = data["models"][str(depth)], data["train"][str(depth)]
+        assert train["model_cfg"]["n_layers"] == depth and train["threads"] == 1
+        assert train["model_cfg"]["d_model"] == LA.DEPTH_WIDTH
+        assert train["kernels"]["aten_cpu_capability"] != "AVX512"     # pinned to AVX2
+        assert len(s["layers"]) == len(s["labels"]) == depth
+        assert all({"row_x", "column_x", "rowcol_heads"} <= set(r) for r in s["layers"])
+        assert (tmp_path / "models" / f"fig2_dense_depth{depth}.pt").exists()
+    figures = sorted(p.name for p in (tmp_path / "figures").iterdir())
+    assert figures == ["fig2_depth.png"] + [f"fig2_learned_attention_depth{d}.png"
+                                            for d in LA.QUICK_DEPTHS]
+    capsys.readouterr()
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "models").iterdir()}
+    assert fig2_command.main(["--depth", "--quick"]) == 0
+    assert "training" not in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "models").iterdir()} == stamps
+    with pytest.raises(SystemExit):
+        fig2_command.main(["--depth", "--long"])
+
+
+def test_row_and_column_lifts_are_measured_against_uniform():
+    """A head that reads the pixel three rows up (the column, outside the local window)
+    has a column lift far above 1 and is listed as a row/column head; a local head not."""
+    s = LA.summarise(_one_key(3 * LA.SHAPE[1] - 1))
+    row = LA.beats_uniform(s)[0]
+    assert row["column_x"] > 5 and row["row_x"] == 0 and row["rowcol_heads"] == [0]
+    local = LA.beats_uniform(LA.summarise(_one_key(LA.SHAPE[1] - 1)))[0]
+    assert local["rowcol_heads"] == [] and local["local_x"] > 5
+    deep = np.concatenate([_one_key(3 * LA.SHAPE[1] - 1)] * 5)          # 5 layers
+    chunked = LA.summarise_layers(deep, chunk=2)
+    whole = LA.summarise(deep)
+    assert chunked["labels"] == whole["labels"] and np.allclose(chunked["shares"],
+                                                                whole["shares"])
+
+
+def test_table2_profile_and_output_init_options(capsys):
+    """``table2 --profile`` measures and trains nothing, so it refuses training options in
+    one line; ``--output-init`` takes the config's two values only."""
+    with pytest.raises(SystemExit) as end:
+        table2_command.main(["--profile", "--drift"])
+    assert end.value.code == 2 and "--profile with --drift" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as end:
+        table2_command.main(["--output-init", "zeros"])
+    assert end.value.code == 2 and "'zeros'" in capsys.readouterr().err
+    m, _ = run_configs("text", "full", quick=False, output_init="zero")
+    assert m.output_init == "zero" and run_configs("text", "full", quick=False)[0].output_init \
+        == "normal"

@@ -127,3 +127,77 @@ def test_table2_refuses_a_damaged_cache_before_any_run(content, says, tmp_path, 
     err = capsys.readouterr().err
     print(err)
     assert exit_.value.code == 2 and err.count("\n") == 1 and says in err
+
+
+def _depth_summary(layers: int, rowcol_layer: int | None) -> dict:
+    """A depth model's summary rows: every head mixed, one head labelled column where asked."""
+    labels = [["mixed", "local"] for _ in range(layers)]
+    rows = [{"layer": i, "row_x": 1.5, "column_x": 2.0 + i, "rowcol_heads": []}
+            for i in range(layers)]
+    if rowcol_layer is not None:
+        labels[rowcol_layer][1] = "column"
+        rows[rowcol_layer]["rowcol_heads"] = [1]
+    return {"labels": labels, "layers": rows}
+
+
+def test_fig2_depth_section_answers_from_which_depth_rows_or_columns_appear():
+    train = {str(L): {"test_bits": 5.0 - L / 10, "steps": 1500, "model_cfg": {
+        "d_model": 64, "n_heads": 2}, "train_cfg": {"batch_size": 16},
+        "machine": {"cpu": "CPU"}} for L in (2, 4)}
+    none = {"train": train, "images": "16 test images",
+            "models": {"2": _depth_summary(2, None), "4": _depth_summary(4, None)}}
+    lines = results.fig2_depth_section(none)
+    assert "| 2 | 4.800 | mixed 2, local 2 | 1.5x (0) | 3.0x (1) | none |" in lines
+    assert lines[-1] == ("- No head of any depth is labelled row, column or row+column (most "
+                         "of its pixel mass there): row/column attention does not appear up to "
+                         "4 layers. The strongest lift is 5.0x uniform's (column, layer 3 of "
+                         "the 4-layer model).")
+    some = dict(none, models={"2": _depth_summary(2, None), "4": _depth_summary(4, 2)})
+    lines = results.fig2_depth_section(some)
+    assert "| 4 | 4.600 | mixed 4, local 3, column 1 | 1.5x (0) | 5.0x (3) | layer 2 h1 " \
+           "(column) |" in lines
+    assert lines[-1] == ("- Row/column attention appears from the 4-layer model on: heads "
+                         "labelled row, column or row+column in the 4-layer model's layers 2.")
+
+
+def test_profile_section_gives_each_part_of_a_step_as_a_share():
+    cell = {"phases": {"data": 0.001, "forward": 0.1, "backward": 0.2, "clip": 0.004,
+                       "optimizer": 0.005}, "op_shares": {"attention": 0.5, "matmul": 0.3,
+                                                          "other": 0.2},
+            "op_calls": 4000, "dispatch_s": 0.0062, "eval_item_s": 0.01,
+            "per_token_s": [6e-5, 6.1e-5, 5.9e-5]}
+    prof = {"cells": {"text/full": cell}, "conditions": {
+        "machine": "CPU, 2 cores", "torch": "2.13.0", "threads": 1,
+        "kernels": {"aten_cpu_capability": "AVX2"}, "steps": 6, "warmup": 2,
+        "batches": [8, 16, 32]}}
+    lines = results.profile_section(prof)
+    assert "| text/full | 310 ms | 32.3% | 64.5% | 1.6% | 1.3% | 0.3% | 50% | 30% | 20% " \
+           "| 4000 | 2% | 10.0 ms | 60 us / 61 us / 59 us | - |" in lines
+    cell["host_kernels"] = {"phases": {"forward": 0.1, "backward": 0.18},
+                            "kernels": {"aten_cpu_capability": "AVX512"}}
+    assert results.profile_section(prof)[-1].endswith("| 280 ms (AVX512) |")
+
+
+def test_drift_section_sets_the_kernels_move_beside_the_seed_spread():
+    """``table2 --drift`` on an AVX-512 host: seed 0 with the host's own kernels instead of
+    the pinned AVX2 ones, its move beside the spread over seeds."""
+    runs = {"text/full": {"0": {"test_bits": 4.0}, "1": {"test_bits": 4.2}}}
+    lines = results.drift_section({"runs": runs, "drift_kernels": {
+        "text/full": {"test_bits": 4.0000002}}})
+    assert "AVX2 kernels pinned" in lines[0] and "AVX-512 host's own kernels" in lines[-1]
+    assert "text/full 2e-07, seed std 0.14 (bits)." in lines[-1]
+
+
+def test_output_init_section_compares_the_same_seeds():
+    drawn = {"text/full": {str(s): {"test_bits": 4.0 + 0.01 * s} for s in range(3)}}
+    zero = {"runs": {"text/full": {str(s): {"test_bits": 4.4 + 0.01 * s - 0.02 * (s == 2),
+                                            "steps": 160} for s in range(3)}}}
+    line = results.output_init_section({"runs": drawn}, zero)[0]
+    assert "160 steps" in line and "text/full +0.393 (worse in 3 of 3 seeds; seed std 0.010)" \
+        in line
+
+
+def test_fig2_depth_section_of_a_run_still_training_says_so():
+    lines = results.fig2_depth_section({"train": {"24": {}, "6": {}}})
+    assert lines == ["Figure 2 against depth, `python -m fast fig2 --depth`: models of 6, 24 "
+                     "layers trained, not measured yet (run it again to measure them)."]

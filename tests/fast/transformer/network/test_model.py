@@ -79,12 +79,25 @@ def test_gelu_is_the_papers_sigmoid_approximation():
 
 def test_init_statistics():
     """Sec. 6: std 0.125/sqrt(d_in); W_2, W_p also / sqrt(2N); position tables
-    0.125/sqrt(d n_emb); biases 0."""
+    0.125/sqrt(d n_emb); biases 0; W_out drawn like the other weights by default (the
+    checks on untrained models in these tests rely on it: their logits, and every
+    gradient, depend on every weight), and 0 with output_init="zero", sec. 6's "The
+    weight matrix for the output logits was initialized to 0", the rest unchanged."""
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=256, n_ctx=3072, d_model=256, n_heads=2, n_layers=3,
                       pattern="strided", stride=96, embedding="image",
                       image_shape=(32, 32, 3), ff_mult=4)
+    assert cfg.output_init == "normal"
     model = SparseTransformer(cfg)
+    torch.manual_seed(0)
+    paper = SparseTransformer(dataclasses.replace(cfg, output_init="zero"))
+    assert torch.count_nonzero(paper.head.weight) == 0                    # W_out = 0
+    x = torch.randint(0, 256, (1, 40))
+    assert torch.count_nonzero(paper(x)) == 0             # uniform predictions before training
+    drawn, zero = model.state_dict(), paper.state_dict()
+    assert all(torch.equal(drawn[k], zero[k]) for k in drawn if k != "head.weight")
+    with pytest.raises(ValueError, match="output_init"):
+        ModelConfig(output_init="zeros")
     d, N = 256, 3
     expect = {
         "embed.tok.weight": 0.125 / math.sqrt(d),
