@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fast.core.schema import Map, Number, Optional, ShapeError, Tuple, check
+from fast.core.schema import Map, Number, OneOf, Optional, ShapeError, Tuple, check
 from fast.experiments.cache import CacheError, read_cache
 from fast.experiments.table2 import TIMING_ROW
 from fast.experiments.table3 import standard_error, steps
@@ -57,6 +57,27 @@ SHAPES = {
                     "drift": Optional(Map({"test_bits": float}))},
     "learned_attention.json": {"models": {"full": {"window": float, "layers": [FIG2_LAYER]}},
                                "train": FIG2_TRAIN, "images": str},
+    "table2_zero_output.json": {"runs": Map(Map({"test_bits": float, "steps": int}))},
+    "table2_profile.json": {
+        "conditions": {"machine": str, "torch": str, "threads": int, "steps": int,
+                       "warmup": int, "batches": [int],
+                       "kernels": {"aten_cpu_capability": str}},
+        "cells": Map({"phases": Map(float), "op_shares": {k: float for k in
+                                                         ("attention", "matmul", "other")},
+                      "op_calls": float, "dispatch_s": float, "eval_item_s": float,
+                      "per_token_s": [float]})},
+    "table3.json": {"machine": str, "torch": str, "stretches": int, "stretch": int,
+                    "dataset": str, "split": str, "paper": Map(float),
+                    "models": Map({"n": int, "contexts": Map(
+                        {"m": int, "fraction": float, "bits": float,
+                         "paper_tokens": OneOf(int, None)})})},
+    "learned_attention_depth.json": {
+        "images": Optional(str),
+        "train": Map({"test_bits": float, "steps": int, "machine": MACHINE,
+                      "model_cfg": {"d_model": int, "n_heads": int},
+                      "train_cfg": {"batch_size": int}}),
+        "models": Optional(Map({"labels": [[str]], "layers": [
+            {"layer": int, "row_x": float, "column_x": float, "rowcol_heads": [int]}]}))},
     "make_figures.json": Map(object),
 }
 SHAPES["learned_attention_long.json"] = SHAPES["learned_attention.json"]

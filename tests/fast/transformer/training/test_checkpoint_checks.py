@@ -146,7 +146,8 @@ MALFORMED = [
     ("a weight of another shape", _weights("head.weight", lambda w: w[:-1]),
      r"does not hold the weights its model_cfg describes: model\['head.weight'\]"),
     ("a NaN weight", _weights("head.weight", lambda w: w * float("nan")), r"holds NaN or inf"),
-    ("a newer format", _set(["format"], FORMAT + 1), r"format 3; allowed: formats 1 to 2"),
+    ("a newer format", _set(["format"], FORMAT + 1),
+     rf"format {FORMAT + 1}; allowed: formats 1 to {FORMAT}"),
     ("no format (format 1)", _delete(["format"]), r"format-1 checkpoint.*loads for sampling"),
 ]
 
@@ -231,6 +232,22 @@ def test_a_model_is_checked_against_its_file_before_it_is_built(tmp_path, monkey
                                          r"holds [\d,]+ bytes.*nothing was allocated"):
         load_model(tmp_path / "big.pt")
     assert not built
+
+
+def test_a_config_field_added_later_takes_its_old_value_in_an_older_file(tmp_path):
+    """output_init came with format 3: a format-2 file without it holds a model made the
+    way every model was then (W_out drawn, "normal") and loads so; a format-3 file must
+    name it, and one without it is refused naming the field."""
+    m, _ = preset("digits", d_model=16, n_heads=2, n_layers=1)
+    weights = SparseTransformer(m).state_dict()
+    cfg = dataclasses.asdict(m)
+    del cfg["output_init"]
+    torch.save({"format": 2, "model": weights, "model_cfg": cfg}, tmp_path / "old.pt")
+    model, model_cfg, _ = load_model(tmp_path / "old.pt")
+    assert model_cfg.output_init == "normal" and model_cfg == m
+    torch.save({"format": 3, "model": weights, "model_cfg": cfg}, tmp_path / "new.pt")
+    with pytest.raises(ValueError, match="model_cfg.*output_init"):
+        load_model(tmp_path / "new.pt")
 
 
 def test_sampling_refuses_non_finite_weights(tmp_path):
