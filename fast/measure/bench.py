@@ -146,6 +146,11 @@ def summarize(results: list[dict], dtype: str = "float32") -> dict:
                                   ("fixed", "fixed"))},
         **{f"{pattern}_ideal_16384": keys_read_ideal(pattern, TARGET_N, **params)
            for pattern, params in PATTERN_PARAMS.items()},
+        # the slope that reading exactly the pattern's keys would give over the same n
+        "strided_keys_slope_4096_65536": fitted_slope(
+            [s[0] for s in strided],
+            [int(keys_per_query("strided", s[0], **PATTERN_PARAMS["strided"]).sum())
+             for s in strided]),
     }
 
 
