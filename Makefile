@@ -25,13 +25,14 @@ TORCH_WANTED := $(VENV)/.torch-wanted
 TORCH_STAMP := $(VENV)/.torch-installed
 LAB_STAMP   := $(VENV)/.lab-installed
 
-.PHONY: install test lint notebooks figures bench lab clean help FORCE
+.PHONY: install test test-quick lint notebooks figures bench lab clean help FORCE
 .PHONY: test-gpu gpu-check gpu-tests gpu-tests-0 gpu-tests-1 gpu-tests-2 gpu-variants gpu-bench gpu-long
 .PHONY: gpu-train-time gpu-layout-time
 
 help:
 	@echo "make figures  - install, then regenerate every figure in figures/"
 	@echo "make test     - install, then run pytest over tests/ and nbval over notebooks/"
+	@echo "make test-quick - lint and the tests not marked slow (the inner loop, about 2 min)"
 	@echo "make lab      - install JupyterLab, then open the notebooks in it"
 	@echo "make notebooks - re-execute every notebook in place (outputs committed)"
 	@echo "make bench    - CPU attention benchmark (figures/data/bench_cpu.json, auto_cpu.json)"
@@ -66,9 +67,16 @@ test: $(STAMP) lint
 		--nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider -q
 	@$(MAKE) --no-print-directory test-gpu
 
+# The inner loop: lint and every test not marked slow (no notebooks, no subprocess runs,
+# no training, no benchmark sweeps); a subpackage alone: make test-quick T=tests/fast/layout
+T ?= tests
+test-quick: $(STAMP) lint
+	TRITON_INTERPRET=1 SPARSE_TRANSFORMER_FIGURES=$$(mktemp -d) $(PY) -m pytest $(T) -m "not slow" \
+		-p no:cacheprovider -q
+
 # Style (ruff) and the layering rule: imports run downward only (docs/architecture.md).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check fast reference tests
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
 # Re-execute the notebooks in place, so their committed outputs are current.

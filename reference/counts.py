@@ -4,7 +4,7 @@ Child et al., 2019, "Generating Long Sequences with Sparse Transformers",
 section 4.2: with l about sqrt(n), a factorized head reads about sqrt(n) keys
 per query instead of n, so a layer costs O(n sqrt n). ``keys_per_query`` gives
 the exact counts of the masks of ``reference.patterns`` for every row, so it
-runs at n = 16,384 and beyond (tests/test_reference_patterns.py checks it
+runs at n = 16,384 and beyond (tests/reference/test_patterns.py checks it
 against the masks; notebook 01 plots it).
 """
 

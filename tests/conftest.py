@@ -20,12 +20,15 @@ Kept small and stable on purpose, other test files import from it:
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
 from fast.transformer.config import preset
+
+ROOT = Path(__file__).resolve().parents[1]     # the repository
 
 settings.register_profile(
     "ci",

@@ -24,13 +24,13 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
 from fast.experiments.paths import FIGURES_ENV
+from tests.conftest import ROOT
 
 try:
     import tomllib  # Python 3.11+
 except ImportError:                                  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
-ROOT = Path(__file__).resolve().parents[1]
 MAKE = shutil.which("make")
 
 
@@ -172,6 +172,7 @@ def _digest(folder: Path) -> dict:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_a_notebook_runs_from_the_repository_root_and_keeps_the_committed_figures(
         tmp_path, monkeypatch):
     """Notebook 02 executed with the repository root as its working directory (the

@@ -50,10 +50,10 @@ PASSES = ("fwd", "fb")
 # The crossovers of figures/data/auto_cpu.json as committed (its "crossover"): used
 # where that file is not there. ``python -m fast bench --crossover`` rewrites the file.
 DEFAULT = {
-    "strided": {"16": {"fwd": 1024, "fb": 1024}, "32": {"fwd": 1024, "fb": 1024},
-                "64": {"fwd": 1024, "fb": 1024}, "128": {"fwd": 1024, "fb": 1024}},
-    "fixed": {"16": {"fwd": 1024, "fb": 1024}, "32": {"fwd": 1024, "fb": 1024},
-              "64": {"fwd": 1024, "fb": 1024}, "128": {"fwd": 1024, "fb": 1024}},
+    "strided": {"16": {"fwd": 256, "fb": 256}, "32": {"fwd": 256, "fb": 512},
+                "64": {"fwd": 512, "fb": 512}, "128": {"fwd": 512, "fb": 512}},
+    "fixed": {"16": {"fwd": 256, "fb": 512}, "32": {"fwd": 256, "fb": 512},
+              "64": {"fwd": 64, "fb": 512}, "128": {"fwd": 128, "fb": 512}},
 }
 
 SHAPE = {"crossover": Map(Map({"fwd": Int(1), "fb": Int(1)}))}

@@ -9,7 +9,7 @@ log-sum-exp, which the public ``scaled_dot_product_attention`` does not return.
 * CPU: ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` and its
   ``_backward``, a PRIVATE operator. Written and tested against torch 2.13.0
   (schema: (q, k, v, dropout_p, is_causal, *, attn_mask, scale) -> (out, lse)).
-  Facts relied on, checked in tests/test_fast_attention.py: inputs may be
+  Facts relied on, checked in tests/fast/test_attention.py: inputs may be
   strided views (stride-0 expands included); ``attn_mask`` is additive and of
   q's dtype; ``is_causal`` is top-left aligned (query i reads keys j <= i);
   ``lse`` is float32 for bfloat16/float16 inputs; a fully masked row gives

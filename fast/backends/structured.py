@@ -42,7 +42,7 @@ cut into slabs (``fast.backends.flash_cpu.spans``).
 Precision (sec. 5.6): float16 and bfloat16 inputs are computed in float32
 inside -- forward, merge and backward -- and rounded once, at the end (rounding
 each piece's output or gradient first gave several times the naive path's
-gradient error at large logits; tests/test_attention_edges.py). The backward
+gradient error at large logits; tests/fast/test_attention_edges.py). The backward
 saves q, k, v as given (upcast again when it runs) and the merged out and lse in
 the accumulation dtype. A row's softmax weights are recomputed from its
 log-sum-exp, which float32 holds to ulp(|lse|): a float32 call whose largest

@@ -3,9 +3,10 @@
 Child et al., 2019 -- the commands below run in this order (``STEPS``), each in its
 own process with its own progress bar: the CPU attention benchmark (``python -m fast
 bench``), Figure 4 and the blog's memory table (recomputation, ``python -m fast
-memory``), Table 2 (dense / fixed / strided, ``python -m fast table2``), Figure 2
-(learned attention, ``python -m fast fig2``; the heavier ``--long`` run redrawn from
-its kept weights), the samples of Table 2's kept models
+memory``), Table 2 (dense / fixed / strided, ``python -m fast table2``), Table 3 (its
+kept text models against the minimum context, ``python -m fast table3``), Figure 2
+(learned attention, ``python -m fast fig2``; the heavier ``--long`` run and the models
+of ``--depth`` redrawn from their kept weights), the samples of Table 2's kept models
 (``python -m fast samples``) and the decoding speed (``python -m fast generate``);
 ``make figures`` then re-executes the notebooks (``python -m fast notebooks
 notebooks/*.ipynb``), which read the caches these commands write under figures/data/.
@@ -36,21 +37,25 @@ from fast.experiments.paths import DATA, FIGURES
 
 # step -> (command of python -m fast, the flags it takes of --quick/--force, rough minutes on
 # an idle 2-core CPU (shown beside the progress bar; what the last run took is in
-# figures/data/make_figures.json, and tests/test_figure_scripts.py holds their sum to the
-# 45-minute budget), the output whose presence skips it under --resume when it takes no
-# --force). Order: Table 2 before Figure 2 (Fig. 2 draws Table 2's kept image models) and
-# before the samples (drawn from every kept model); the decoding benchmark uses untrained
-# weights and goes last.
+# figures/data/make_figures.json, and tests/fast/experiments/test_figure_scripts.py holds
+# their sum to the 45-minute budget), the output whose presence skips it under --resume
+# when it takes no --force). Order: Table 2 before Figure 2 (Fig. 2 draws Table 2's kept
+# image models) and before the samples (drawn from every kept model); the decoding
+# benchmark uses untrained weights and goes last.
 STEPS = {
-    "bench": ("bench", (), 7, DATA / "bench_cpu.json"),
-    "memory": ("memory", ("--quick", "--force"), 9, None),
-    "experiments": ("table2", ("--quick", "--force"), 13, None),
+    "bench": ("bench", (), 6, DATA / "bench_cpu.json"),
+    "memory": ("memory", ("--quick", "--force"), 12, None),
+    "experiments": ("table2", ("--quick", "--force"), 12, None),
+    # Table 3 evaluates Table 2's kept text models: after Table 2
+    "table3": ("table3", ("--quick", "--force"), 1, None),
     "learned_attention": ("fig2", ("--quick", "--force"), 6, None),
-    # the heavier Fig. 2 run (python -m fast fig2 --long, about an hour): redrawn from its
-    # kept weights, never retrained here (no --force), trained only if they are missing
+    # the heavier Fig. 2 runs (python -m fast fig2 --long, about an hour; fig2 --depth, a
+    # few hours): redrawn from their kept weights, never retrained here (no --force),
+    # trained only if they are missing
     "learned_attention_long": ("fig2 --long", ("--quick",), 0.5, FIGURES / "fig2_layers_long.png"),
-    "samples": ("samples", (), 1, None),
-    "generate": ("generate", ("--quick",), 4, DATA / "generation.json"),
+    "learned_attention_depth": ("fig2 --depth", ("--quick",), 1, FIGURES / "fig2_depth.png"),
+    "samples": ("samples", (), 0.5, None),
+    "generate": ("generate", ("--quick",), 2.5, DATA / "generation.json"),
 }
 LOG = DATA / "make_figures.json"
 

@@ -29,6 +29,8 @@ COMMANDS = {
                                        "figures/memory_*.png"),
     "table2": ("fast.commands.table2", "dense, fixed and strided models on text and images "
                                        "(Table 2); figures/table2_*.png"),
+    "table3": ("fast.commands.table3", "test bits per byte of the kept text models against the "
+                                       "minimum context (Table 3); figures/table3_context.png"),
     "fig2": ("fast.commands.fig2", "what a dense model learns to attend to (Figure 2); "
                                    "figures/fig2_*.png"),
     "figures": ("fast.commands.figures", "run every figure script in turn (make figures)"),

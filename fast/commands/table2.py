@@ -7,6 +7,7 @@ runs it.
     python -m fast table2 [--quick] [--force] [--seeds 3] [--jobs 2] [--iters 160]
                           [--only text/full,...]
     python -m fast table2 --drift     # seed 0 of every cell again, 2 threads (reproducibility)
+    python -m fast table2 --profile   # where a step's time goes (figures/data/table2_profile.json)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fast.commands import cli
 from fast.experiments import table2
 from fast.experiments.cache import CacheError
 from fast.experiments.table2 import STEPS, cell_keys
+from fast.transformer.config import OUTPUT_INITS
 
 COMMAND = "python -m fast table2"
 
@@ -40,14 +42,28 @@ def parser() -> cli.Parser:
     p.add_argument("--drift", action="store_true",
                    help="only retrain seed 0 of every cell (or of --only) with 2 threads: "
                         "how far the bits move when only the summation order changes")
+    p.add_argument("--output-init", type=cli.choice(OUTPUT_INITS), default="normal",
+                   help="W_out at initialisation: drawn like every other weight (default) or "
+                        "zero as sec. 6 says; zero writes figures/data/table2_zero_output.json "
+                        "and keeps no weights (the measurement behind the default)")
+    p.add_argument("--profile", action="store_true",
+                   help="only measure where a training step's time goes, every cell on one "
+                        "thread (figures/data/table2_profile.json); trains nothing")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_or_exit(argv)
+    if args.profile and (args.drift or args.only or args.force or args.iters):
+        cli.fail(COMMAND, "--profile with --drift, --only, --force or --iters; allowed: "
+                          "--profile alone or with --quick")
     try:
+        if args.profile:
+            table2.profile(quick=args.quick)
+            return 0
         table2.run(quick=args.quick, force=args.force, only=args.only, seeds=args.seeds,
-                   jobs=args.jobs, out=args.out, iters=args.iters, drift=args.drift)
+                   jobs=args.jobs, out=args.out, iters=args.iters, drift=args.drift,
+                   output_init=args.output_init)
     except CacheError as err:
         cli.fail(COMMAND, err)
     return 0

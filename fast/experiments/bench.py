@@ -37,6 +37,7 @@ from fast.experiments.bench_sweep import (
 )
 from fast.layout.costs import DEFAULT_BLOCK, ideal_speedup, tile_flops
 from fast.measure import bench, bench_point, contenders, crossover
+from fast.measure.child import run_child
 from fast.measure.contenders import DTYPES, LONG_PARAMS, PATTERN_PARAMS, D
 from fast.measure.timing import FRESH, SAME, synchronize
 from fast.plots.bench import plot, plot_gpu
@@ -159,6 +160,8 @@ def run(sweep: Sweep, save=None, log=print) -> dict:
             del q, k, v
         data["results"] += run_point(state, dt, B, H, n)
     for key, part, wanted in (("same_process", run_long_lived, sweep.long_lived_ns),
+                              ("pieces", run_pieces, sweep.long_lived_ns
+                               and "structured" in sweep.contenders),
                               ("long", run_long, sweep.long_ns)):
         if wanted:
             keep()
@@ -266,6 +269,30 @@ def run_long_lived(state: _Run) -> list[dict]:
                                H=row["H"], n=row["n"])
             _derived(row, dense, PATTERN_PARAMS.get(row["pattern"], {}), state.copy_bps)
         state.say(row, " (one process)")
+    return rows
+
+
+def run_pieces(state: _Run) -> list[dict]:
+    """Where the structured path's time goes at ``long_lived_ns``: each pattern's pieces,
+    glue and whole call beside dense (``fast.measure.pieces.piece_times``: minimum of
+    interleaved rounds), all in ONE fresh process after the sweep (docs/design.md §5)."""
+    sweep = state.sweep
+    specs = [dict(pattern=pattern, n=n, B=B, H=H, d=D, stride=params["stride"],
+                  c=params.get("c"), dtype=dt)
+             for dt in sweep.dtypes for (B, H) in sweep.shapes for n in sweep.long_lived_ns
+             for pattern, params in PATTERN_PARAMS.items()]
+    out = run_child("fast.measure.pieces:measure_specs", specs,
+                    timeout=sweep.point_timeout_s * len(specs))
+    if "error" in out:
+        state.log(f"pieces: skipped ({out['error']})")
+        return [{**spec, "skipped": out["error"]} for spec in specs]
+    rows = [{**spec, **times} for spec, times in zip(specs, out["result"])]
+    for r in rows:
+        state.log(f"pieces: {r['dtype']} B={r['B']} H={r['H']} n={r['n']} {r['pattern']}: "
+                  + ", ".join(f"{p['piece']} fwd {p['fwd_s'] * 1e3:.1f} ms bwd "
+                              f"{p['bwd_s'] * 1e3:.1f} ms" for p in r["pieces"])
+                  + f"; whole fwd {r['whole']['fwd_s'] * 1e3:.1f} ms fwd+bwd "
+                    f"{r['whole']['fb_s'] * 1e3:.1f} ms")
     return rows
 
 

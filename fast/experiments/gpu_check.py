@@ -87,7 +87,7 @@ def gpu_test_files(root: Path = ROOT) -> tuple[str, ...]:
     these only: other test files import the notebook tools (nbformat, nbclient, of the dev
     extra), which a machine with PyTorch alone lacks, and one file that fails to import
     stops pytest before any test runs."""
-    return tuple(sorted(str(p.relative_to(root)) for p in (root / "tests").glob("test_*.py")
+    return tuple(sorted(str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py")
                         if "mark.gpu" in p.read_text()))
 
 

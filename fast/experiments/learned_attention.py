@@ -23,9 +23,13 @@ Here, on the 16x16 greyscale photo crops ("grey16", n = 256):
 
     python -m fast fig2 [--quick] [--force] [--iters N] [--layers L] [--threads T]
     python -m fast fig2 --long [--force]
+    python -m fast fig2 --depth [--force] [--jobs 2]
 
 writes figures/data/learned_attention.json and the figures (fast.plots.attention).
 The dense model is trained only when its cached weights are missing (or --force).
+Every training runs in a child process with the kernels pinned
+(``fast.experiments.reproducible.child_env``), so its weights are the same on
+every x86 host with AVX2.
 
 ``--long`` is the heavier run behind a flag: the same dense model trained for
 ``LONG_ITERS`` steps on one thread (about an hour of a 2-core CPU, too long for
@@ -33,11 +37,23 @@ The dense model is trained only when its cached weights are missing (or --force)
 numbers, with the machine that trained it, in figures/data/learned_attention_long.json;
 ``make figures`` redraws its figures (fig2_*_long.png) from the kept weights and
 retrains it only when they are missing.
+
+``--depth`` asks the question of Figure 2 against depth: the paper found row and
+column attention in layers 19-20 of a 128-layer network. Dense models of ``DEPTHS``
+layers (narrower: d = ``DEPTH_WIDTH``), each trained for ``DEPTH_ITERS`` steps on one
+thread, ``--jobs`` at a time, are kept in figures/data/models/ (fig2_dense_depth{L}.pt,
+fp16) with their numbers in figures/data/learned_attention_depth.json; every head is
+labelled by the rule of ``fast.measure.attention_stats``, and every layer gets its
+row and column lifts (``beats_uniform``: the share of the head's pixel mass on the
+query's row, or its column, outside the local window, as a multiple of uniform
+attention's share over the same positions). ``make figures`` redraws them from the
+kept weights and trains only what is missing; ``--force`` retrains.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 
@@ -46,10 +62,12 @@ import torch
 
 from fast.core.files import write_json
 from fast.data import load
-from fast.experiments.cache import read_cache
+from fast.experiments.cache import read_cache, resumable
 from fast.experiments.paths import DATA, FIGURES, QUICK, ROOT
+from fast.experiments.reproducible import child_env, kernels, weights_digest
 from fast.measure import attention_stats as stats
 from fast.measure.bench import machine_info
+from fast.measure.child import run_child
 from fast.plots import attention as plot_attention
 from fast.transformer.config import ModelConfig, TrainConfig
 from fast.transformer.network.checkpoint import load_model, save_weights
@@ -68,15 +86,23 @@ THREADS = 2                      # intra-op threads of the dense run: fixed, so 
                                  # --threads 1 is faster; the weights then differ in the last bits)
 ITERS = 600                      # training steps of the dense run: about 6 minutes of 2 cores
 LONG_ITERS, LONG_THREADS = 3000, 1   # --long: five times the steps, one thread (about an hour)
+DEPTHS = (6, 12, 24)             # --depth: dense models this deep, all else equal
+QUICK_DEPTHS = (1, 2)
+DEPTH_WIDTH = 64                 # narrower than the 6-layer models: 24 layers must fit a session
+DEPTH_ITERS = 1500               # steps of every depth model, one thread each
+ROWCOL_LABELS = ("row", "column", "row+column")   # the rule's labels of row/column heads
+PER_LAYER = ("start", "mass", "shares", "entropy", "image_entropy", "topk", "labels",
+             "data_dependence", "in_strided", "in_fixed")   # a dense summary's (L, ...) lists
 SPARSE = ("strided", "fixed")    # the trained sparse models drawn beside the dense one
 PARTS = {"strided": ("band (last l positions)", "column (every l-th)"),
          "fixed": ("own block", "summaries (last c of each block)")}
 
 
 def configs(quick: bool = False, iters: int | None = None, layers: int | None = None,
-            threads: int = THREADS) -> tuple[ModelConfig, TrainConfig]:
-    """The dense model of Fig. 2 and its training run (``iters``, ``layers`` override)."""
-    model_cfg = ModelConfig(vocab_size=256, n_ctx=256, d_model=128, n_heads=4,
+            threads: int = THREADS, width: int = 128) -> tuple[ModelConfig, TrainConfig]:
+    """The dense model of Fig. 2 and its training run (``iters``, ``layers`` and the width
+    ``width`` override)."""
+    model_cfg = ModelConfig(vocab_size=256, n_ctx=256, d_model=width, n_heads=4,
                             n_layers=layers or (3 if quick else 6), pattern="full",
                             combine="merged",
                             stride=STRIDE, embedding="image", image_shape=SHAPE)
@@ -91,30 +117,62 @@ def configs(quick: bool = False, iters: int | None = None, layers: int | None = 
 
 def paths(quick: bool, long: bool = False) -> tuple[Path, Path, Path, Path]:
     """(dense weights, summary JSON, kept sparse models folder, figures folder)."""
-    root, figures = (QUICK, QUICK / "figures") if quick else (DATA, FIGURES)
+    root, figures = _roots(quick)
     if long:
         return (root / "models" / "fig2_dense_long.pt", root / "learned_attention_long.json",
                 root / "models", figures)
     return root / "learned_attention.pt", root / "learned_attention.json", root / "models", figures
 
 
-def train_model(quick: bool = False, iters: int | None = None, layers: int | None = None,
-                threads: int = THREADS) -> tuple[torch.nn.Module, dict]:
-    """Train the dense model; returns (model, record without the model)."""
-    model_cfg, train_cfg = configs(quick, iters, layers, threads)
+def _roots(quick: bool) -> tuple[Path, Path]:
+    return (QUICK, QUICK / "figures") if quick else (DATA, FIGURES)
+
+
+def depth_paths(quick: bool, layers: int) -> tuple[Path, Path]:
+    """(kept weights of the ``layers``-deep model of ``--depth``, the depth JSON)."""
+    root, _ = _roots(quick)
+    return (root / "models" / f"fig2_dense_depth{layers}.pt",
+            root / "learned_attention_depth.json")
+
+
+def train_one(spec: dict) -> dict:
+    """Train one dense model (in a child process: ``train_model``), keep its weights at
+    spec["weights"] (fp16) and return its record. spec: {"quick", "iters", "layers",
+    "threads", "width", "weights"} (None: the defaults of ``configs``)."""
+    model_cfg, train_cfg = configs(spec["quick"], spec.get("iters"), spec.get("layers"),
+                                   spec["threads"], spec.get("width") or 128)
     dataset = load(train_cfg.dataset)
     t0, c0 = time.perf_counter(), time.process_time()
-    rec = train(model_cfg, train_cfg, progress=True, dataset=dataset)
+    rec = train(model_cfg, train_cfg, progress=False, dataset=dataset)
     model = rec.pop("model").eval()
-    return model, {"history": rec["history"],
-                   "val_bits": evaluate(model, dataset, "val", max_batches=None),
-                   "test_bits": evaluate(model, dataset, "test", max_batches=None),
-                   "time_per_iter": rec["time_per_iter"], "steps": rec["step"],
-                   "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-                   "threads": threads, "machine": machine_info("cpu"),
-                   "n_params": rec["n_params"],
-                   "model_cfg": asdict(model_cfg), "train_cfg": asdict(train_cfg),
-                   "data": dataset.fingerprint()}
+    save_weights(spec["weights"], model)
+    return {"history": rec["history"],
+            "val_bits": evaluate(model, dataset, "val", max_batches=None),
+            "test_bits": evaluate(model, dataset, "test", max_batches=None),
+            "time_per_iter": rec["time_per_iter"], "steps": rec["step"],
+            "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+            "threads": spec["threads"], "machine": machine_info("cpu"), "kernels": kernels(),
+            "n_params": rec["n_params"], "weights_sha256": weights_digest(model),
+            "model_cfg": asdict(model_cfg), "train_cfg": asdict(train_cfg),
+            "data": dataset.fingerprint()}
+
+
+def train_model(weights: Path, quick: bool = False, iters: int | None = None,
+                layers: int | None = None, threads: int = THREADS,
+                width: int | None = None) -> dict:
+    """Train a dense model in a child process (``train_one``, the kernels pinned by
+    ``child_env``), keep its weights at ``weights``; returns its record. RuntimeError,
+    with the child's output, when the training fails."""
+    spec = {"quick": quick, "iters": iters, "layers": layers, "threads": threads,
+            "width": width, "weights": str(weights)}
+    print(f"learned_attention: training the {f'{layers}-layer ' if layers else ''}dense model "
+          f"({threads} thread{'s' if threads > 1 else ''}) -> {weights}", flush=True)
+    result = run_child("fast.experiments.learned_attention:train_one", spec,
+                       env=child_env(threads))
+    if "error" in result:
+        raise RuntimeError(f"learned_attention: training {weights.name} {result['error']}\n"
+                           f"{result['output']}")
+    return result["result"]
 
 
 
@@ -219,20 +277,41 @@ def summarise(maps: np.ndarray, pattern: str = "full", image_shape=SHAPE,
     return out
 
 
+def summarise_layers(maps: np.ndarray, chunk: int = 4) -> dict:
+    """``summarise`` of a dense model's maps (L, B, H, n, n), ``chunk`` layers at a time (a
+    deep model's statistics at once would hold several GB): the same numbers."""
+    parts = [summarise(maps[i:i + chunk]) for i in range(0, len(maps), chunk)]
+    out = dict(parts[0])
+    for key in PER_LAYER:
+        out[key] = sum((p[key] for p in parts), [])
+    return out
+
+
 def beats_uniform(summary: dict) -> list[dict]:
     """Per layer, the head that departs most from uniform attention on each statistic:
-    local and row+column pixel shares as multiples of uniform's, and the lowest image
-    entropy (1 = uniform). The numbers behind "which layers beat uniform, by how much"."""
+    local, row, column and row+column pixel shares as multiples of uniform's (the row and
+    column outside the local window, as the regions of ``fast.measure.attention_stats``;
+    uniform: the same shares of uniform attention over the same readable pixels), and the
+    lowest image entropy (1 = uniform). The numbers behind "which layers beat uniform, by
+    how much"; ``rowcol_heads`` lists the heads the rule labels row, column or row+column."""
     shares, uni = np.asarray(summary["shares"]), np.asarray(summary["uniform"]["shares"])
     ent = np.asarray(summary["image_entropy"])
     start = np.asarray(summary["start"])
     rows = []
     for layer in range(len(shares)):
         local = shares[layer, :, 0] / uni[0]
+        # a region uniform attention cannot read (outside a sparse pattern) has no lift
+        row, column = (np.divide(shares[layer, :, k], uni[k], out=np.zeros(len(shares[layer])),
+                                 where=uni[k] > 0) for k in (1, 2))
         rowcol = (shares[layer, :, 1] + shares[layer, :, 2]) / (uni[1] + uni[2])
         rows.append({"layer": layer, "local_x": float(local.max()),
                      "local_head": int(local.argmax()), "rowcol_x": float(rowcol.max()),
-                     "rowcol_head": int(rowcol.argmax()), "min_entropy": float(ent[layer].min()),
+                     "rowcol_head": int(rowcol.argmax()), "row_x": float(row.max()),
+                     "row_head": int(row.argmax()), "column_x": float(column.max()),
+                     "column_head": int(column.argmax()),
+                     "rowcol_heads": [h for h, label in enumerate(summary["labels"][layer])
+                                      if label in ROWCOL_LABELS],
+                     "min_entropy": float(ent[layer].min()),
                      "max_start": float(start[layer].max()),
                      "max_data_dependence": float(np.max(summary["data_dependence"][layer])),
                      "labels": summary["labels"][layer]})
@@ -253,8 +332,7 @@ def run(*, quick: bool = False, force: bool = False, iters: int | None = None,
     else:
         iters = iters or (LONG_ITERS if long and not quick else None)
         threads = threads or (LONG_THREADS if long else THREADS)
-        model, record = train_model(quick, iters, layers, threads)
-        save_weights(weights, model)
+        record = train_model(weights, quick, iters, layers, threads)
     images = test_images()
     result = {"train": record, "query_pixels": [list(p) for p in QUERY_PIXELS],
               "images": f"{len(images)} test images of grey16, evenly spread", "models": {}}
@@ -287,3 +365,60 @@ def run(*, quick: bool = False, force: bool = False, iters: int | None = None,
                                         suffix="_long" if long else ""):
         print(f"learned_attention: wrote {path}", flush=True)
     return result
+
+
+def depths(quick: bool) -> tuple[int, ...]:
+    """The depths of ``--depth`` (tiny ones under --quick)."""
+    return QUICK_DEPTHS if quick else DEPTHS
+
+
+def run_depth(*, quick: bool = False, force: bool = False, jobs: int = 2) -> dict:
+    """Figure 2 against depth: train the dense models of ``depths`` whose weights are not
+    kept (all of them with ``force``), ``jobs`` at a time, deepest first; then label every
+    head, measure every layer against uniform attention (``beats_uniform``) and draw each
+    model's Figure 2 and the row and column lifts against depth. The JSON
+    (learned_attention_depth.json) is written after every training. Returns its data."""
+    layer_counts = depths(quick)
+    summary_path = depth_paths(quick, layer_counts[0])[1]
+    _, figdir = _roots(quick)
+    data = resumable(summary_path, quick, force)
+    data.update({"quick": quick, "depths": list(layer_counts), "width": DEPTH_WIDTH,
+                 "images": f"{N_IMAGES} test images of grey16, evenly spread",
+                 "query_pixels": [list(p) for p in QUERY_PIXELS]})
+    data.setdefault("train", {})
+    todo = [layers for layers in sorted(layer_counts, reverse=True)
+            if force or str(layers) not in data["train"]
+            or not depth_paths(quick, layers)[0].exists()]
+    summary_path.parent.mkdir(parents=True, exist_ok=True)
+    depth_paths(quick, layer_counts[0])[0].parent.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(train_model, depth_paths(quick, layers)[0], quick,
+                               None if quick else DEPTH_ITERS, layers, 1, DEPTH_WIDTH): layers
+                   for layers in todo}
+        for future in as_completed(futures):
+            layers = futures[future]
+            data["train"][str(layers)] = record = future.result()
+            write_json(summary_path, data)
+            print(f"learned_attention: {layers} layers trained, {record['test_bits']:.3f} "
+                  f"test bits/dim, {record['wall_s'] / 60:.0f} min", flush=True)
+    images = test_images()
+    shown = int(np.argmax(images.std(1)))
+    query = stats.pixel_position(*QUERY_PIXELS[0], SHAPE)
+    data["shown_image"], data["models"] = shown, {}
+    for layers in layer_counts:
+        weights = depth_paths(quick, layers)[0]
+        maps = attention_maps(load_model(weights)[0], images)             # (L, B, H, n, n)
+        summary = summarise_layers(maps)
+        summary["layers"] = beats_uniform(summary)
+        summary["weights"] = (weights.resolve().relative_to(ROOT).as_posix()
+                              if weights.resolve().is_relative_to(ROOT) else str(weights))
+        data["models"][str(layers)] = summary
+        path = plot_attention.draw_heads(maps[:, shown], images[shown], query, SHAPE,
+                                         summary["labels"],
+                                         figdir / f"fig2_learned_attention_depth{layers}.png")
+        print(f"learned_attention: wrote {path}", flush=True)
+        del maps
+    write_json(summary_path, data)
+    print(f"learned_attention: wrote {plot_attention.draw_depth(data, figdir / 'fig2_depth.png')}",
+          flush=True)
+    return data

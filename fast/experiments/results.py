@@ -2,8 +2,10 @@
 
 Child et al., 2019: the attention speed targets (sec. 4.4 and 5.5, ``python -m
 fast bench``), recomputation memory (sec. 5.4 and the blog's table, ``python -m
-fast memory``), Table 2 (``python -m fast table2``) and Figure 2's per-layer
-statistics (``python -m fast fig2``). Every number in the
+fast memory``), Table 2 (``python -m fast table2``) and where its training step's time
+goes (``python -m fast table2 --profile``), Table 3 (``python -m fast table3``) and
+Figure 2's per-layer statistics (``python -m fast fig2``), also against depth
+(``python -m fast fig2 --depth``). Every number in the
 README's "Results" section is written by ``report``, so it can be checked
 against a fresh ``python -m fast figures``:
 
@@ -21,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fast.core.schema import Map, Number, Optional, ShapeError, Tuple, check
+from fast.core.schema import Map, Number, OneOf, Optional, ShapeError, Tuple, check
 from fast.experiments.cache import CacheError, read_cache
 from fast.experiments.table2 import TIMING_ROW
+from fast.experiments.table3 import standard_error, steps
 from fast.plots.style import PATTERN_ORDER, display_name
 
 GIB = 2.0 ** 30
@@ -54,29 +57,67 @@ SHAPES = {
                     "drift": Optional(Map({"test_bits": float}))},
     "learned_attention.json": {"models": {"full": {"window": float, "layers": [FIG2_LAYER]}},
                                "train": FIG2_TRAIN, "images": str},
+    "table2_zero_output.json": {"runs": Map(Map({"test_bits": float, "steps": int}))},
+    "table2_profile.json": {
+        "conditions": {"machine": str, "torch": str, "threads": int, "steps": int,
+                       "warmup": int, "batches": [int],
+                       "kernels": {"aten_cpu_capability": str}},
+        "cells": Map({"phases": Map(float), "op_shares": {k: float for k in
+                                                         ("attention", "matmul", "other")},
+                      "op_calls": float, "dispatch_s": float, "eval_item_s": float,
+                      "per_token_s": [float]})},
+    "table3.json": {"machine": str, "torch": str, "stretches": int, "stretch": int,
+                    "dataset": str, "split": str, "paper": Map(float),
+                    "models": Map({"n": int, "contexts": Map(
+                        {"m": int, "fraction": float, "bits": float,
+                         "paper_tokens": OneOf(int, None)})})},
+    "learned_attention_depth.json": {
+        "images": Optional(str),
+        "train": Map({"test_bits": float, "steps": int, "machine": MACHINE,
+                      "model_cfg": {"d_model": int, "n_heads": int},
+                      "train_cfg": {"batch_size": int}}),
+        "models": Optional(Map({"labels": [[str]], "layers": [
+            {"layer": int, "row_x": float, "column_x": float, "rowcol_heads": [int]}]}))},
     "make_figures.json": Map(object),
 }
 SHAPES["learned_attention_long.json"] = SHAPES["learned_attention.json"]
 
 
 def bench_section(bench: dict) -> list[str]:
+    """The CPU targets: each speed-up beside its goal, the same point measured again in one
+    long-lived process, and the ideal that reading fewer keys allows; the time slope, the
+    peak memory, and the backward / forward time of each contender."""
     m, t = bench["machine"], bench["targets"]["float32"]
+    x = lambda v, f=".1f": "-" if v is None else f"{v:{f}}x"
     out = [f"Attention, `python -m fast bench` ({m['cpu']}, {m['cpu_count']} cores, torch "
-           f"{m['torch']}; B=1, H=4, d=64, float32; times are the minimum over repetitions):", "",
-           "| target | goal | measured |", "|---|---|---|"]
-    rows = [
-        ("strided l=128, n=16384, forward vs dense causal SDPA", ">= 12x",
-         f"{t['strided_fwd_speedup_16384']:.1f}x"),
-        ("strided l=128, n=16384, forward+backward", ">= 8x",
-         f"{t['strided_fb_speedup_16384']:.1f}x"),
-        ("fixed l=128 c=32, n=16384, forward", ">= 3x", f"{t['fixed_fwd_speedup_16384']:.2f}x"),
-        ("fixed l=128 c=32, n=16384, forward+backward", "-", f"{t['fixed_fb_speedup_16384']:.2f}x"),
-        ("strided time slope, n = 4096..65536 (fwd / fwd+bwd)", "<= 1.6",
-         f"{t['strided_fwd_slope_4096_65536']:.2f} / {t['strided_fb_slope_4096_65536']:.2f}"),
-        ("strided forward+backward peak memory, n=65536", "< 2 GB",
-         f"{t['strided_fb_peak_bytes_65536'] / 1e9:.2f} GB"),
-    ]
-    out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+           f"{m['torch']}; B=1, H=4, d=64, float32; a fresh process per point, times the "
+           f"minimum over repetitions; the same n = 16384 points again in one long-lived "
+           f"process, the median; the ideal: the (query, key) pairs dense causal attention "
+           f"reads over those the pattern reads):", "",
+           "| target | goal | measured | one process | ideal (keys read) |",
+           "|---|---|---|---|---|"]
+    for pattern, label, goals, f in (("strided", "strided l=128", (">= 25x", ">= 18x"), ".1f"),
+                                     ("fixed", "fixed l=128 c=32", (">= 3.5x", ">= 3.5x"),
+                                      ".2f")):
+        ideal = x(t.get(f"{pattern}_ideal_16384"), f)
+        for what, name, goal in (("fwd", "forward", goals[0]),
+                                 ("fb", "forward+backward", goals[1])):
+            key = f"{pattern}_{what}_speedup_16384"
+            out.append(f"| {label}, n=16384, {name} vs dense causal SDPA | {goal} | "
+                       f"{x(t[key], f)} | {x(t.get(key + '_same_process'), f)} | {ideal} |")
+    slope = t.get("strided_keys_slope_4096_65536")
+    keys_slope = "-" if slope is None else f"{slope:.2f}"
+    out += [f"| strided time slope, n = 4096..65536 (fwd / fwd+bwd) | <= 1.35 (fwd+bwd) | "
+            f"{t['strided_fwd_slope_4096_65536']:.2f} / {t['strided_fb_slope_4096_65536']:.2f} "
+            f"| - | {keys_slope} (keys read, l fixed at 128) |",
+            f"| strided forward+backward peak memory, n=65536 | < 2 GB | "
+            f"{t['strided_fb_peak_bytes_65536'] / 1e9:.2f} GB | - | - |"]
+    ratios = [(name, t.get(f"{key}_bwd_over_fwd_16384"))
+              for name, key in (("dense", "dense"), ("strided", "strided"), ("fixed", "fixed"))]
+    if any(r is not None for _, r in ratios):
+        out += ["", "Backward time over forward time at n = 16384 (a flash-style backward "
+                    "recomputes the probabilities once: about 2.5x): "
+                + ", ".join(f"{name} {r:.2f}" for name, r in ratios if r is not None) + "."]
     return out
 
 
@@ -223,29 +264,45 @@ def table2_timing(t2: dict) -> list[str]:
     return out
 
 
+def _moves(t2: dict, twins: dict) -> str:
+    """'key move, seed std s; ...': how far each seed-0 twin's test bits are from seed 0's."""
+    moves = []
+    for key, d in sorted(twins.items()):
+        seeds = [r["test_bits"] for r in t2["runs"][key].values()]
+        move = abs(d["test_bits"] - t2["runs"][key]["0"]["test_bits"])
+        spread = f", seed std {np.std(seeds, ddof=1):.2g}" if len(seeds) > 1 else ""
+        moves.append(f"{key} {move:.2g}{spread}")
+    return "; ".join(moves)
+
+
 def drift_section(t2: dict) -> list[str]:
     """Reproducibility: what is bitwise, and how far the bits moved when only the
-    floating-point summation order changed (``python -m fast table2 --drift``)."""
-    out = ["Reproducibility: every run draws all its randomness from its seed and uses a fixed "
-           "number of intra-op threads (one per Table 2 run), so on the same CPU with the same "
-           "library versions a rerun gives bitwise-equal weights and bits "
-           "(`tests/test_reproducibility.py` checks it on short trainings). The data each result "
-           "saw are named by SHA-256 fingerprints in figures/data/table2.json."]
+    floating-point summation order changed (``python -m fast table2 --drift``): on two
+    threads, and with an AVX-512 host's own kernels instead of the pinned AVX2 ones."""
+    out = ["Reproducibility: every run draws all its randomness from its seed, uses a fixed "
+           "number of intra-op threads (one per Table 2 run) and runs in a child process with "
+           "PyTorch's and MKL's AVX2 kernels pinned (fast/experiments/reproducible.py), so with "
+           "the same library versions a rerun gives bitwise-equal weights and bits on any x86 "
+           "host with AVX2, with or without AVX-512, however many runs share the machine "
+           "(`tests/fast/transformer/training/test_reproducibility.py` trains an image cell as "
+           "on both kinds of host, two at a time, and compares the weights bitwise). Each run "
+           "records its kernels and a digest of its weights, and the data it saw by SHA-256 "
+           "fingerprints, in "
+           "figures/data/table2.json."]
     drift = t2.get("drift", {})
     unknown = sorted(k for k in drift if "0" not in t2["runs"].get(k, {}))
     if unknown:
         raise ShapeError(f"['drift'] names {unknown}, which have no seed-0 run in ['runs']")
     if drift:
-        moves = []
-        for key, d in sorted(drift.items()):
-            seeds = [r["test_bits"] for r in t2["runs"][key].values()]
-            move = abs(d["test_bits"] - t2["runs"][key]["0"]["test_bits"])
-            spread = f", seed std {np.std(seeds, ddof=1):.2g}" if len(seeds) > 1 else ""
-            moves.append(f"{key} {move:.2g}{spread}")
         out.append(f"Changing only the summation order (seed 0 retrained with 2 threads instead of "
-                   f"1, `--drift`) moved the test bits by: {'; '.join(moves)} (bits). A different "
+                   f"1, `--drift`) moved the test bits by: {_moves(t2, drift)} (bits). A different "
                    f"CPU or library version changes the order the same way, so read differences "
                    f"between patterns against this and against the spread over seeds.")
+    kernels = t2.get("drift_kernels", {})
+    if kernels:
+        out.append(f"Running seed 0 with an AVX-512 host's own kernels instead of the pinned AVX2 "
+                   f"ones (what a run without the pin does there; `--drift` on such a host) moved "
+                   f"the test bits by: {_moves(t2, kernels)} (bits).")
     return out
 
 
@@ -277,6 +334,149 @@ def fig2_section(la: dict, long: bool = False) -> list[str]:
     return out
 
 
+def output_init_section(t2: dict, zero: dict) -> list[str]:
+    """W_out = 0 (sec. 6, ``table2 --output-init zero``) against the default drawn W_out: per
+    cell measured, the mean per-seed change of the test bits (same seeds: same other
+    weights and batches), in how many seeds it is worse, beside the spread over seeds."""
+    parts = []
+    for key, by_seed in zero["runs"].items():
+        drawn = t2["runs"][key]
+        seeds = sorted(set(by_seed) & set(drawn))
+        diffs = [by_seed[s]["test_bits"] - drawn[s]["test_bits"] for s in seeds]
+        spread = np.std([drawn[s]["test_bits"] for s in drawn], ddof=1)
+        parts.append(f"{key} {np.mean(diffs):+.3f} (worse in {sum(d > 0 for d in diffs)} of "
+                     f"{len(diffs)} seeds; seed std {spread:.3f})")
+    steps = next(iter(next(iter(zero["runs"].values())).values()))["steps"]
+    return [f"Output layer at initialisation (`python -m fast table2 --output-init zero`, "
+            f"{steps} steps, the same seeds, batches and other initial weights): W_out = 0 as "
+            f"sec. 6 says, instead of drawn like every other weight (the default), changed the "
+            f"test bits by: {'; '.join(parts)}."]
+
+
+def fig2_depth_section(d: dict) -> list[str]:
+    """Figure 2 against depth: per model its bits, head labels and most row-like and
+    column-like head, then the answer: whether, and from which depth, a head is labelled
+    row or column by the rule."""
+    models = {int(k): v for k, v in d.get("models", {}).items()}
+    if not models:               # the trainings write the JSON before the models are measured
+        return [f"Figure 2 against depth, `python -m fast fig2 --depth`: models of "
+                f"{', '.join(sorted(d.get('train', {}), key=int))} layers trained, not measured "
+                f"yet (run it again to measure them)."]
+    first = d["train"][str(min(models))]
+    cfg, tcfg = first["model_cfg"], first["train_cfg"]
+    m = first["machine"]
+    out = [f"Figure 2 against depth, `python -m fast fig2 --depth`: dense models of "
+           f"{', '.join(map(str, sorted(models)))} layers (d={cfg['d_model']}, "
+           f"{cfg['n_heads']} heads, {first['steps']} steps of batch {tcfg['batch_size']}, "
+           f"one thread each, trained on {m['cpu']}, weights kept in figures/data/models) on "
+           f"{d['images']}; per model, the labels of its heads (the rule of "
+           f"fast.measure.attention_stats) and its most row-like and most column-like head: "
+           f"the share of its pixel mass on the query's row (column) outside the local "
+           f"window, as a multiple of uniform attention's share over the same pixels:", "",
+           "| layers | test bits/dim | head labels | row lift, max (layer) "
+           "| column lift, max (layer) | row/column heads |", "|---|---|---|---|---|---|"]
+    found = []
+    for depth, s in sorted(models.items()):
+        labels = [lab for layer in s["labels"] for lab in layer]
+        counts = ", ".join(f"{lab} {labels.count(lab)}" for lab in dict.fromkeys(
+            sorted(labels, key=lambda lab: -labels.count(lab))))
+        row = max(s["layers"], key=lambda r: r["row_x"])
+        col = max(s["layers"], key=lambda r: r["column_x"])
+        heads = [(r["layer"], h) for r in s["layers"] for h in r["rowcol_heads"]]
+        found += [(depth, layer) for layer, _ in heads]
+        named = ", ".join(f"layer {layer} h{h} ({s['labels'][layer][h]})" for layer, h in heads)
+        out.append(f"| {depth} | {d['train'][str(depth)]['test_bits']:.3f} | {counts} "
+                   f"| {row['row_x']:.1f}x ({row['layer']}) | {col['column_x']:.1f}x "
+                   f"({col['layer']}) | {named or 'none'} |")
+    best = max(((depth, r) for depth, s in models.items() for r in s["layers"]),
+               key=lambda dr: max(dr[1]["row_x"], dr[1]["column_x"]))
+    if found:
+        shallowest = min(depth for depth, _ in found)
+        answer = (f"Row/column attention appears from the {shallowest}-layer model on: heads "
+                  f"labelled row, column or row+column in "
+                  + "; ".join(f"the {depth}-layer model's layers "
+                              f"{', '.join(str(lay) for dep, lay in found if dep == depth)}"
+                              for depth in sorted({dep for dep, _ in found})) + ".")
+    else:
+        answer = (f"No head of any depth is labelled row, column or row+column (most of its "
+                  f"pixel mass there): row/column attention does not appear up to "
+                  f"{max(models)} layers. The strongest lift is "
+                  f"{max(best[1]['row_x'], best[1]['column_x']):.1f}x uniform's "
+                  f"({'row' if best[1]['row_x'] >= best[1]['column_x'] else 'column'}, layer "
+                  f"{best[1]['layer']} of the {best[0]}-layer model).")
+    return out + ["", f"- {answer}"]
+
+
+def table3_section(t3: dict) -> list[str]:
+    """Table 3: bits per byte of each kept text model at every minimum context, the paper's
+    beside, and per model the change from n / 2 to the largest context with its standard
+    error over the stretches (paired) and whether the fall is monotonic."""
+    models = t3["models"]
+    patterns = [p for p in PATTERN_ORDER if p in models]
+    n = models[patterns[0]]["n"]
+    rows = {p: sorted(models[p]["contexts"].values(), key=lambda r: r["m"]) for p in patterns}
+    out = [f"Table 3 at CPU scale, `python -m fast table3` ({t3['machine']}, torch "
+           f"{t3['torch']}; Table 2's kept text models, seed 0, n = {n}; {t3['stretches']} "
+           f"stretches of {t3['stretch']} bytes evenly spread over the {t3['dataset']} "
+           f"{t3['split']} split, the same bytes at every minimum context m; sliding windows "
+           f"of n bytes: a window scores its positions p >= m - 1, each byte predicted from at "
+           f"least m bytes, and the next window starts n - m + 1 bytes later; the paper's "
+           f"contexts mapped to the same fractions of n, rounded):", "",
+           "| minimum context m | fraction of n | "
+           + " | ".join(f"{display_name(p)}, bits/byte" for p in patterns)
+           + " | paper: tokens of 12,288 | paper Enwik8 |",
+           "|---|---|" + "---|" * len(patterns) + "---|---|"]
+    for i, r in enumerate(rows[patterns[0]]):
+        paper = t3["paper"].get(str(r["paper_tokens"])) if r["paper_tokens"] else None
+        out.append(f"| {r['m']} | {r['fraction']:.3f} | "
+                   + " | ".join(f"{rows[p][i]['bits']:.4f}" for p in patterns)
+                   + (f" | {r['paper_tokens']:,} | {paper:.4f} |" if paper else " | - | - |"))
+    out.append("")
+    paper = sorted((int(k), v) for k, v in t3["paper"].items())
+    for p in patterns:
+        on_paper = [r for r in rows[p] if r["paper_tokens"]]
+        change = steps(models[p]["contexts"])
+        bits = [r["bits"] for r in on_paper]
+        falls = all(b < a for a, b in zip(bits, bits[1:]))
+        out.append(f"- {display_name(p)}: from m = {on_paper[0]['m']} to {on_paper[-1]['m']} "
+                   f"the bits change by {np.mean(change):+.4f} ± {standard_error(change):.4f} "
+                   f"(one standard error over the {len(change)} stretches, paired); "
+                   + ("they fall at every step of the paper's contexts." if falls else
+                      "they do not fall at every step of the paper's contexts."))
+    out.append(f"- Paper: from {paper[0][0]:,} to {paper[-1][0]:,} tokens the bits change by "
+               f"{paper[-1][1] - paper[0][1]:+.4f}, falling at every step.")
+    return out
+
+
+def profile_section(prof: dict) -> list[str]:
+    """Where a Table 2 training step's time goes (``python -m fast table2 --profile``)."""
+    c = prof["conditions"]
+    out = [f"Where a Table 2 training step's time goes, `python -m fast table2 --profile` "
+           f"({c['machine']}, torch {c['torch']}, {c['threads']} thread, kernels "
+           f"{c['kernels']['aten_cpu_capability']}; CPU seconds, median of {c['steps']} steps "
+           f"after {c['warmup']} warm-up steps; shares of the operators' own time from "
+           f"torch.profiler):", "",
+           "| cell | step | forward | backward | optimizer | clip | data | attention | matmul "
+           "| other ops | op calls | dispatch, est. | eval per item | per token at batch "
+           + " / ".join(str(b) for b in c["batches"]) + " | step, host's own kernels |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, r in prof["cells"].items():
+        ph, ops = r["phases"], r["op_shares"]
+        step = sum(ph.values())
+        out.append(f"| {key} | {step * 1e3:.0f} ms | " + " | ".join(
+            f"{100 * ph[k] / step:.1f}%" for k in ("forward", "backward", "optimizer", "clip",
+                                                 "data"))
+            + " | " + " | ".join(f"{100 * ops[k]:.0f}%" for k in ("attention", "matmul",
+                                                                   "other"))
+            + f" | {r['op_calls']:.0f} | {100 * r['dispatch_s'] / step:.0f}% "
+            f"| {r['eval_item_s'] * 1e3:.1f} ms | "
+            + " / ".join(f"{t * 1e6:.0f} us" for t in r["per_token_s"])
+            + (f" | {sum(r['host_kernels']['phases'].values()) * 1e3:.0f} ms "
+               f"({r['host_kernels']['kernels']['aten_cpu_capability']}) |"
+               if "host_kernels" in r else " | - |"))
+    return out
+
+
 def figures_section(log: dict) -> list[str]:
     steps = log.get("steps", log)
     check(steps, Map(object), "['steps']")
@@ -293,8 +493,13 @@ def report(data: Path) -> tuple[str, list[str]]:
     the JSON files not there yet). A damaged file raises ``CacheError``, naming it."""
     sections = [("bench_cpu.json", bench_section), ("memory.json", memory_section),
                 ("table2.json", lambda t2: table2_section(t2) + [""] + drift_section(t2)),
+                ("table2_zero_output.json", lambda zero: output_init_section(
+                    read_cache(Path(data) / "table2.json"), zero)),
+                ("table2_profile.json", profile_section),
+                ("table3.json", table3_section),
                 ("learned_attention.json", fig2_section),
                 ("learned_attention_long.json", lambda la: fig2_section(la, long=True)),
+                ("learned_attention_depth.json", fig2_depth_section),
                 ("make_figures.json", figures_section)]
     text, missing = [], []
     for name, section in sections:

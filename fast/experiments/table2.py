@@ -30,7 +30,9 @@ does not depend on them), batch 1, one thread, alone.
 
     python -m fast table2 [--quick] [--force] [--seeds 3] [--jobs 2] [--iters 160]
                           [--only text/full,...]
-    python -m fast table2 --drift     # seed 0 of every cell again, 2 threads (reproducibility)
+    python -m fast table2 --drift     # seed 0 of every cell again: on 2 threads, and on an
+                                      # AVX-512 host with its own kernels (reproducibility)
+    python -m fast table2 --profile   # where a step's time goes (figures/data/table2_profile.json)
 
 Results go to figures/data/table2.json (written after each run; a run already
 there is skipped unless --force, so the script resumes). The seed-0 weights of
@@ -58,7 +60,10 @@ from fast.core.schema import Map, Optional
 from fast.data import Dataset, load
 from fast.experiments.cache import resumable
 from fast.experiments.paths import DATA, FIGURES, QUICK
+from fast.experiments.reproducible import avx512_env, child_env, kernels, weights_digest
+from fast.measure.bench import machine_info
 from fast.measure.child import run_child
+from fast.measure.step_profile import profile_step
 from fast.plots import table2 as plot_table2
 from fast.plots.style import PATTERN_ORDER
 from fast.transformer.config import ModelConfig, TrainConfig
@@ -70,7 +75,6 @@ MODALITIES = ("text", "image")
 TEXT_EVAL_WINDOWS = 256          # text windows per held-out split, evenly spread
 STEPS = 160                      # training steps of every run (--iters overrides)
 WIDTH = 64                       # d: 3 seeds x 6 cells must fit about 15 minutes of 2 cores
-CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 # The paper's Table 2 (bits, seconds per iteration on their GPUs).
 PAPER = {
@@ -91,14 +95,15 @@ CACHE = {"runs": Optional(Map(Map(RUN))), "timing": Optional([TIMING_ROW]),
 
 
 def run_configs(modality: str, pattern: str, quick: bool, iters: int | None = None,
-                seed: int = 0) -> tuple[ModelConfig, TrainConfig]:
-    """The model and training configuration of one Table 2 cell and seed."""
+                seed: int = 0, output_init: str = "normal") -> tuple[ModelConfig, TrainConfig]:
+    """The model and training configuration of one Table 2 cell and seed (``output_init``:
+    W_out drawn, the default, or "zero" as sec. 6 says)."""
     if modality not in MODALITIES or pattern not in PATTERN_ORDER:
         raise ValueError(f"modality must be one of {MODALITIES} and pattern one of "
                          f"{PATTERN_ORDER}, got {modality!r}, {pattern!r}")
     iters = iters or (24 if quick else STEPS)
     common = dict(d_model=WIDTH, n_heads=4, n_layers=2 if quick else 4, pattern=pattern,
-                  combine="merged")
+                  combine="merged", output_init=output_init)
     # images learn faster at a higher peak rate (3e-3 beat 1e-3 on grey16)
     schedule = dict(max_iters=iters, warmup_iters=max(2, iters // 10), precision="fp32",
                     eval_interval=max(1, iters // 6), eval_batches=4, eval_splits=("val",),
@@ -177,11 +182,12 @@ def run_one(spec: dict) -> dict:
     """Train one cell with one seed (in a child process); returns its record.
 
     spec: {"key": "text/full", "seed": 0, "quick": bool, "iters": int | None,
-    "keep": path or None (where to save the weights), "threads": int (default 1)}.
+    "keep": path or None (where to save the weights), "threads": int (default 1),
+    "output_init": "normal" (default) or "zero"}.
     """
     modality, pattern = spec["key"].split("/")
     model_cfg, train_cfg = run_configs(modality, pattern, spec["quick"], spec.get("iters"),
-                                       spec["seed"])
+                                       spec["seed"], spec.get("output_init", "normal"))
     train_cfg.cpu_threads = spec.get("threads", 1)
     t0, c0 = time.perf_counter(), time.process_time()
     rec = train(model_cfg, train_cfg, progress=False, dataset=dataset(modality))
@@ -198,7 +204,7 @@ def run_one(spec: dict) -> dict:
         "time_per_iter": statistics.median(steps), "n_params": rec["n_params"],
         "steps": rec["step"], "threads": train_cfg.cpu_threads,
         "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-        "unit": rec["unit"],
+        "unit": rec["unit"], "weights_sha256": weights_digest(model), "kernels": kernels(),
     }
 
 
@@ -221,6 +227,56 @@ def time_paper_lengths(quick: bool) -> list[dict]:
     return rows
 
 
+PROFILE_STEPS, PROFILE_WARMUP, PROFILE_BATCHES = 6, 2, (8, 16, 32)
+
+
+def profile_one(spec: dict) -> dict:
+    """The child's side of ``profile``: ``fast.measure.step_profile.profile_step`` of one
+    cell (spec: {"key", "quick"}), on one thread."""
+    modality, pattern = spec["key"].split("/")
+    model_cfg, train_cfg = run_configs(modality, pattern, spec["quick"])
+    torch.set_num_threads(1)
+    steps = 2 if spec["quick"] else PROFILE_STEPS
+    return {**profile_step(model_cfg, train_cfg, dataset(modality), steps=steps,
+                           warmup=1 if spec["quick"] else PROFILE_WARMUP,
+                           batches=(4, 8) if spec["quick"] else PROFILE_BATCHES),
+            "batch": train_cfg.batch_size, "n": model_cfg.n_ctx, "kernels": kernels()}
+
+
+def profile(*, quick: bool = False) -> dict:
+    """Where the time of a training step of every cell goes (``profile_one`` in a child
+    with one thread and the pinned kernels, one cell after the other, nothing else of ours
+    running); written to table2_profile.json beside table2.json. Returns its data."""
+    out = out_paths(quick)[0].with_name("table2_profile.json")
+    cells = {}
+    for key in cell_keys():
+        result = run_child("fast.experiments.table2:profile_one", {"key": key, "quick": quick},
+                           env=child_env(1))
+        if "error" in result:
+            raise RuntimeError(f"table2: profile {key} {result['error']}\n{result['output']}")
+        cells[key] = result["result"]
+        step = sum(cells[key]["phases"].values())
+        print(f"table2: profile {key}: {step * 1e3:.0f} ms CPU per step", flush=True)
+        if cells[key]["kernels"]["host_avx512"] and "ATEN_CPU_CAPABILITY" in child_env(1):
+            # what pinning the AVX2 kernels costs on this AVX-512 host
+            free = run_child("fast.experiments.table2:profile_one",
+                             {"key": key, "quick": quick},
+                             env=avx512_env(1))
+            if "error" in free:
+                raise RuntimeError(f"table2: profile {key} {free['error']}\n{free['output']}")
+            cells[key]["host_kernels"] = {k: free["result"][k] for k in ("phases", "kernels")}
+    first = next(iter(cells.values()))
+    data = {"quick": quick, "cells": cells, "conditions": {
+        "machine": machine_info("cpu")["cpu"] + f", {os.cpu_count()} cores",
+        "torch": torch.__version__, "threads": 1, "kernels": first["kernels"],
+        "steps": 2 if quick else PROFILE_STEPS, "warmup": 1 if quick else PROFILE_WARMUP,
+        "batches": list((4, 8) if quick else PROFILE_BATCHES),
+        "clock": "CPU seconds of the child process (time.process_time)"}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, data)
+    return data
+
+
 def cell_keys() -> list[str]:
     return [f"{m}/{p}" for m in MODALITIES for p in PATTERN_ORDER]
 
@@ -241,16 +297,22 @@ def summarise(runs: dict) -> dict:
 
 def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds: int = 3,
         jobs: int = 2, out: Path | None = None, iters: int | None = None,
-        drift: bool = False) -> dict:
+        drift: bool = False, output_init: str = "normal") -> dict:
     """Train what is missing (every cell x seed, or ``only`` those cells; ``drift``: seed 0
     of each again on 2 threads), the timing runs, and draw the figures; the JSON is
     rewritten after every run. Returns its data. ValueError when ``out`` holds results of
-    the other size (``quick``) and ``force`` is not given."""
+    the other size (``quick``) and ``force`` is not given. ``output_init="zero"`` (sec. 6's
+    W_out = 0) writes to table2_zero_output.json beside table2.json unless ``out`` says
+    otherwise, keeps no weights and draws no figures: the measurement behind the default."""
     keys, only = cell_keys() + ["timing"], list(only)
     default, models, figdir = out_paths(quick)
+    variant = output_init != "normal"
+    if variant:
+        default = default.with_name("table2_zero_output.json")
     out = Path(out) if out else default
     data = resumable(out, quick, force, CACHE)
     data.update({"quick": quick, "paper": PAPER, "torch": torch.__version__,
+                 "output_init": output_init,
                  "python": platform.python_version(), "jobs": jobs,
                  "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, CPU only",
                  "data": {m: dataset(m).fingerprint() for m in MODALITIES},
@@ -259,29 +321,40 @@ def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds
     out.parent.mkdir(parents=True, exist_ok=True)
     todo = []
     for key in [k for k in (only or keys) if k != "timing"]:
-        if drift:              # only the 2-thread twins of seed 0
-            todo.append({"key": key, "seed": 0, "quick": quick, "iters": iters,
-                         "keep": None, "threads": 2})
+        if drift:   # seed 0 again: on 2 threads; on an AVX-512 host, also with its kernels
+            twin = {"key": key, "seed": 0, "quick": quick, "iters": iters, "keep": None,
+                    "output_init": output_init}
+            for field, spec in (("drift", {**twin, "threads": 2}),
+                                ("drift_kernels", {**twin, "host_kernels": True})):
+                if key in data.get(field, {}):
+                    print(f"table2: {field} of {key} already measured, kept", flush=True)
+                elif field == "drift" or (kernels()["host_avx512"]
+                                          and "ATEN_CPU_CAPABILITY" in child_env(1)):
+                    todo.append(spec)
             continue
         for seed in range(seeds):
             if str(seed) in data["runs"].get(key, {}) and not force and not only:
                 continue
-            keep = models / f"{key.replace('/', '_')}.pt" if seed == 0 else None
+            keep = models / f"{key.replace('/', '_')}.pt" if seed == 0 and not variant else None
             todo.append({"key": key, "seed": seed, "quick": quick, "iters": iters,
-                         "keep": str(keep) if keep else None})
+                         "keep": str(keep) if keep else None, "output_init": output_init})
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(run_child, "fast.experiments.table2:run_one", spec,
-                               env=CHILD_ENV): spec for spec in todo}
+                               env=(avx512_env if spec.get("host_kernels") else child_env)(
+                                   spec.get("threads", 1))): spec
+                   for spec in todo}
         for done, future in enumerate(as_completed(futures), 1):
             spec, result = futures[future], future.result()
             if "error" in result:
                 raise RuntimeError(f"table2: {spec['key']} seed {spec['seed']} "
                                    f"{result['error']}\n{result['output']}")
             r = result["result"]
-            if spec.get("threads", 1) != 1:     # --drift: the same run, another summation order
-                data.setdefault("drift", {})[spec["key"]] = {
-                    k: r[k] for k in ("val_bits", "test_bits", "threads", "seed")}
+            if drift:               # the same run, another summation order
+                field = "drift_kernels" if spec.get("host_kernels") else "drift"
+                data.setdefault(field, {})[spec["key"]] = {
+                    k: r[k] for k in ("val_bits", "test_bits", "threads", "seed",
+                                      "weights_sha256", "kernels")}
             else:
                 data["runs"].setdefault(spec["key"], {})[str(spec["seed"])] = r
             data["summary"] = summarise(data["runs"])
@@ -289,6 +362,8 @@ def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds
             print(f"table2: [{done}/{len(todo)}, {time.perf_counter() - t0:.0f} s] "
                   f"{spec['key']} seed {spec['seed']}: test {r['test_bits']:.3f} {r['unit']}, "
                   f"{r['time_per_iter']:.3f} s/iter, {r['wall_s']:.0f} s", flush=True)
+    if variant:
+        return data
     if "timing" in (only or keys) and not drift and ("timing" not in data or force
                                                           or only):
         data["timing"] = time_paper_lengths(quick)

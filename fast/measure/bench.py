@@ -31,6 +31,9 @@ import platform
 
 import torch
 
+from fast.measure.contenders import PATTERN_PARAMS
+from reference.counts import keys_per_query
+
 TARGET_N = 16384                 # the n of the speed-up targets
 SLOPE_NS = (4096, 65536)         # the range of the time-slope target
 PEAK_N = 65536                   # the n of the peak-memory target
@@ -141,7 +144,22 @@ def summarize(results: list[dict], dtype: str = "float32") -> dict:
         **{f"{label}_bwd_over_fwd_16384": (row(pattern) or {}).get("bwd_over_fwd")
            for label, pattern in (("dense", None), ("strided", "strided"),
                                   ("fixed", "fixed"))},
+        **{f"{pattern}_ideal_16384": keys_read_ideal(pattern, TARGET_N, **params)
+           for pattern, params in PATTERN_PARAMS.items()},
+        # the slope that reading exactly the pattern's keys would give over the same n
+        "strided_keys_slope_4096_65536": fitted_slope(
+            [s[0] for s in strided],
+            [int(keys_per_query("strided", s[0], **PATTERN_PARAMS["strided"]).sum())
+             for s in strided]),
     }
+
+
+def keys_read_ideal(pattern: str, n: int, **params) -> float:
+    """The speed-up over dense causal attention that reading fewer keys allows: the
+    (query, key) pairs dense causal attention reads over those the pattern reads
+    (``reference.counts``; every head reads as many under the merged heads)."""
+    pattern_pairs = int(keys_per_query(pattern, n, **params).sum())
+    return n * (n + 1) / 2 / pattern_pairs
 
 
 GPU_GOALS = [((4, 16, 16384), "strided", "fwd", 12.0), ((4, 16, 16384), "strided", "fb", 8.0),

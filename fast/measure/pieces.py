@@ -218,3 +218,11 @@ def piece_times(pattern: str = "strided", n: int = 16384, *, B: int = 1, H: int 
         "dense": _whole(best, times, "dense") if dense else None,
         "pairs": {"pattern": total_pairs, "dense": dense_pairs},
     }
+
+
+def measure_specs(specs: list[dict]) -> list[dict]:
+    """``piece_times(**spec)`` for every spec (its "dtype" a name: "float32", ...), one
+    after another in this process: what the benchmark runs in one fresh process
+    (``fast.measure.child``) after its sweep."""
+    return [piece_times(**{**spec, "dtype": getattr(torch, spec.get("dtype", "float32"))})
+            for spec in specs]

@@ -15,7 +15,11 @@ corner; pixels a sparse model may not read are grey.
   row, column, elsewhere), how far each layer's most local / most row-column
   head is above uniform attention, every head's image entropy, and the mass a
   dense model puts inside the strided and fixed patterns -- each beside uniform;
-* ``draw_parts``   -- trained sparse models: the mass on each part of the pattern.
+* ``draw_parts``   -- trained sparse models: the mass on each part of the pattern;
+* ``draw_depth``   -- dense models of several depths: per layer, the row and the column
+  lift of the most row-like and most column-like head (its share of the pixel mass on
+  the query's row or column, outside the local window, over uniform attention's), and
+  how many heads get each label.
 """
 
 from __future__ import annotations
@@ -27,7 +31,14 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import LogNorm
 from matplotlib.patches import Rectangle
 
-from fast.measure.attention_stats import CONCENTRATED, SPREAD, pixel_position, split_start
+from fast.measure.attention_stats import (
+    CONCENTRATED,
+    LABELS,
+    MOST,
+    SPREAD,
+    pixel_position,
+    split_start,
+)
 from fast.plots import style
 from fast.plots.style import plt
 
@@ -260,6 +271,54 @@ def draw_parts(summaries: dict, path):
         ax.set_ylabel("attention mass")
         ax.set_title(f"trained {pattern} model: mass per part of the pattern", fontsize=9)
         ax.legend(fontsize=7, loc="lower left", framealpha=0.9)
+    fig.tight_layout()
+    return style.save(fig, path)
+
+
+def draw_depth(data: dict, path):
+    """data: the depth JSON (``python -m fast fig2 --depth``), {"models": {depth: summary
+    with "layers" rows}}. Left and middle: per layer, the largest row and column lift over
+    the heads, one line per depth, uniform attention at 1 and the lift above which a head
+    is labelled row (or column), most of its pixel mass there; right: the share of heads
+    with each label, per depth."""
+    models = {int(k): v for k, v in data["models"].items()}
+    fig, axes = plt.subplots(1, 3, figsize=(14.0, 3.9))
+    colors = [style.BLUE, style.ORANGE, style.GREEN, style.RED, style.GREY]
+    for ax, key, region, name in ((axes[0], "row_x", 1, "row"),
+                                  (axes[1], "column_x", 2, "column")):
+        uniform = None
+        for color, (depth, s) in zip(colors, sorted(models.items())):
+            lifts = [r[key] for r in s["layers"]]
+            ax.plot(range(depth), lifts, "o-", ms=3, color=color, label=f"{depth} layers")
+            uniform = s["uniform"]["shares"][region]
+        ax.axhline(1.0, color="black", lw=0.8, ls=":", label="uniform attention")
+        if uniform:
+            ax.axhline(MOST / uniform, color=style.RED, lw=0.8, ls="--",
+                       label=f"labelled {name}: share {MOST} or more")
+        ax.set_yscale("log")
+        ax.set_xlabel("layer")
+        ax.set_ylabel(f"{name} share of pixel mass / uniform's")
+        ax.set_title(f"most {name}-like head of each layer", fontsize=9)
+        ax.legend(fontsize=6.5)
+        ax.grid(alpha=0.3, which="both")
+    ax = axes[2]
+    depths = sorted(models)
+    bottom = np.zeros(len(depths))
+    label_colors = dict(zip(LABELS, (style.BLACK, style.BLUE, style.ORANGE, style.GREEN,
+                                     style.RED, style.LIGHT_GREY, style.PURPLE, style.GREY)))
+    for label in LABELS:
+        share = np.array([np.mean([lab == label for layer in models[d]["labels"]
+                                   for lab in layer]) for d in depths])
+        if share.any():
+            ax.bar(range(len(depths)), share, bottom=bottom, color=label_colors[label],
+                   label=label, width=0.6)
+        bottom += share
+    ax.set_xticks(range(len(depths)), [f"{d} layers" for d in depths])
+    ax.set_ylabel("share of the heads")
+    ax.set_title("head labels (rule of fast.measure.attention_stats)", fontsize=9)
+    ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle("Fig. 2 against depth: dense models on 16x16 grey photo crops, every layer "
+                 "against uniform attention over the same pixels", fontsize=10)
     fig.tight_layout()
     return style.save(fig, path)
 

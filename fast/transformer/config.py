@@ -37,6 +37,7 @@ from reference.params import FACTORIZED as PATTERNS  # the model's patterns: ful
 
 EMBEDDINGS = ("image", "text")
 ATTENTION_IMPLS = ("sparse", "masked")
+OUTPUT_INITS = ("normal", "zero")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]{1,4})?")   # resolved in fast.transformer.network.devices
 MAX_THREADS = 1024
@@ -69,6 +70,9 @@ class ModelConfig:
     attention_impl: str = "sparse"   # "sparse": fast.sparse_attention; "masked": explicit
                                      # (n, n) masked softmax (slow, for checks/figures)
     attention_backend: str = "auto"  # passed to fast.sparse_attention(backend=...)
+    output_init: str = "normal"      # W_out: "normal", N(0, 0.125/sqrt(d)) like every other
+                                     # weight, or "zero", sec. 6's "initialized to 0"; normal
+                                     # is the default by measurement (docs/design.md, sec. 4)
 
     def __post_init__(self):
         _int(self, "vocab_size", 2)
@@ -90,6 +94,7 @@ class ModelConfig:
         _choice(self, "embedding", EMBEDDINGS)
         _choice(self, "attention_impl", ATTENTION_IMPLS)
         _choice(self, "attention_backend", BACKENDS)
+        _choice(self, "output_init", OUTPUT_INITS)
         _number(self, "dropout", 0.0, 1.0, hi_open=True)
         if self.pattern in ("strided", "fixed") or self.embedding == "text":
             if self.stride is None:

@@ -10,13 +10,16 @@ saw (its data's fingerprint, its resolved precision and device:
 the models the figure scripts keep, in fp16 to be small) holds just the three.
 ``load_model`` reads both kinds.
 
-Versions. ``format`` counts changes of what a checkpoint holds. Format 2 (this code)
-added the version itself, and to training checkpoints the data fingerprint, the
-precision and the device. A file without ``format`` is format 1 (written before
-versions were kept; the weights-only files under figures/data/models are): its model
-loads as it always did, and a format-1 *training* checkpoint is refused by
-``--resume`` (it does not record the data, precision and device a resume must
-compare), in one sentence that says so. A file of a newer format is refused.
+Versions. ``format`` counts changes of what a checkpoint holds. Format 2 added the
+version itself, and to training checkpoints the data fingerprint, the precision and
+the device; format 3 (this code) the model's ``output_init`` field. A file without
+``format`` is format 1 (written before versions were kept; the weights-only files
+under figures/data/models are): its model loads as it always did, and a format-1
+*training* checkpoint is refused by ``--resume`` (it does not record the data,
+precision and device a resume must compare), in one sentence that says so. A config
+field added in a later format (``ADDED``) takes, in an older file, the value that
+reproduces how that file's model was made; in a file of its own format or later it
+must be there. A file of a newer format is refused.
 
 Writing: ``fast.core.files.atomic_write`` (a new temporary file beside the target,
 created exclusively, never through a link, fsync-ed, renamed over it), so a crash
@@ -53,7 +56,9 @@ from fast.core.schema import Exact, ShapeError, Tensor, check
 from fast.transformer.config import ModelConfig, TrainConfig
 from fast.transformer.network.model import SparseTransformer
 
-FORMAT = 2                                                      # what this code writes
+FORMAT = 3                                                      # what this code writes
+# config -> {field: (the format that added it, its value in every older file)}
+ADDED = {"model_cfg": {"output_init": (3, "normal")}}
 REQUIRED = ("model", "model_cfg")                               # every checkpoint
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # What building a model may allocate beyond twice its file's tensors (fp16 weights
@@ -122,9 +127,14 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     return state
 
 
-def _config(cls, fields, path, key: str):
-    """``cls(**fields)``: exactly ``cls``'s fields, each passing its own check."""
+def _config(cls, fields, path, key: str, version: int):
+    """``cls(**fields)``: exactly ``cls``'s fields, each passing its own check; a field
+    added after ``version`` (``ADDED``) takes its older files' value when missing."""
     try:
+        if isinstance(fields, dict):
+            older = {name: value for name, (since, value) in ADDED.get(key, {}).items()
+                     if version < since and name not in fields}
+            fields = {**fields, **older}
         check(fields, Exact({f.name: object for f in dataclasses.fields(cls)}), key)
         return cls(**fields)
     except (ValueError, TypeError) as err:
@@ -133,9 +143,11 @@ def _config(cls, fields, path, key: str):
 
 def configs_from(state: dict, path="the checkpoint") -> tuple[ModelConfig, TrainConfig | None]:
     """The ModelConfig (and TrainConfig, if saved) of a checkpoint, every field checked."""
-    model_cfg = _config(ModelConfig, state["model_cfg"], path, "model_cfg")
+    version = format_of(state)
+    model_cfg = _config(ModelConfig, state["model_cfg"], path, "model_cfg", version)
     train = state.get("train_cfg")
-    train_cfg = _config(TrainConfig, train, path, "train_cfg") if train is not None else None
+    train_cfg = (_config(TrainConfig, train, path, "train_cfg", version) if train is not None
+                 else None)
     return model_cfg, train_cfg
 
 

@@ -21,7 +21,11 @@ sections 5.2-5.6 and 6:
   interleaved, (row, column) of a grid of width l (the stride) for text;
 * init (sec. 6): W_e ~ N(0, 0.125/sqrt(d)), position embeddings
   N(0, 0.125/sqrt(d n_emb)), other weights N(0, 0.125/sqrt(d_in)) (standard
-  deviations), biases 0; W_2 and W_p further scaled by 1/sqrt(2N);
+  deviations), biases 0; W_2 and W_p further scaled by 1/sqrt(2N). The paper's
+  "The weight matrix for the output logits was initialized to 0" is
+  ``output_init="zero"``; by default W_out is drawn like the other weights
+  (``ModelConfig.output_init``: at the CPU scale of Table 2 the zero W_out cost
+  held-out bits, docs/design.md section 4);
 * dropout only at the end of each residual branch, never inside attention, so
   recomputation (``recompute=True``: torch.utils.checkpoint of every block,
   use_reentrant=False, RNG state preserved) gives the same loss and gradients.
@@ -240,7 +244,8 @@ class SparseTransformer(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """The paper's initialisation (sec. 6); call after seeding."""
+        """The paper's initialisation (sec. 6), W_out as ``cfg.output_init`` says; call after
+        seeding. W_out is drawn in either case, so the other weights do not depend on it."""
         cfg = self.cfg
         d = cfg.d_model
         self.embed.tok.weight.normal_(0.0, INIT_SCALE / math.sqrt(d))
@@ -258,6 +263,8 @@ class SparseTransformer(nn.Module):
         for block in self.blocks:
             block.ff.fc2.weight.mul_(residual_scale)                      # W_2
             block.attn.proj.weight.mul_(residual_scale)                   # W_p
+        if cfg.output_init == "zero":
+            self.head.weight.zero_()                                      # W_out, sec. 6
 
     def forward(self, idx: torch.Tensor, *, return_attention: bool = False):
         cfg = self.cfg

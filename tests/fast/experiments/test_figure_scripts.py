@@ -1,0 +1,307 @@
+"""Tests of the figure scripts' logic (not their training): Table 2 configs and
+summaries, the Figure 2 summaries, make_figures' command lines, and that every
+plot draws from plain data into a file."""
+
+import dataclasses
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from fast.commands import fig2 as fig2_command
+from fast.commands import figures as make_figures
+from fast.commands import table2 as table2_command
+from fast.commands.figures import STEPS, command
+from fast.commands.registry import COMMANDS
+from fast.experiments import learned_attention as LA
+from fast.experiments import table2 as T2
+from fast.experiments.table2 import run_configs, timing_configs
+from fast.measure.attention_stats import pixel_position, split_start
+from fast.plots import attention as plot_attention
+from fast.plots import style
+from fast.plots import table2 as plot_table2
+from reference import patterns
+
+
+@pytest.mark.parametrize("modality", ["text", "image"])
+def test_table2_cells_differ_only_in_the_pattern(modality):
+    base_m, base_t = run_configs(modality, "full", quick=False)
+    for pattern in ("fixed", "strided"):
+        m, t = run_configs(modality, pattern, quick=False)
+        diff = {f.name for f in dataclasses.fields(m)
+                if getattr(m, f.name) != getattr(base_m, f.name)}
+        assert diff <= {"pattern", "c"}, diff
+        tdiff = {f.name for f in dataclasses.fields(t)
+                 if getattr(t, f.name) != getattr(base_t, f.name)}
+        assert tdiff == {"out_dir"}, tdiff
+    with pytest.raises(ValueError, match="modality"):
+        run_configs("audio", "full", quick=False)
+
+
+def test_seeds_differ_only_in_the_seed():
+    m0, t0 = run_configs("image", "strided", quick=False, seed=0)
+    m1, t1 = run_configs("image", "strided", quick=False, seed=1)
+    assert m0 == m1 and t1.seed == 1 and t0.cpu_threads == t1.cpu_threads == 1
+    tdiff = {f.name for f in dataclasses.fields(t0) if getattr(t0, f.name) != getattr(t1, f.name)}
+    assert tdiff == {"seed", "out_dir"}
+
+
+def test_timing_configs_are_the_paper_lengths():
+    for modality, n, stride in (("image", 3072, 96), ("text", 12288, 128)):
+        m, t = timing_configs(modality, "fixed", quick=False)
+        assert m.n_ctx == n and m.stride == stride and t.batch_size == 1 and m.c == 32
+        base, _ = run_configs(modality, "fixed", quick=False)
+        same = ("d_model", "n_heads", "n_layers", "combine", "embedding", "pattern")
+        assert all(getattr(m, f) == getattr(base, f) for f in same)   # the Table 2 architecture
+        data = T2.random_bytes(m)
+        data.check_length(m.n_ctx)                                     # shaped for the model
+
+
+def test_table2_summary_is_mean_and_std_over_seeds():
+    runs = {"text/full": {str(s): {"val_bits": 2.0 + s, "test_bits": 1.0 + s,
+                                   "time_per_iter": 0.5} for s in range(3)}}
+    cell = T2.summarise(runs)["text/full"]
+    assert cell["seeds"] == 3 and cell["test_bits"] == 2.0 and cell["test_bits_std"] == 1.0
+    assert cell["time_per_iter_std"] == 0.0
+
+
+def test_split_start_shifts_by_the_start_token():
+    w = np.array([[0.5, 0.25, 0.25, 0.0]])
+    pix, start = split_start(w)
+    assert np.allclose(pix, [[0.25, 0.25, 0.0, 0.0]]) and np.allclose(start, [0.5])
+
+
+def _one_key(offset):
+    """maps (L=1, B=2, H=1, n, n): position p reads key position p - offset (else key 0)."""
+    h, w, _ = LA.SHAPE
+    n = h * w
+    maps = np.zeros((1, 2, 1, n, n))
+    for p in range(n):
+        maps[0, :, 0, p, p - offset if p >= offset else 0] = 1.0
+    return maps
+
+
+def test_summary_sees_local_and_column_attention_and_the_patterns_hold():
+    _, w, _ = LA.SHAPE
+    # position p predicts pixel p; pixel p - w (just above) is key position p - w + 1
+    s = LA.summarise(_one_key(w - 1))
+    local, col = s["regions"].index("local"), s["regions"].index("column")
+    # the pixel just above is inside the local window, so 'local' takes it
+    assert np.isclose(s["shares"][0][0][local], 1.0)
+    assert np.isclose(s["in_strided"][0][0], 1.0)          # the band holds the last l positions
+    assert s["labels"] == [["local"]]
+    assert np.isclose(s["data_dependence"][0][0], 0.0)     # the same for both images
+    # three rows up: the column, outside the window (WINDOW = 2)
+    s2 = LA.summarise(_one_key(3 * w - 1))
+    assert np.isclose(s2["shares"][0][0][col], 1.0)
+    assert s2["labels"] == [["column"]]
+    # with the start token in front, the strided column part holds pixels i - 1 - k l (the left
+    # neighbour's column), so a head that reads straight up is outside the strided pattern
+    assert np.isclose(s2["in_strided"][0][0], 0.0)
+    assert np.isclose(s["uniform"]["image_entropy"], 1.0)
+    rows = LA.beats_uniform(s2)
+    assert rows[0]["rowcol_x"] > 5 and rows[0]["labels"] == ["column"]
+
+
+def test_summary_of_a_sparse_model_splits_the_pattern_in_parts():
+    n = 256
+    a1, a2 = LA.pattern_masks("strided", n)
+    assert not (a1 & a2).any()
+    assert np.array_equal(a1 | a2, patterns.union(*patterns.strided(n, LA.STRIDE)))
+    s = LA.summarise(_one_key(LA.STRIDE), pattern="strided")   # key p - 16: the column part
+    assert np.allclose(s["part_mass"][0][0], [0.0, 1.0])
+    assert len(s["uniform"]["part_mass"]) == 2 and np.isclose(sum(s["uniform"]["part_mass"]), 1)
+    assert s["labels"] == [["local"]]       # pixel p - 17: one row up, one column left
+
+
+def test_fixed_heads_are_measured_against_their_own_summary_blocks():
+    """Head h of a merged fixed layer reads the summary sub-block of rank h
+    (reference.heads); uniform attention inside each head's own pattern puts all its
+    mass on that head's two parts, and the parts match reference.patterns.head_masks."""
+    n, heads = 256, 4
+    own = patterns.head_masks("fixed", n, heads, "merged", stride=LA.STRIDE, c=LA.SUMMARY)
+    maps = np.zeros((1, 2, heads, n, n))                         # two images, the same maps
+    for h in range(heads):
+        parts = LA.pattern_masks("fixed", n, h)
+        assert np.array_equal(parts[0] | parts[1], own[h])
+        maps[0, :, h] = own[h] / own[h].sum(1, keepdims=True)
+    assert not np.array_equal(own[0], own[1])                    # the summaries differ
+    s = LA.summarise(maps, pattern="fixed")
+    assert np.allclose(np.sum(s["part_mass"], -1), 1.0)            # every head, both parts
+    assert np.allclose(s["part_mass"][0], [s["uniform"]["part_mass"]] * heads, atol=0.02)
+
+
+def test_make_figures_commands():
+    assert set(STEPS) >= {"bench", "memory", "experiments", "learned_attention"}
+    fresh = command("memory", quick=False, resume=False)
+    assert fresh == [sys.executable, "-m", "fast", "memory", "--force"]
+    assert command("experiments", quick=False, resume=False)[3] == "table2"
+    assert command("learned_attention", quick=False, resume=False)[3] == "fig2"
+    assert command("bench", quick=False, resume=False) == [sys.executable, "-m", "fast", "bench"]
+    assert all(fast_command.split()[0] in COMMANDS for fast_command, _, _, _ in STEPS.values())
+    # the long Fig. 2 run is redrawn from its kept weights: make figures never retrains it
+    assert command("learned_attention_long", quick=False, resume=False)[3:] == ["fig2", "--long"]
+    # ... and so are the models of Fig. 2 against depth
+    assert command("learned_attention_depth", quick=False, resume=False)[3:] == ["fig2",
+                                                                                "--depth"]
+    # Table 3 reads Table 2's kept text models, and is recomputed from scratch
+    assert command("table3", quick=False, resume=False)[3:] == ["table3", "--force"]
+    assert "--force" not in command("experiments", quick=False, resume=True)
+    assert "--quick" in command("learned_attention", quick=True, resume=False)
+    assert command("bench", quick=True, resume=False) is None
+    # the samples are drawn from Table 2's kept models, after Table 2; decoding speed last
+    order = list(STEPS)
+    assert order.index("experiments") < order.index("learned_attention") < order.index("samples")
+    assert order.index("experiments") < order.index("table3")
+    assert command("samples", quick=False, resume=True)[3:] == ["samples"]
+    assert command("samples", quick=True, resume=False) is None      # no quick version
+    assert command("generate", quick=True, resume=False)[3:] == ["generate", "--quick"]
+    assert command("generate", quick=False, resume=False)[3:] == ["generate"]   # no --force
+    # the whole of make figures (these steps and about 3 min of notebooks) under 45 minutes
+    assert sum(minutes for _, _, minutes, _ in STEPS.values()) + 3 < 45
+
+
+def test_make_figures_refuses_an_unknown_step_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        make_figures.main(["--only", "bench,tabel2"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'tabel2'" in err[0] and "experiments" in err[0]
+
+
+def test_style_names_colours_and_save(tmp_path):
+    assert style.display_name("full") == "dense" and style.display_name("strided") == "strided"
+    assert style.color("full") == style.color("dense")
+    assert len({style.color(p) for p in style.PATTERN_ORDER}) == len(style.PATTERN_ORDER)
+    fig, ax = style.plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    path = style.save(fig, tmp_path / "sub" / "line.png")
+    assert path.stat().st_size > 1000
+    assert not style.plt.fignum_exists(fig.number)          # saved and closed
+
+
+@pytest.mark.slow
+def test_fig2_figures_draw_from_plain_data(tmp_path):
+    h, w, c = LA.SHAPE
+    n = h * w * c
+    maps = np.tril(np.ones((1, 2, 2, n, n)))       # uniform causal attention (L, B, H, n, n)
+    maps /= maps.sum(-1, keepdims=True)
+    result = {"query_pixels": [list(p) for p in LA.QUERY_PIXELS], "models": {}}
+    drawn, readable = {}, {}
+    for pattern in ("full", "strided", "fixed"):
+        mask = None if pattern == "full" else patterns.union(*LA.pattern_masks(pattern, n))
+        m = maps if mask is None else np.where(mask, maps, 0)
+        m = m / m.sum(-1, keepdims=True)
+        s = LA.summarise(m, pattern)
+        s["layers"] = LA.beats_uniform(s)
+        result["models"][pattern] = s
+        drawn[pattern] = m[:, 0]
+        if mask is not None:
+            readable[pattern] = mask
+    image = np.arange(n, dtype=np.uint8)
+    paths = plot_attention.make_all(drawn, image, result, LA.SHAPE, tmp_path, readable)
+    assert [p.name for p in paths] == ["fig2_learned_attention.png", "fig2_layers.png",
+                                       "attention_mass.png", "fig2_strided.png", "fig2_fixed.png",
+                                       "attention_parts.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+    assert pixel_position(1, 2, LA.SHAPE) == (1 * w + 2) * c
+    with pytest.raises(ValueError, match="pixel"):
+        pixel_position(h, 0, LA.SHAPE)
+
+
+def test_table2_figures_draw_from_plain_data(tmp_path):
+    runs = {}
+    evals = [{"step": 2, "val": 4.0}, {"step": 4, "val": 3.5}]
+    for m in ("text", "image"):
+        for k, p in enumerate(style.PATTERN_ORDER):
+            runs[f"{m}/{p}"] = {str(s): {"test_bits": 3 + 0.1 * k + 0.01 * s, "val_bits": 3.5,
+                                         "time_per_iter": 0.5 + 0.1 * k, "steps": 4,
+                                         "model_cfg": {"n_ctx": 256},
+                                         "evals": evals}
+                                for s in range(3)}
+    data = {"runs": runs, "summary": T2.summarise(runs), "paper": T2.PAPER,
+            "timing": [{"modality": m, "pattern": p, "n": 64, "time_per_iter": 1.0}
+                       for m in ("text", "image") for p in style.PATTERN_ORDER]}
+    paths = plot_table2.make_all(data, tmp_path)
+    assert [p.name for p in paths] == ["table2_bits.png", "table2_curves.png", "table2_timing.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+
+
+@pytest.mark.slow
+def test_fig2_long_run_is_kept_and_redrawn_from_its_weights(tmp_path, monkeypatch, capsys):
+    """``fig2 --long`` keeps its weights in models/, records the machine, draws only the
+    dense model's figures with a _long suffix, and a second call redraws from the kept
+    weights instead of training again (what ``make figures`` does)."""
+    monkeypatch.setattr(LA, "QUICK", tmp_path)
+    weights, summary, models, figdir = LA.paths(quick=True, long=True)
+    assert weights == tmp_path / "models" / "fig2_dense_long.pt"
+    assert LA.paths(quick=False, long=True)[0].name == "fig2_dense_long.pt"
+    assert fig2_command.main(["--long", "--quick", "--threads", "1"]) == 0
+    record = json.loads(summary.read_text())
+    assert weights.exists() and record["train"]["threads"] == 1
+    assert record["train"]["machine"]["cpu_count"] >= 1
+    assert set(record["models"]) == {"full"}                 # the sparse models are not redrawn
+    assert sorted(p.name for p in figdir.iterdir()) == [
+        "attention_mass_long.png", "fig2_layers_long.png", "fig2_learned_attention_long.png"]
+    capsys.readouterr()
+    stamp = weights.stat().st_mtime_ns
+    assert fig2_command.main(["--long", "--quick"]) == 0
+    assert "using cached" in capsys.readouterr().out and weights.stat().st_mtime_ns == stamp
+
+
+def test_fig2_depth_models_are_kept_measured_and_redrawn(tmp_path, monkeypatch, capsys):
+    """``fig2 --depth``: one dense model per depth, trained in children with the kernels
+    pinned, kept in models/; every layer of each gets its row and column lifts and every
+    head a label; a second call redraws from the kept weights without training."""
+    monkeypatch.setattr(LA, "QUICK", tmp_path)
+    assert fig2_command.main(["--depth", "--quick", "--jobs", "2"]) == 0
+    data = json.loads((tmp_path / "learned_attention_depth.json").read_text())
+    assert sorted(data["models"]) == sorted(map(str, LA.QUICK_DEPTHS)) == sorted(data["train"])
+    for depth in LA.QUICK_DEPTHS:
+        s, train = data["models"][str(depth)], data["train"][str(depth)]
+        assert train["model_cfg"]["n_layers"] == depth and train["threads"] == 1
+        assert train["model_cfg"]["d_model"] == LA.DEPTH_WIDTH
+        assert train["kernels"]["aten_cpu_capability"] != "AVX512"     # pinned to AVX2
+        assert len(s["layers"]) == len(s["labels"]) == depth
+        assert all({"row_x", "column_x", "rowcol_heads"} <= set(r) for r in s["layers"])
+        assert (tmp_path / "models" / f"fig2_dense_depth{depth}.pt").exists()
+    figures = sorted(p.name for p in (tmp_path / "figures").iterdir())
+    assert figures == ["fig2_depth.png"] + [f"fig2_learned_attention_depth{d}.png"
+                                            for d in LA.QUICK_DEPTHS]
+    capsys.readouterr()
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "models").iterdir()}
+    assert fig2_command.main(["--depth", "--quick"]) == 0
+    assert "training" not in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "models").iterdir()} == stamps
+    with pytest.raises(SystemExit):
+        fig2_command.main(["--depth", "--long"])
+
+
+def test_row_and_column_lifts_are_measured_against_uniform():
+    """A head that reads the pixel three rows up (the column, outside the local window)
+    has a column lift far above 1 and is listed as a row/column head; a local head not."""
+    s = LA.summarise(_one_key(3 * LA.SHAPE[1] - 1))
+    row = LA.beats_uniform(s)[0]
+    assert row["column_x"] > 5 and row["row_x"] == 0 and row["rowcol_heads"] == [0]
+    local = LA.beats_uniform(LA.summarise(_one_key(LA.SHAPE[1] - 1)))[0]
+    assert local["rowcol_heads"] == [] and local["local_x"] > 5
+    deep = np.concatenate([_one_key(3 * LA.SHAPE[1] - 1)] * 5)          # 5 layers
+    chunked = LA.summarise_layers(deep, chunk=2)
+    whole = LA.summarise(deep)
+    assert chunked["labels"] == whole["labels"] and np.allclose(chunked["shares"],
+                                                                whole["shares"])
+
+
+def test_table2_profile_and_output_init_options(capsys):
+    """``table2 --profile`` measures and trains nothing, so it refuses training options in
+    one line; ``--output-init`` takes the config's two values only."""
+    with pytest.raises(SystemExit) as end:
+        table2_command.main(["--profile", "--drift"])
+    assert end.value.code == 2 and "--profile with --drift" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as end:
+        table2_command.main(["--output-init", "zeros"])
+    assert end.value.code == 2 and "'zeros'" in capsys.readouterr().err
+    m, _ = run_configs("text", "full", quick=False, output_init="zero")
+    assert m.output_init == "zero" and run_configs("text", "full", quick=False)[0].output_init \
+        == "normal"

@@ -1,0 +1,203 @@
+"""fast.experiments.results (``python -m fast results``) prints the README's tables from the
+figure scripts' JSON (figures/data)."""
+
+import json
+
+import pytest
+
+from fast.commands import results as results_command
+from fast.experiments import results
+from fast.experiments.table2 import PAPER, summarise
+from tests.conftest import ROOT
+
+
+def test_results_from_minimal_json(tmp_path, capsys):
+    bench = {"machine": {"cpu": "CPU", "cpu_count": 2, "torch": "2.13.0"},
+             "targets": {"float32": {"strided_fwd_speedup_16384": 13.0,
+                                     "strided_fb_speedup_16384": 9.0,
+                                     "fixed_fwd_speedup_16384": 3.1, "fixed_fb_speedup_16384": 2.9,
+                                     "strided_fwd_slope_4096_65536": 1.0,
+                                     "strided_fb_slope_4096_65536": 1.1,
+                                     "strided_fb_peak_bytes_65536": 1.5e9}}}
+    (tmp_path / "bench_cpu.json").write_text(json.dumps(bench))
+    assert results_command.main(["--data", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "| 13.0x |" in captured.out and "1.50 GB" in captured.out
+    assert "memory.json" in captured.err  # what was not measured is said, not invented
+
+
+def test_results_from_committed_figures(capsys):
+    assert results_command.main([]) == 0
+    assert "Table 2" in capsys.readouterr().out
+
+
+def test_table2_section_states_spread_ordering_and_paper(tmp_path, capsys):
+    """Mean ± std over seeds, the ordering beside the paper's, and in how many seeds it holds."""
+    bits = {"full": (3.50, 3.52, 3.48), "fixed": (3.40, 3.45, 3.41), "strided": (3.42, 3.43, 3.46)}
+    runs = {}
+    for m in ("text", "image"):
+        for p, values in bits.items():
+            runs[f"{m}/{p}"] = {str(s): {"test_bits": b, "val_bits": b, "time_per_iter": 1.0,
+                                         "steps": 300, "model_cfg": {"n_ctx": 256}}
+                                for s, b in enumerate(values)}
+    t2 = {"runs": runs, "summary": summarise(runs), "paper": PAPER, "machine": "CPU",
+          "torch": "2.13.0", "text_eval_windows": 512,
+          "timing": [{"modality": m, "pattern": p, "n": 3072, "time_per_iter": t}
+                     for m in ("text", "image") for p, t in
+                     (("full", 2.0), ("fixed", 1.0), ("strided", 0.5))]}
+    (tmp_path / "table2.json").write_text(json.dumps(t2))
+    assert results_command.main(["--data", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| dense | 3.500 ± 0.020 | 1.00 |" in out
+    assert "fixed < strided < dense (paper: fixed < dense < strided)" in out     # text
+    assert "fixed below strided by 0.017 on average, in 2 of 3 seeds" in out
+    assert "(the paper's order)" not in out.split("Ordering on images")[0]
+    assert "0.50 s (0.25x)" in out and "0.35 s (0.27x)" in out                 # ours and paper's
+
+
+def test_drift_section_sets_the_move_beside_the_seed_spread():
+    """``table2 --drift``: how far the bits moved when only the thread count changed, beside
+    the spread over seeds (the yardstick), and nothing is claimed when it was not measured."""
+    runs = {"image/full": {"0": {"test_bits": 6.50}, "1": {"test_bits": 6.30},
+                           "2": {"test_bits": 6.40}}}
+    assert not any("summation order" in line for line in results.drift_section({"runs": runs}))
+    lines = results.drift_section({"runs": runs, "drift": {"image/full": {"test_bits": 6.52}}})
+    assert "image/full 0.02, seed std 0.1 (bits)" in lines[-1]
+
+
+# Damaged caches: (file, content, words of the one line). Truncated, empty, not UTF-8,
+# another program's JSON, and files whose keys a reader needs are missing or wrongly typed.
+DAMAGED = [
+    ("table2.json", b'{"summary": {"text/full"', "not valid JSON"),
+    ("table2.json", b"", "(empty)"),
+    ("memory.json", b"\xff\xfe{}", "not UTF-8 text"),
+    ("bench_cpu.json", b"[1, 2]", "a JSON list, not an object"),
+    ("table2.json", b'{"runs": {}}', "has no 'summary'"),
+    ("bench_cpu.json", json.dumps({"machine": {"cpu": "x", "cpu_count": "two", "torch": "2"},
+                                   "targets": {"float32": {}}}).encode(),
+     "['machine']['cpu_count'] is 'two'; expected an integer"),
+    ("memory.json", json.dumps({"depth": {"n": 8, "rows": []}, "big": {}}).encode(),
+     "['big'] has no"),
+    ("learned_attention.json", json.dumps({"models": {"full": {"window": 3, "layers": [
+        {"layer": 0}]}}, "train": {}, "images": "x"}).encode(), "['models']['full']['layers'][0]"),
+    ("make_figures.json", json.dumps({"steps": {"bench": {"seconds": "long"}}}).encode(),
+     "['steps']['bench']['seconds'] is 'long'"),
+]
+
+
+@pytest.mark.parametrize("name, content, says", DAMAGED,
+                         ids=[f"{n}:{s[:24]}" for n, _, s in DAMAGED])
+def test_results_refuses_a_damaged_cache_in_one_line(name, content, says, tmp_path, capsys):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(SystemExit) as exit_:
+        results_command.main(["--data", str(tmp_path)])
+    err = capsys.readouterr().err
+    print(err)
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"python -m fast results: {tmp_path / name}") and says in err
+
+
+def test_results_refuses_a_table2_whose_timing_lacks_rows(tmp_path, capsys):
+    data = json.loads((ROOT / "figures" / "data" / "table2.json").read_text())
+    data["timing"] = [r for r in data["timing"] if r["pattern"] != "strided"]
+    (tmp_path / "table2.json").write_text(json.dumps(data))
+    with pytest.raises(SystemExit) as exit_:
+        results_command.main(["--data", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "['timing'] lacks the rows ['image/strided', " \
+                                     "'text/strided']" in err
+
+
+@pytest.mark.parametrize("content, says", [
+    (b'{"runs": ["a list"]}', "['runs'] is a list; expected a dict"),
+    (b'{"runs": {"text/full": {"0": {"test_bits": "low"}}}}',
+     "['runs']['text/full']['0'] has no 'val_bits'"),
+    (b'{"quick": "no"}', "says quick='no'; allowed: true or false"),
+    (b"\xff\xfe\x00", "not UTF-8 text"),
+])
+def test_table2_refuses_a_damaged_cache_before_any_run(content, says, tmp_path, capsys,
+                                                       monkeypatch):
+    from fast.commands import table2 as table2_command
+    from fast.experiments import table2
+
+    monkeypatch.setattr(table2, "run_child", lambda *a, **k: pytest.fail("a run started"))
+    (tmp_path / "t2.json").write_bytes(content)
+    with pytest.raises(SystemExit) as exit_:
+        table2_command.main(["--out", str(tmp_path / "t2.json")])
+    err = capsys.readouterr().err
+    print(err)
+    assert exit_.value.code == 2 and err.count("\n") == 1 and says in err
+
+
+def _depth_summary(layers: int, rowcol_layer: int | None) -> dict:
+    """A depth model's summary rows: every head mixed, one head labelled column where asked."""
+    labels = [["mixed", "local"] for _ in range(layers)]
+    rows = [{"layer": i, "row_x": 1.5, "column_x": 2.0 + i, "rowcol_heads": []}
+            for i in range(layers)]
+    if rowcol_layer is not None:
+        labels[rowcol_layer][1] = "column"
+        rows[rowcol_layer]["rowcol_heads"] = [1]
+    return {"labels": labels, "layers": rows}
+
+
+def test_fig2_depth_section_answers_from_which_depth_rows_or_columns_appear():
+    train = {str(L): {"test_bits": 5.0 - L / 10, "steps": 1500, "model_cfg": {
+        "d_model": 64, "n_heads": 2}, "train_cfg": {"batch_size": 16},
+        "machine": {"cpu": "CPU"}} for L in (2, 4)}
+    none = {"train": train, "images": "16 test images",
+            "models": {"2": _depth_summary(2, None), "4": _depth_summary(4, None)}}
+    lines = results.fig2_depth_section(none)
+    assert "| 2 | 4.800 | mixed 2, local 2 | 1.5x (0) | 3.0x (1) | none |" in lines
+    assert lines[-1] == ("- No head of any depth is labelled row, column or row+column (most "
+                         "of its pixel mass there): row/column attention does not appear up to "
+                         "4 layers. The strongest lift is 5.0x uniform's (column, layer 3 of "
+                         "the 4-layer model).")
+    some = dict(none, models={"2": _depth_summary(2, None), "4": _depth_summary(4, 2)})
+    lines = results.fig2_depth_section(some)
+    assert "| 4 | 4.600 | mixed 4, local 3, column 1 | 1.5x (0) | 5.0x (3) | layer 2 h1 " \
+           "(column) |" in lines
+    assert lines[-1] == ("- Row/column attention appears from the 4-layer model on: heads "
+                         "labelled row, column or row+column in the 4-layer model's layers 2.")
+
+
+def test_profile_section_gives_each_part_of_a_step_as_a_share():
+    cell = {"phases": {"data": 0.001, "forward": 0.1, "backward": 0.2, "clip": 0.004,
+                       "optimizer": 0.005}, "op_shares": {"attention": 0.5, "matmul": 0.3,
+                                                          "other": 0.2},
+            "op_calls": 4000, "dispatch_s": 0.0062, "eval_item_s": 0.01,
+            "per_token_s": [6e-5, 6.1e-5, 5.9e-5]}
+    prof = {"cells": {"text/full": cell}, "conditions": {
+        "machine": "CPU, 2 cores", "torch": "2.13.0", "threads": 1,
+        "kernels": {"aten_cpu_capability": "AVX2"}, "steps": 6, "warmup": 2,
+        "batches": [8, 16, 32]}}
+    lines = results.profile_section(prof)
+    assert "| text/full | 310 ms | 32.3% | 64.5% | 1.6% | 1.3% | 0.3% | 50% | 30% | 20% " \
+           "| 4000 | 2% | 10.0 ms | 60 us / 61 us / 59 us | - |" in lines
+    cell["host_kernels"] = {"phases": {"forward": 0.1, "backward": 0.18},
+                            "kernels": {"aten_cpu_capability": "AVX512"}}
+    assert results.profile_section(prof)[-1].endswith("| 280 ms (AVX512) |")
+
+
+def test_drift_section_sets_the_kernels_move_beside_the_seed_spread():
+    """``table2 --drift`` on an AVX-512 host: seed 0 with the host's own kernels instead of
+    the pinned AVX2 ones, its move beside the spread over seeds."""
+    runs = {"text/full": {"0": {"test_bits": 4.0}, "1": {"test_bits": 4.2}}}
+    lines = results.drift_section({"runs": runs, "drift_kernels": {
+        "text/full": {"test_bits": 4.0000002}}})
+    assert "AVX2 kernels pinned" in lines[0] and "AVX-512 host's own kernels" in lines[-1]
+    assert "text/full 2e-07, seed std 0.14 (bits)." in lines[-1]
+
+
+def test_output_init_section_compares_the_same_seeds():
+    drawn = {"text/full": {str(s): {"test_bits": 4.0 + 0.01 * s} for s in range(3)}}
+    zero = {"runs": {"text/full": {str(s): {"test_bits": 4.4 + 0.01 * s - 0.02 * (s == 2),
+                                            "steps": 160} for s in range(3)}}}
+    line = results.output_init_section({"runs": drawn}, zero)[0]
+    assert "160 steps" in line and "text/full +0.393 (worse in 3 of 3 seeds; seed std 0.010)" \
+        in line
+
+
+def test_fig2_depth_section_of_a_run_still_training_says_so():
+    lines = results.fig2_depth_section({"train": {"24": {}, "6": {}}})
+    assert lines == ["Figure 2 against depth, `python -m fast fig2 --depth`: models of 6, 24 "
+                     "layers trained, not measured yet (run it again to measure them)."]

@@ -1,0 +1,304 @@
+"""Checkpoints read from disk are checked before anything is built from them (Child et al.,
+2019, sec. 6: runs resume from files that can be damaged, old, or crafted).
+
+A resume compares the format version, the configs field by field, the world size, the
+resolved precision and device, and the data's fingerprint, naming each field that differs;
+every part of a training state is checked against what this run would build (types,
+shapes, ranges), and a state that does not fit is one sentence (one line, exit status 2
+through ``python -m fast train``). A weights-only file is checked against its config on
+PyTorch's meta device before a model is allocated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fast.commands import train as train_command
+from fast.data import Dataset, load
+from fast.transformer.config import preset
+from fast.transformer.network.checkpoint import FORMAT, load_checkpoint, load_model
+from fast.transformer.network.model import SparseTransformer
+from fast.transformer.training import train as training
+from fast.transformer.training.preflight import check_run
+from tests.conftest import tiny_digits
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ARGV = ["--preset", "digits", "--d_model", "16", "--n_heads", "2", "--n_layers", "1",
+        "--batch_size", "8", "--max_iters", "4", "--warmup_iters", "1", "--eval_batches", "1",
+        "--eval_interval", "0", "--precision", "fp32", "--device", "cpu", "--cpu_threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load("digits")
+
+
+def tiny(out_dir, **kw):
+    return tiny_digits(out_dir, **{**dict(d_model=16, n_layers=1, max_iters=4,
+                                          warmup_iters=1), **kw})
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, digits):
+    """The checkpoint of a tiny run stopped after 2 of 4 steps, read back."""
+    out = tmp_path_factory.mktemp("saved")
+    m, t = tiny(out, stop_iter=2)
+    training.train(m, t, progress=False, dataset=digits)
+    return load_checkpoint(out / "ckpt.pt")
+
+
+@pytest.fixture
+def no_step(monkeypatch):
+    def step(*args, **kw):
+        raise AssertionError("a training step was taken before the run was refused")
+    monkeypatch.setattr(training, "train_step", step)
+
+
+def resume_from(state, tmp_path, digits, **kw):
+    """check_run of the tiny run resuming ``state`` written to tmp_path/ckpt.pt."""
+    torch.save(state, tmp_path / "ckpt.pt")
+    m, t = tiny(tmp_path, resume=True, **kw)
+    return check_run(m, t, digits)
+
+
+def copy(state):
+    """A deep copy (tensors cloned) to mutate."""
+    return torch.load(_to_bytes(state), weights_only=True)
+
+
+def _to_bytes(state):
+    import io
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_a_good_checkpoint_resumes(saved, tmp_path, digits, no_step):
+    plan = resume_from(saved, tmp_path, digits)
+    assert plan.resume_state["step"] == 2 and saved["format"] == FORMAT
+
+
+# (where, what to do to the state, words the one sentence must hold)
+def _set(path, value):
+    def change(state):
+        *keys, last = path
+        for k in keys:
+            state = state[k]
+        state[last] = value
+    return change
+
+
+def _delete(path):
+    def change(state):
+        *keys, last = path
+        for k in keys:
+            state = state[k]
+        del state[last]
+    return change
+
+
+def _weights(name, fn):
+    def change(state):
+        state["model"][name] = fn(state["model"][name])
+    return change
+
+
+MALFORMED = [
+    ("unknown model field", _set(["model_cfg", "flash"], True),
+     r"model_cfg this version cannot use: model_cfg holds \['flash'\], which is unknown"),
+    ("missing model field", _delete(["model_cfg", "dropout"]), r"has no 'dropout'"),
+    ("model field of a wrong type", _set(["model_cfg", "n_layers"], "1"), r"n_layers"),
+    ("unknown train field", _set(["train_cfg", "turbo"], 1), r"holds \['turbo'\]"),
+    ("missing key", _delete(["optimizer"]), r"missing \['optimizer'\]"),
+    ("no train config", _set(["train_cfg"], None), r"its train_cfg is None"),
+    ("step -5", _set(["step"], -5), r"step is -5; expected an integer in \[0, 4\]"),
+    ("step 10**6", _set(["step"], 10**6), r"step is 1000000; expected an integer in \[0, 4\]"),
+    ("step a text", _set(["step"], "2"), r"step is '2'; expected an integer"),
+    ("data position elsewhere", _set(["data_position", "step"], 1), r"data_position"),
+    ("rng of two ranks", lambda s: s["rng"].append(s["rng"][0]), r"rng is a list; expected a "
+                                                                  r"list of 1 items, each"),
+    ("rng of another type", _set(["rng", 0, "torch"], torch.zeros(3)), r"rng\[0\]\['torch'\]"),
+    ("rng word past 32 bits", lambda s: s["rng"][0].update(
+        python=(3, (2**40,) + tuple(s["rng"][0]["python"][1][1:]), None)),
+     r"rng\[0\]\['python'\]\[1\]\[0\] is 1099511627776"),
+    ("moment of another shape", lambda s: s["optimizer"]["state"][0].update(
+        exp_avg=torch.zeros(3)), r"optimizer\['state'\]\[0\]\['exp_avg'\]"),
+    ("a crafted weight decay", _set(["optimizer", "param_groups", 0, "weight_decay"], 50.0),
+     r"\['weight_decay'\] is 50.0; expected 0.01"),
+    ("a crafted schedule", _set(["scheduler", "base_lrs"], [9.0, 9.0]), r"base_lrs"),
+    ("schedule ahead of the step", _set(["scheduler", "last_epoch"], 3),
+     r"scheduler\['last_epoch'\] is 3"),
+    ("a scaler fp32 never has", _set(["scaler"], {"scale": 1.0}), r"scaler is a dict"),
+    ("history of another kind", _set(["history", "train", "loss"], "low"),
+     r"history\['train'\]\['loss'\]"),
+    ("history of unequal lists", lambda s: s["history"]["train"]["loss"].append(1.0),
+     r"lists of lengths"),
+    ("a weight of another shape", _weights("head.weight", lambda w: w[:-1]),
+     r"does not hold the weights its model_cfg describes: model\['head.weight'\]"),
+    ("a NaN weight", _weights("head.weight", lambda w: w * float("nan")), r"holds NaN or inf"),
+    ("a newer format", _set(["format"], FORMAT + 1),
+     rf"format {FORMAT + 1}; allowed: formats 1 to {FORMAT}"),
+    ("no format (format 1)", _delete(["format"]), r"format-1 checkpoint.*loads for sampling"),
+]
+
+
+@pytest.mark.parametrize("case, change, says", MALFORMED, ids=[c[0] for c in MALFORMED])
+def test_a_malformed_training_state_is_one_sentence(case, change, says, saved, tmp_path, digits,
+                                                     no_step):
+    state = copy(saved)
+    change(state)
+    with pytest.raises(ValueError, match=says) as err:
+        resume_from(state, tmp_path, digits)
+    print(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_through_the_command_it_is_one_line_and_exit_2(saved, tmp_path, capsys, no_step):
+    state = copy(saved)
+    state["step"] = -5
+    torch.save(state, tmp_path / "ckpt.pt")
+    with pytest.raises(SystemExit) as exit_:
+        train_command.main(ARGV + ["--out_dir", str(tmp_path), "--resume"])
+    err = capsys.readouterr().err
+    print(err)
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "step is -5" in err and "Traceback" not in err
+
+
+def test_a_resume_names_each_field_that_differs_not_the_whole_config(saved, tmp_path, digits,
+                                                                      no_step):
+    with pytest.raises(ValueError) as err:
+        resume_from(saved, tmp_path, digits, n_layers=2, lr=0.5)
+    said = str(err.value)
+    print(said)
+    assert "n_layers: 1 -> 2" in said and "lr: 0.002 -> 0.5" in said
+    assert "ModelConfig(" not in said and "d_model" not in said
+
+
+def test_precision_and_device_are_compared_as_resolved(saved, tmp_path, digits, no_step):
+    """A run that resolved "auto" to fp16 with a loss scaler on CUDA never continues as
+    bf16 on the CPU; the same words ("auto") are not enough."""
+    state = copy(saved)
+    state["train_cfg"]["precision"] = "auto"
+    state.update(precision="fp16", device="cuda")
+    with pytest.raises(ValueError, match=r"precision: 'fp16' -> 'bf16'; device: 'cuda' -> "
+                                         r"'cpu'"):
+        resume_from(state, tmp_path, digits, precision="auto")
+
+
+def test_a_word_that_resolves_the_same_resumes(tmp_path, digits):
+    """bf16 asked for by name, resumed as "auto" (bf16 on the CPU): the same run."""
+    m, t = tiny(tmp_path, precision="bf16", stop_iter=1, max_iters=2)
+    training.train(m, t, progress=False, dataset=digits)
+    out = training.train(m, dataclasses.replace(t, precision="auto", resume=True,
+                                                stop_iter=None), progress=False, dataset=digits)
+    assert out["step"] == 2 and out["precision"] == "bf16"
+
+
+def test_other_data_behind_the_same_path_is_refused(saved, tmp_path, digits, no_step):
+    changed = {split: arr.copy() for split, arr in digits.splits.items()}
+    changed["train"][0, 0] ^= 1
+    other = Dataset(digits.name, digits.kind, digits.vocab_size, changed, digits.image_shape)
+    with pytest.raises(ValueError, match=r"data split 'train': sha256 \w+, shape \[1437, 64\] "
+                                         r"-> sha256 \w+"):
+        resume_from(saved, tmp_path, other)
+
+
+def test_a_model_is_checked_against_its_file_before_it_is_built(tmp_path, monkeypatch):
+    """A weights-only file whose config claims 16.7 million positions (image_shape
+    (512, 512, 64)) while its tensors are those of a tiny model with such tables:
+    refused before a byte of the model is allocated."""
+    m, _ = preset("digits", d_model=16, n_heads=2, n_layers=1)
+    big = dataclasses.replace(m, image_shape=(512, 512, 64), n_ctx=512 * 512 * 64, stride=64)
+    with torch.device("meta"):
+        weights = SparseTransformer(big).state_dict()
+    weights = {k: torch.zeros(v.shape, dtype=torch.float16 if v.is_floating_point() else v.dtype)
+               for k, v in weights.items()}
+    torch.save({"format": FORMAT, "model": weights, "model_cfg": dataclasses.asdict(big)},
+               tmp_path / "big.pt")
+    built = []
+    monkeypatch.setattr(SparseTransformer, "to", lambda self, *a, **k: built.append(1) or self)
+    with pytest.raises(ValueError, match=r"describes a model of [\d,]+ bytes while the file "
+                                         r"holds [\d,]+ bytes.*nothing was allocated"):
+        load_model(tmp_path / "big.pt")
+    assert not built
+
+
+def test_a_config_field_added_later_takes_its_old_value_in_an_older_file(tmp_path):
+    """output_init came with format 3: a format-2 file without it holds a model made the
+    way every model was then (W_out drawn, "normal") and loads so; a format-3 file must
+    name it, and one without it is refused naming the field."""
+    m, _ = preset("digits", d_model=16, n_heads=2, n_layers=1)
+    weights = SparseTransformer(m).state_dict()
+    cfg = dataclasses.asdict(m)
+    del cfg["output_init"]
+    torch.save({"format": 2, "model": weights, "model_cfg": cfg}, tmp_path / "old.pt")
+    model, model_cfg, _ = load_model(tmp_path / "old.pt")
+    assert model_cfg.output_init == "normal" and model_cfg == m
+    torch.save({"format": 3, "model": weights, "model_cfg": cfg}, tmp_path / "new.pt")
+    with pytest.raises(ValueError, match="model_cfg.*output_init"):
+        load_model(tmp_path / "new.pt")
+
+
+def test_sampling_refuses_non_finite_weights(tmp_path):
+    m, _ = preset("digits", d_model=16, n_heads=2, n_layers=1)
+    model = SparseTransformer(m)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["embed.tok.weight"][3, 1] = float("inf")
+    torch.save({"format": FORMAT, "model": state, "model_cfg": dataclasses.asdict(m)},
+               tmp_path / "inf.pt")
+    with pytest.raises(ValueError, match=r"model\['embed.tok.weight'\] holds NaN or inf"):
+        load_model(tmp_path / "inf.pt")
+    assert np.isinf(state["embed.tok.weight"].numpy()).sum() == 1
+
+
+def _paths(value, prefix=()):
+    """Every place in a state (the first 3 items of a list), deepest last."""
+    out = []
+    items = (value.items() if isinstance(value, dict)
+             else enumerate(value[:3]) if isinstance(value, (list, tuple)) else ())
+    for key, inner in items:
+        out.append(prefix + (key,))
+        out += _paths(inner, prefix + (key,))
+    return out
+
+
+ODD = [None, -5, 10**6, "x", 1.5, float("nan"), True, [], {}, (1, 2), torch.zeros(2),
+       torch.zeros(2, dtype=torch.int64)]
+
+
+@pytest.mark.slow
+@given(data=st.data())
+def test_a_randomly_damaged_state_is_refused_in_one_sentence_or_resumes(data, saved, digits):
+    """Any one place of the state deleted or replaced by a value of another kind: the run
+    is refused with a ValueError of one sentence, or (a change that does not matter) it
+    resumes and trains; never another exception."""
+    state = copy(saved)
+    path = data.draw(st.sampled_from(_paths(state)), label="place")
+    parent = state
+    for key in path[:-1]:
+        parent = parent[key]
+    if isinstance(parent, tuple):                    # tuples are values: rebuild the parent
+        return
+    if data.draw(st.booleans(), label="delete") and isinstance(parent, dict):
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = data.draw(st.sampled_from(ODD), label="value")
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            plan = resume_from(state, Path(tmp), digits)
+        except ValueError as err:
+            assert "\n" not in str(err)
+            return
+        m, t = tiny(tmp, resume=True)
+        training.train(m, t, progress=False, plan=plan)
