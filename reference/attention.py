@@ -11,6 +11,12 @@ which fast kernels save for their backward pass and use to merge heads exactly.
 
 A row that reads nothing (possible for the second head of early positions) has
 an empty softmax: its output is 0 and its log-sum-exp is -inf, never NaN.
+
+Dropout on the attention weights (as ``torch.nn.functional.scaled_dot_product_attention``
+applies it): given which weights are kept, ``keep`` (bool, True = kept) and the drop
+probability p, the output is (P * keep / (1 - p)) V; the log-sum-exp is that of the
+scores, before dropout. The mask is an input here, so that a fast path's own random
+mask can be checked exactly.
 """
 
 from __future__ import annotations
@@ -83,32 +89,60 @@ def _probabilities(q, k, mask, scale):
     return probs, lse
 
 
-def attend(q, k, v, mask, scale=None):
+def _dropout(keep, dropout_p, shape):
+    """The factor keep / (1 - p) that dropout multiplies the weights by (None: no
+    dropout), checked: keep bool, broadcastable to ``shape``; 0 <= p < 1."""
+    if keep is None:
+        if dropout_p:
+            raise ValueError(f"dropout_p={dropout_p} needs keep, the mask of kept weights")
+        return None
+    keep = np.asarray(keep)
+    if keep.dtype != np.bool_:
+        raise ValueError(f"keep must be a bool array (True = kept), got dtype {keep.dtype}")
+    if np.broadcast_shapes(keep.shape, shape) != shape:
+        raise ValueError(f"keep of shape {keep.shape} does not broadcast to {shape}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p!r}")
+    return keep / (1.0 - dropout_p)
+
+
+def attend(q, k, v, mask, scale=None, keep=None, dropout_p=0.0):
     """Attention of q over the keys each row may read.
 
     q: (..., n_q, d), k: (..., n_k, d), v: (..., n_k, d_v), mask: bool,
     broadcastable to (..., n_q, n_k). Returns ``(out, lse)``: out (..., n_q, d_v)
     and the natural-log log-sum-exp of the scaled scores of each row (..., n_q).
-    ``scale`` defaults to 1 / sqrt(d).
+    ``scale`` defaults to 1 / sqrt(d). ``keep``, ``dropout_p``: dropout on the weights
+    (module docstring).
     """
     q, k, v, mask, _ = _check(q, k, v, mask)
     probs, lse = _probabilities(q, k, mask, _scale(scale, q.shape[-1]))
-    return probs @ v, lse
+    drop = _dropout(keep, dropout_p, probs.shape)
+    return (probs if drop is None else probs * drop) @ v, lse
 
 
-def attend_backward(q, k, v, mask, grad_out, scale=None):
-    """Gradients (dq, dk, dv) of sum(grad_out * attend(q, k, v, mask)[0]).
+def attend_backward(q, k, v, mask, grad_out, scale=None, keep=None, dropout_p=0.0):
+    """Gradients (dq, dk, dv) of sum(grad_out * attend(q, k, v, mask, ...)[0]).
 
     With S = scale q k^T, P = softmax(S) over allowed keys, O = P V:
         dV = P^T dO
         dP = dO V^T
         dS = P * (dP - D),  D_i = sum_j P_ij dP_ij = sum_c dO_ic O_ic
         dQ = scale dS K,    dK = scale dS^T Q
-    Rows that read nothing have P = 0 and so contribute nothing.
+    Rows that read nothing have P = 0 and so contribute nothing. With dropout
+    (M = keep / (1 - p), O = (P M) V): dV = (P M)^T dO and dP = (dO V^T) M, and then
+    D_i = sum_j P_ij dP_ij (no longer sum_c dO_ic O_ic).
     """
     q, k, v, mask, grad_out = _check(q, k, v, mask, grad_out)
     scale = _scale(scale, q.shape[-1])
     probs, _ = _probabilities(q, k, mask, scale)
+    drop = _dropout(keep, dropout_p, probs.shape)
+    if drop is not None:
+        dv = np.swapaxes(probs * drop, -1, -2) @ grad_out
+        dp = (grad_out @ np.swapaxes(v, -1, -2)) * drop
+        delta = np.sum(probs * dp, axis=-1, keepdims=True)
+        ds = probs * (dp - delta)
+        return scale * ds @ k, scale * np.swapaxes(ds, -1, -2) @ q, dv
     out = probs @ v
     dv = np.swapaxes(probs, -1, -2) @ grad_out
     dp = grad_out @ np.swapaxes(v, -1, -2)

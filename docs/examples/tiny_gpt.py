@@ -12,8 +12,9 @@ ones), and a few more take a key/value cache per layer. Two samplers draw from i
   appends the new key and value and attends one query over the keys its pattern
   allows (about l + t / l for strided).
 
-With the same generator both draw the same tokens (tests/fast/transformer/decoding/test_tiny_gpt.py: greedy and
-seeded sampling, every pattern; logits to float32 rounding). Run as a script, it
+With the same generator both draw the same tokens
+(tests/fast/transformer/decoding/test_tiny_gpt.py: greedy and seeded sampling, every
+pattern; logits to float32 rounding). Run as a script, it
 times the two samplers on a sequence of 1024 positions, in turns, and writes
 figures/data/kv_cache_generate.json::
 

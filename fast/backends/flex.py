@@ -30,8 +30,9 @@ import functools
 
 import numpy as np
 import torch
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from fast.backends.padding import check_padding
 from fast.core.checks import check_finite as reject_non_finite
 from fast.core.nonfinite import attention_reach, quarantine
 from fast.layout import block_layout
@@ -161,14 +162,24 @@ def _cached_block_mask(pattern, n, n_heads, combine, layer, device, items):
 def flex_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, *,
                           stride=None, c=None, combine: str = "merged", layer: int = 0,
                           scale=None, compile: bool = True, check_finite: bool | None = None,
+                          lengths=None, offsets=None, enable_gqa: bool = False,
                           **params) -> torch.Tensor:
-    """FlexAttention with the pattern's BlockMask: q, k (B, H, n, d), v (B, H, n, d_v)
-    -> output (B, H, n, d_v). Rows that read nothing give 0.
+    """FlexAttention with the pattern's BlockMask: q (B, H, n_q, d), k (B, Hkv, n_k, d),
+    v (B, Hkv, n_k, d_v) -> output (B, H, n_q, d_v). Rows that read nothing give 0.
 
-    The BlockMask (block 128) is cached per (pattern, n, H, combine, layer, params,
-    device); ``compile=True`` uses one cached ``torch.compile(flex_attention)``
-    (its first call compiles, about 25 s on a CPU), ``compile=False`` the eager
-    version (slow, materialises the scores; for tests). Forward only on a CPU.
+    As ``fast.sparse_attention``: the queries are the last n_q <= n_k positions; with
+    ``enable_gqa`` k and v may have Hkv heads dividing H (FlexAttention's own
+    ``enable_gqa``); ``lengths`` and ``offsets`` pad a batch (``fast.backends.padding``:
+    each sequence at its own positions, padded keys unread, padded query rows 0), through
+    a ``mask_mod`` that reads them per batch element.
+
+    Self-attention of an unpadded batch (n_q = n_k) uses the BlockMask built from the
+    natural layout (block 128), cached per (pattern, n, H, combine, layer, params,
+    device); any other call builds one with ``create_block_mask``, which evaluates the
+    mask_mod on every (query, key) pair: O(n_q n_k), for checking these arguments, not
+    for speed. ``compile=True`` uses one cached ``torch.compile(flex_attention)`` (its
+    first call compiles, about 25 s on a CPU), ``compile=False`` the eager version
+    (slow, materialises the scores; for tests). Forward only on a CPU.
 
     check_finite: True rejects NaN / inf in q, k, v (ValueError); False keeps the
     promise of ``fast.core.nonfinite`` (a row that reads one outputs NaN, no other row
@@ -180,22 +191,52 @@ def flex_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pat
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be (B, H, n, d), got shapes {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
-    _, n_heads, n, _ = q.shape
+    (B, n_heads, n_q, d), (_, kv_heads, n, _) = q.shape, k.shape
+    if (k.shape[:3] != v.shape[:3] or k.shape[0] != B or k.shape[-1] != d or n_q > n
+            or n_heads % kv_heads or (kv_heads != n_heads and not enable_gqa)):
+        raise ValueError(f"q (B, H, n_q, d), k (B, Hkv, n_k, d) and v (B, Hkv, n_k, d_v) "
+                         f"need n_q <= n_k and Hkv = H (or, with enable_gqa=True, dividing "
+                         f"H); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     # checked params hold only ints and tuples of ints (global_tokens), so they can
     # key the cache whatever the caller passed (lists, NumPy arrays, NumPy ints)
     params = check_params(pattern, n, n_heads, combine, layer,
                           {"stride": stride, "c": c, **params})
-    items = tuple(sorted(params.items()))
-    mask = _cached_block_mask(pattern, n, n_heads, combine, layer, str(q.device), items)
-    attend = _compiled_flex() if compile else flex_attention
-    run = lambda q, k, v: attend(q, k, v, block_mask=mask, scale=scale)
     if check_finite is None:
         check_finite = True if q.device.type == "cpu" else None
+    lengths, offsets = check_padding(lengths, offsets, B, n, q.device, bool(check_finite))
+    if n_q == n and lengths is None and offsets is None:
+        items = tuple(sorted(params.items()))
+        mask = _cached_block_mask(pattern, n, n_heads, combine, layer, str(q.device), items)
+    else:
+        mask = _aligned_block_mask(pattern, B, n_heads, n_q, n, combine, layer, q.device,
+                                   params, lengths, offsets)
+    attend = _compiled_flex() if compile else flex_attention
+    gqa = {"enable_gqa": True} if kv_heads != n_heads else {}
+    run = lambda q, k, v: attend(q, k, v, block_mask=mask, scale=scale, **gqa)
     if check_finite:
         reject_non_finite(q, k, v)
     if check_finite is False:
         return quarantine(run, q, k, v, attention_reach(_wide(run)))
     return run(q, k, v)
+
+
+def _aligned_block_mask(pattern, B, n_heads, n_q, n, combine, layer, device, params,
+                        lengths, offsets) -> BlockMask:
+    """The BlockMask of queries at the last n_q of n positions, in a batch padded by
+    ``lengths`` and ``offsets`` (either may be None): the pattern's mask_mod at each
+    sequence's own positions, every pair with a padded position False."""
+    inner = _mask_mod(pattern, n, n_heads, combine, layer, device, params)
+    padded = lengths is not None or offsets is not None
+    start = offsets if offsets is not None else torch.zeros(B, dtype=torch.long, device=device)
+    length = lengths if lengths is not None else n - start
+
+    def aligned(b, h, q_idx, kv_idx):
+        qp, kp = q_idx + (n - n_q) - start[b], kv_idx - start[b]
+        ok = (kp >= 0) & (kp < length[b]) & (qp >= 0) & (qp < length[b])
+        return ok & inner(b, h, qp.clamp(min=0), kp.clamp(min=0))
+
+    return create_block_mask(aligned, B if padded else None, n_heads, n_q, n, device=device,
+                             _compile=False)
 
 
 def _wide(run, width: int = 16):

@@ -72,20 +72,41 @@ from reference.heads import head_roles
 
 
 def plan(pattern: str, combine: str, layer: int, n_heads: int, scale: float, stride: int,
-         c: int | None = None) -> list[tuple[slice, list]]:
+         c: int | None = None, heads: range | None = None) -> list[tuple[slice, list]]:
     """[(head slice, pieces)] for one layer; see the table in the module docstring.
 
     The heads are grouped by the parts their ``reference.heads.HeadRole`` reads
     (all heads, or the even and the odd ones); each group's parts become pieces.
+    ``heads``: plan for these query heads of the layer only (in this order; the slices
+    then index them), as the grouped key/value heads of ``plans`` need.
     """
     if pattern not in ("strided", "fixed"):
         raise ValueError(f"the structured plan serves 'strided' and 'fixed', got {pattern!r}")
     roles = head_roles(pattern, n_heads, combine, layer, stride=stride, c=c)
+    if heads is not None:
+        roles = [roles[h] for h in heads]
     groups: dict[tuple[str, ...], list] = {}
-    for role in roles:
-        groups.setdefault(role.parts, []).append(role)
-    return [(_head_slice([r.head for r in group]), _pieces(pattern, group, scale, stride, c))
+    for i, role in enumerate(roles):
+        groups.setdefault(role.parts, []).append((i, role))
+    return [(_head_slice([i for i, _ in group]),
+             _pieces(pattern, [r for _, r in group], scale, stride, c))
             for group in groups.values()]
+
+
+def plans(pattern: str, combine: str, layer: int, n_heads: int, kv_heads: int, scale: float,
+          stride: int, c: int | None = None) -> list[tuple[slice, list]]:
+    """[(query heads, that slice's ``plan``)]: one plan for all heads, or with grouped
+    key/value heads (``kv_heads`` dividing n_heads, query head h reading key/value head
+    h // share) one per s < share for the query heads s, s + share, ...: each of those
+    reads key/value head i of its i-th query head, so q[:, s::share] and k, v are views
+    that line up head by head, and the pieces run on them unchanged (no copy of k or v
+    per query head)."""
+    share = n_heads // kv_heads
+    if share == 1:
+        return [(slice(None), plan(pattern, combine, layer, n_heads, scale, stride, c))]
+    return [(slice(s, None, share), plan(pattern, combine, layer, n_heads, scale, stride, c,
+                                         heads=range(s, n_heads, share)))
+            for s in range(share)]
 
 
 def _head_slice(heads: list[int]) -> slice:
@@ -177,12 +198,13 @@ def group(t: torch.Tensor, heads: slice) -> tuple[torch.Tensor, bool]:
     return flat, flat.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
 
 
-def pad_rows(t: torch.Tensor, N: int) -> torch.Tensor:
-    """(B, H, n, d) -> (B, H, N, d) with zero rows after the real ones; t itself
-    (a view, no copy) when n = N and its rows have stride d."""
+def pad_rows(t: torch.Tensor, N: int, front: int = 0) -> torch.Tensor:
+    """(B, H, n, d) -> (B, H, N, d) with ``front`` zero rows before the real ones and
+    the rest after them; t itself (a view, no copy) when n = N and its rows have
+    stride d."""
     n = t.shape[2]
     if N != n:
-        return F.pad(t, (0, 0, 0, N - n))
+        return F.pad(t, (0, 0, front, N - n - front))
     return t if t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] else t.contiguous()
 
 
@@ -222,57 +244,126 @@ def _outgrows_float32(lse: torch.Tensor) -> bool:
     return bool(high > EXACT_LSE or -low > EXACT_LSE)
 
 
+def layer_backward(groups, low, out, lse, go):
+    """(dq, dk, dv) (B, H, N, d) in the accumulation dtype of ``out`` from the padded
+    q, k, v ``low``, the merged out and lse and the padded output gradient ``go``."""
+    acc = out.dtype
+    q, k, v = (t.to(acc) for t in low)
+    B, H, N, d = q.shape
+    # rows that read nothing (lse = -inf) must contribute nothing: exp(s - inf) = 0
+    lse_b = lse.masked_fill(lse == float("-inf"), float("inf"))
+    grads = None                                   # (B, H, N, d) each, made by the pieces
+    for heads, pieces in groups:
+        views = [group(t, heads)[0] for t in (q, k, v, go, out, lse_b)]
+        if views[0].shape[0] == 0:
+            continue
+        gg = None                        # the group's first piece makes its (G, N, d) buffers
+        for p in pieces:
+            gg = p.backward(*views, gg)
+        if len(groups) == 1 and group(q, heads)[1]:
+            return [g.view(B, H, N, d) for g in gg]
+        if grads is None:                          # every head is in one group: all written
+            grads = [torch.empty(B, H, N, d, dtype=acc, device=q.device) for _ in range(3)]
+        for g, part in zip(grads, gg):
+            g[:, heads] = part.view(B, -1, N, d)
+    return grads
+
+
+def forward(q, k, v, heads_plans, stride: int):
+    """The structured forward on plain tensors: q (B, H, n_q, d), the last n_q positions
+    of k, v (B, Hkv, n_k, d), ``heads_plans`` from ``plans``. Returns (out (B, H, n_q, d)
+    in q's dtype, saved): ``saved`` = (q, k, v padded to N rows, the merged out (B, H, N,
+    d) and lse (B, H, N) in the accumulation dtype, or float64) is what ``backward``
+    needs."""
+    B, H, n_q, d = q.shape
+    n_k = k.shape[2]
+    N = -(-n_k // stride) * stride
+    low = pad_rows(q, N, n_k - n_q), pad_rows(k, N), pad_rows(v, N)      # (B, *, N, d)
+
+    def run(acc):
+        if len(heads_plans) == 1:
+            return layer_forward(heads_plans[0][1], low, acc)
+        qa, ka, va = (t.to(acc) for t in low)
+        out = torch.empty(B, H, N, d, dtype=acc, device=q.device)
+        lse = torch.empty(B, H, N, dtype=acc, device=q.device)
+        for heads, groups in heads_plans:       # query heads s::share: views of q, k, v
+            out[:, heads], lse[:, heads] = layer_forward(groups, (qa[:, heads], ka, va), acc)
+        return out, lse
+
+    out, lse = run(acc_dtype(q.dtype))                     # "Precision" above
+    if out.dtype == torch.float32 and _outgrows_float32(lse):
+        out, lse = run(torch.float64)
+    result = out.to(q.dtype)
+    return result if n_q == N else result[:, :, n_k - n_q:n_k], (*low, out, lse)
+
+
+def backward(grad_out, q, k, v, out, lse, heads_plans, n_q: int, n_k: int):
+    """(dq (B, H, n_q, d), dk, dv (B, Hkv, n_k, d)) in the inputs' dtype, from the output
+    gradient and what ``forward`` saved (q, k, v padded, the merged out and lse)."""
+    dtype, acc = q.dtype, out.dtype
+    N = q.shape[2]
+    go = pad_rows(grad_out.to(acc), N, n_k - n_q)                        # (B, H, N, d)
+    if len(heads_plans) == 1:
+        dq, dk, dv = layer_backward(heads_plans[0][1], (q, k, v), out, lse, go)
+    else:
+        qa, ka, va = (t.to(acc) for t in (q, k, v))
+        dq = torch.empty(q.shape, dtype=acc, device=q.device)
+        dk = dv = None
+        for heads, groups in heads_plans:  # each adds its share of dk, dv: no per-head copy
+            gq, gk, gv = layer_backward(groups, (qa[:, heads], ka, va), out[:, heads],
+                                        lse[:, heads], go[:, heads])
+            dq[:, heads] = gq
+            dk, dv = (gk, gv) if dk is None else (dk.add_(gk), dv.add_(gv))
+    return dq[:, :, n_k - n_q:n_k].to(dtype), dk[:, :, :n_k].to(dtype), dv[:, :, :n_k].to(dtype)
+
+
 class _StructuredAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, groups, stride):
-        B, H, n, d = q.shape
-        N = -(-n // stride) * stride
-        low = pad_rows(q, N), pad_rows(k, N), pad_rows(v, N)            # (B, H, N, d)
-        out, lse = layer_forward(groups, low, acc_dtype(q.dtype))   # "Precision" above
-        if out.dtype == torch.float32 and _outgrows_float32(lse):
-            out, lse = layer_forward(groups, low, torch.float64)
-        ctx.save_for_backward(*low, out, lse)       # q, k, v as given; out, lse in acc
-        ctx.groups, ctx.n = groups, n
-        out = out.to(low[0].dtype)
-        return out if N == n else out[:, :, :n]
+    def forward(ctx, q, k, v, heads_plans, stride):
+        out, saved = forward(q, k, v, heads_plans, stride)
+        ctx.save_for_backward(*saved)       # q, k, v as given, padded; out, lse in acc
+        ctx.heads_plans, ctx.n_q, ctx.n_k = heads_plans, q.shape[2], k.shape[2]
+        return out
 
     @staticmethod
     @once_differentiable("the structured backend of sparse_attention")
     def backward(ctx, grad_out):
-        *low, out, lse = ctx.saved_tensors
-        dtype, acc = low[0].dtype, out.dtype
-        q, k, v = (t.to(acc) for t in low)
-        B, H, N, d = q.shape
-        go = pad_rows(grad_out.to(acc), N)                              # (B, H, N, d)
-        # rows that read nothing (lse = -inf) must contribute nothing: exp(s - inf) = 0
-        lse_b = lse.masked_fill(lse == float("-inf"), float("inf"))
-        grads = None                               # (B, H, N, d) each, made by the pieces
-        for heads, pieces in ctx.groups:
-            views = [group(t, heads)[0] for t in (q, k, v, go, out, lse_b)]
-            if views[0].shape[0] == 0:
-                continue
-            gg = None                    # the group's first piece makes its (G, N, d) buffers
-            for p in pieces:
-                gg = p.backward(*views, gg)
-            if len(ctx.groups) == 1 and group(q, heads)[1]:
-                grads = [g.view(B, H, N, d) for g in gg]
-                break
-            if grads is None:                      # every head is in one group: all written
-                grads = [torch.empty(B, H, N, d, dtype=acc, device=q.device) for _ in range(3)]
-            for g, part in zip(grads, gg):
-                g[:, heads] = part.view(B, -1, N, d)
-        dq, dk, dv = (g[:, :, :ctx.n].to(dtype) for g in grads)
+        dq, dk, dv = backward(grad_out, *ctx.saved_tensors, ctx.heads_plans, ctx.n_q, ctx.n_k)
         return dq, dk, dv, None, None
 
 
+def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """The "full" pattern: causal SDPA (the fused kernel), queries aligned to the end of
+    the keys (q padded in front to n_k rows, its rows kept at the end); grouped key/value
+    heads as views, one call per s < share over the query heads s::share."""
+    B, H, n_q, d = q.shape
+    Hkv, n_k = k.shape[1], k.shape[2]
+    if n_q < n_k:
+        q = F.pad(q, (0, 0, n_k - n_q, 0))                               # (B, H, n_k, d)
+    share = H // Hkv
+    if share == 1:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    else:
+        outs = [F.scaled_dot_product_attention(q[:, s::share], k, v, is_causal=True,
+                                               scale=scale) for s in range(share)]
+        out = torch.stack(outs, dim=2).flatten(1, 2)          # (B, Hkv, share, n, d) -> H
+    return out[:, :, n_k - n_q:]                                          # (B, H, n_q, d)
+
+
 def structured_attention(q, k, v, pattern: str, *, combine: str = "merged", layer: int = 0,
-                         scale: float, stride: int, c: int | None = None) -> torch.Tensor:
-    """Strided or fixed attention, q, k, v (B, H, n, d) already validated
-    (``fast.attention``). Returns (B, H, n, d)."""
-    n = q.shape[2]
-    if n < stride:
+                         scale: float, stride: int | None = None,
+                         c: int | None = None) -> torch.Tensor:
+    """Full, strided or fixed attention: q (B, H, n_q, d), the last n_q positions of k, v
+    (B, Hkv, n_k, d) (Hkv dividing H), already validated (``fast.attention``). Returns
+    (B, H, n_q, d). Every query row is computed over the n_k positions (q is padded in
+    front with zero rows, whose outputs are dropped and whose gradients are zero): a
+    chunk of n_q < n_k queries costs what n_k do."""
+    if pattern == "full":
+        return causal(q, k, v, scale)
+    n_k = k.shape[2]
+    if n_k < stride:
         params = {"stride": stride} if pattern == "strided" else {"stride": stride, "c": c}
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
                                       scale=scale, **params)
-    groups = plan(pattern, combine, layer, q.shape[1], scale, stride, c)
-    return _StructuredAttention.apply(q, k, v, groups, stride)
+    heads_plans = plans(pattern, combine, layer, q.shape[1], k.shape[1], scale, stride, c)
+    return _StructuredAttention.apply(q, k, v, heads_plans, stride)

@@ -11,13 +11,16 @@ written to JSON and drawn:
     python -m fast bench --device cuda [--long | --only-long] [--out DIR]
     python -m fast bench --device cuda --variants [NAME ...]   # the kernel variants
     python -m fast bench --replot [--device cuda]   # redraw the figure from the saved JSON
+    python -m fast bench --crossover [--quick]      # where backend="auto" switches on the CPU
 
 Writes figures/data/bench_cpu.json (machine, versions, load average, every
 timing) and figures/bench_cpu.png (``fast.plots.bench``); bench_cpu_same_process.*
 with --same-process, bench_cuda.* on CUDA. ``--variants`` times every kernel variant
 (``fast.kernels.variants.VARIANTS``, or those named) at the GPU targets' points and
 writes data/bench_cuda_variants.json with its "winners" (no figure: the table and the
-winners are printed).
+winners are printed). ``--crossover`` times the naive and the structured path in turns
+at short n on the CPU (``fast.measure.crossover``) and writes data/auto_cpu.json, the
+crossovers ``backend="auto"`` reads (``fast.backends.auto``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,15 @@ from pathlib import Path
 import torch
 
 from fast.commands import cli
-from fast.experiments.bench import RECORD, draw, measure_and_save, paths, report
+from fast.experiments.bench import (
+    RECORD,
+    crossover_report,
+    draw,
+    measure_and_save,
+    measure_crossover,
+    paths,
+    report,
+)
 from fast.experiments.bench_sweep import Sweep, points, powers
 from fast.experiments.cache import CacheError, read_cache
 from fast.experiments.paths import FIGURES
@@ -103,6 +114,10 @@ def parser() -> cli.Parser:
                         "(default: figures/)")
     p.add_argument("--replot", action="store_true",
                    help="measure nothing: redraw bench_<device>.png from the saved JSON")
+    p.add_argument("--crossover", action="store_true",
+                   help="only auto's crossover on the CPU: the naive and the structured path "
+                        "in turns at n = 64 .. 2048, strides 16 .. 128 (--quick: two rounds); "
+                        "writes data/auto_cpu.json, which backend='auto' reads")
     p.add_argument("--variants", nargs="*", type=cli.choice(VARIANTS), default=None,
                    help="the variant sweep: these kernel variants (none named: all) side by "
                         "side at the GPU targets' points, float16, (B, H, n) = (4, 16, 16384), "
@@ -131,6 +146,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         flag = "--only-long" if args.only_long else "--long"
         cli.fail(PROG, f"{flag} with the CPU's fresh process per point; allowed: {flag} with "
                        f"--same-process or --device cuda (the long sweep runs in one process)")
+    if args.crossover:
+        for flag, given in (("--device cuda", args.device == "cuda"), ("--long", args.long),
+                            ("--only-long", args.only_long), ("--replot", args.replot),
+                            ("--variants", args.variants is not None),
+                            ("--same-process", args.same_process)):
+            if given:
+                cli.fail(PROG, f"--crossover with {flag}; allowed: --crossover alone, or with "
+                               f"--quick and --out (it times the CPU paths in one process)")
     if args.variants is not None:
         _check_variant_sweep(args)
     if args.flex_n is not None:
@@ -198,6 +221,13 @@ def sweep_from(args: argparse.Namespace) -> Sweep:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.crossover:
+        out = Path(args.out) if args.out is not None else FIGURES
+        cli.writable_or_exit(PROG, out, out / "data")
+        data, path = measure_crossover(out, args.quick, log=lambda line: print(line, flush=True))
+        print(crossover_report(data))
+        print(f"\nwrote {path} ({data['machine']['wall_s']:.0f} s)")
+        return 0
     try:
         sweep = sweep_from(args)
     except ValueError as err:

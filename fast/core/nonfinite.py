@@ -69,11 +69,12 @@ class _NaNRows(torch.autograd.Function):
         return grad.masked_fill(ctx.bad[..., None], 0.0), None
 
 
-def causal_reach(bad_keys: torch.Tensor, bad_rows: torch.Tensor | None):
-    """Full causal attention (row i reads j <= i): (rows that read a bad key, keys read
-    by a bad row) from bad_keys (B, H, n) bool and, if given, the bad rows."""
+def causal_reach(bad_keys: torch.Tensor, bad_rows: torch.Tensor | None, keys: bool = True):
+    """Full causal self-attention (row i reads j <= i, one head of keys per query head):
+    (rows that read a bad key, keys read by a bad row -- None unless ``keys``) from
+    bad_keys (B, H, n) bool and the bad rows (B, H, n)."""
     reads_bad = torch.cummax(bad_keys.to(torch.uint8), dim=-1).values.bool()
-    if bad_rows is None:
+    if bad_rows is None or not keys:
         return reads_bad, None
     rows = bad_rows | reads_bad
     read_by_bad = torch.cummax(rows.flip(-1).to(torch.uint8), dim=-1).values.flip(-1).bool()
@@ -83,15 +84,19 @@ def causal_reach(bad_keys: torch.Tensor, bad_rows: torch.Tensor | None):
 def attention_reach(attend):
     """A ``reach`` for ``quarantine`` from the attention function itself: attention over
     zero q and k (every score 0: weight 1 / |S_i| on every key a row reads) of the
-    bad-key indicator; its backward with the bad rows gives the keys they read."""
-    def reach(bad_keys: torch.Tensor, bad_rows: torch.Tensor | None):
-        B, H, n = bad_keys.shape
-        zeros = torch.zeros(B, H, n, 1, dtype=torch.float32, device=bad_keys.device)
-        ind = bad_keys.to(torch.float32)[..., None].requires_grad_(bad_rows is not None)
+    bad-key indicator; its backward with the bad rows gives the keys they read. Queries
+    and keys may differ in number and heads (q (B, H, n_q, d), k (B, Hkv, n_k, d)): the
+    shapes come from bad_rows (B, H, n_q) and bad_keys (B, Hkv, n_k)."""
+    def reach(bad_keys: torch.Tensor, bad_rows: torch.Tensor | None, keys: bool = True):
+        rows = bad_keys.shape if bad_rows is None else bad_rows.shape
+        want_keys = keys and bad_rows is not None
+        zq = torch.zeros(*rows, 1, dtype=torch.float32, device=bad_keys.device)
+        zk = torch.zeros(*bad_keys.shape, 1, dtype=torch.float32, device=bad_keys.device)
+        ind = bad_keys.to(torch.float32)[..., None].requires_grad_(want_keys)
         with torch.enable_grad():
-            frac = attend(zeros, zeros, ind)                              # (B, H, n, 1)
+            frac = attend(zq, zk, ind)                                    # (B, H, n_q, 1)
         reads_bad = frac[..., 0].detach() > 0
-        if bad_rows is None:
+        if not want_keys:
             return reads_bad, None
         rows = bad_rows | reads_bad
         share, = torch.autograd.grad(frac, ind, rows.to(frac.dtype)[..., None])
@@ -102,7 +107,8 @@ def attention_reach(attend):
 def quarantine(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, reach,
                *, always: bool | None = None) -> torch.Tensor:
     """``attend(q, k, v)`` with the promise of the module docstring for non-finite
-    values. q, k, v: (B, H, n, d); ``reach(bad_keys, bad_rows)`` as ``causal_reach``.
+    values. q (B, H, n_q, d), k, v (B, Hkv, n_k, d); ``reach(bad_keys, bad_rows, keys)``
+    as ``causal_reach`` (``keys``: whether the keys the bad rows read are wanted too).
     ``always``: quarantine without looking first (default: on a GPU only)."""
     if always is None:
         always = q.device.type != "cpu"
@@ -110,7 +116,7 @@ def quarantine(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, reach,
     if not always and not bool(bad_q.any() or bad_kv.any()):
         return attend(q, k, v)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    reads_bad, read_by_bad = reach(bad_kv, bad_q if grad else None)
+    reads_bad, read_by_bad = reach(bad_kv, bad_q, keys=grad)
     rows = bad_q | reads_bad                                            # rows that output NaN
     if not grad:
         with torch.no_grad():

@@ -36,7 +36,7 @@ from fast.experiments.bench_sweep import (
     skip_reason,
 )
 from fast.layout.costs import DEFAULT_BLOCK, ideal_speedup, tile_flops
-from fast.measure import bench, bench_point, contenders
+from fast.measure import bench, bench_point, contenders, crossover
 from fast.measure.child import run_child
 from fast.measure.contenders import DTYPES, LONG_PARAMS, PATTERN_PARAMS, D
 from fast.measure.timing import FRESH, SAME, synchronize
@@ -398,6 +398,36 @@ def measure_and_save(sweep: Sweep, out: Path, log=print) -> tuple[dict, Path, Pa
         return data, path, None
     draw(sweep, data, png)
     return data, path, png
+
+
+def measure_crossover(out: Path, quick: bool = False, log=print) -> tuple[dict, Path]:
+    """auto's crossover on the CPU (``fast.measure.crossover.sweep``: the naive and the
+    structured path in turns at short n, every stride and pattern), with the machine and
+    the load average before and after, written to ``<out>/data/auto_cpu.json`` -- the
+    record ``fast.backends.auto`` reads from figures/data. ``quick``: two rounds instead
+    of five. Returns (the record, its path)."""
+    info = bench.machine_info("cpu")
+    info["loadavg_start"] = os.getloadavg()
+    t0 = time.time()
+    data = {"machine": info, **crossover.sweep(rounds=2 if quick else 5, log=log)}
+    info["loadavg_end"], info["wall_s"] = os.getloadavg(), time.time() - t0
+    path = out / "data" / "auto_cpu.json"
+    write_json(path, data, indent=1)
+    return data, path
+
+
+def crossover_report(data: dict) -> str:
+    """The crossovers of a ``measure_crossover`` record, one line per pattern and stride."""
+    lines = [f"auto on the CPU: the naive path below n = X, the structured path from X on "
+             f"(B={data['config']['B']}, H={data['config']['H']}, d={data['config']['d']}, "
+             f"{data['config']['dtype']}, {data['config']['threads']} threads; regret: how "
+             f"much slower than the faster path auto is at its worst measured n)"]
+    for pattern, strides in data["crossover"].items():
+        for stride, e in strides.items():
+            lines.append(f"  {pattern:8} l={stride:>4}: forward X = {e['fwd']:5d} (regret "
+                         f"{e['regret_fwd']:.1%}), forward+backward X = {e['fb']:5d} (regret "
+                         f"{e['regret_fb']:.1%})")
+    return "\n".join(lines)
 
 
 def report(data: dict) -> str:

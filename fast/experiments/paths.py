@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-_CHECKOUT = Path(__file__).resolve().parents[2]
-ROOT = _CHECKOUT if (_CHECKOUT / "pyproject.toml").is_file() else Path.cwd()
+from fast.core.paths import CHECKOUT
+
+ROOT = CHECKOUT or Path.cwd()     # the source checkout (fast.core.paths), or here
 FIGURES = ROOT / "figures"         # the PNGs
 DATA = FIGURES / "data"            # the JSON caches and the kept model weights
 QUICK = ROOT / "runs" / "quick"    # --quick writes here, never over the real caches

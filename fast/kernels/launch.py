@@ -307,7 +307,7 @@ def forward(q, k, v, parts: list, scale: float, variant: Variant):
         _launch(K._fwd_kernel, a.kv[0].shape[1], B, H, (
             q, k, v, out, prev, m, l, *_strides(q, k, v, out),
             *a.q_slots, *a.k_slots, *a.kv, a.token_masks,
-            n, H, a.hl, a.kv[0].shape[1], d, c,
+            n, H, a.hl, H // k.shape[1], a.kv[0].shape[1], d, c,
         ), part, variant.settings(part.name, q.dtype, meta["BLOCK_D"]), meta, q,
             LOAD_PREV=load, RANGE=a.kv_range, NEGATE=scale < 0, **a.flags)
     out, = writes.result()
@@ -333,7 +333,7 @@ def backward(q, k, v, out, m, l, grad_out, parts: list, scale: float, variant: V
         _launch(K._dq_kernel, a.kv[0].shape[1], B, H, (
             q, k, v, out, do, m, l, delta, dst, prev, *_strides(q, k, do, dst),
             *a.q_slots, *a.k_slots, *a.kv, a.token_masks,
-            n, H, a.hl, a.kv[0].shape[1], d, c, g,
+            n, H, a.hl, H // k.shape[1], a.kv[0].shape[1], d, c, g,
         ), part, variant.settings(part.name, q.dtype, meta["BLOCK_D"]), meta, q,
             LOAD_PREV=load, RANGE=a.kv_range, NEGATE=scale < 0, **a.flags, **flags)
 
@@ -355,18 +355,21 @@ def backward(q, k, v, out, m, l, grad_out, parts: list, scale: float, variant: V
         (dst,), (prev,), load = dqw.step(i)
         dq_launch(part, dst, prev, load, delta, DELTA_PASS=False,
                   COMPUTE_DELTA=first_delta and i == 0)
-    dkw = _Writes(k_order, 2, shape, k.dtype, q.device)
+    share = H // k.shape[1]          # grouped key/value heads: dk, dv per query head, summed
+    dkw = _Writes(k_order, 2, shape, k.dtype if share == 1 else torch.float32, q.device)
     for i, part in enumerate(k_order.parts):
         (dk, dv), (pk, pv), load = dkw.step(i)
         a = part_args(part, variant)
         _launch(K._dkdv_kernel, a.qt[0].shape[1], B, H, (
             q, k, v, do, m, l, delta, dk, dv, pk, pv, *_strides(q, k, do, dk),
             *a.q_slots, *a.k_slots, *a.qt, a.token_masks,
-            n, H, a.hl, a.qt[0].shape[1], d, c, g,
+            n, H, a.hl, H // k.shape[1], a.qt[0].shape[1], d, c, g,
         ), part, variant.settings(part.name, q.dtype, meta["BLOCK_D"]), meta, q,
             LOAD_PREV=load, RANGE=a.qt_range, NEGATE=scale < 0, **a.flags)
     dq, = dqw.result()
     dk, dv = dkw.result()
+    if share > 1:   # the query heads of key/value head j are j share .. j share + share - 1
+        dk, dv = (t.unflatten(1, (-1, share)).sum(2).to(k.dtype) for t in (dk, dv))
     return dq, dk, dv
 
 

@@ -30,6 +30,7 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from fast.core.checks import check_scale, check_tensors
 from fast.core.merge import merge
@@ -91,10 +92,16 @@ def _kernel_limits(q) -> None:
         raise ValueError(f"device must be cuda (or cpu with TRITON_INTERPRET=1), got {q.device}")
 
 
-def _check_inputs(q, k, v, scale) -> float:
+def _check_inputs(q, k, v, scale, enable_gqa: bool = False, parts: bool = False) -> float:
     """The checks of a public entry: q, k, v (``fast.core.checks``, the kernel's dtypes),
-    the kernel's limits and the scale; returns the scale."""
-    check_tensors(q, k, v, dtypes=GPU_DTYPES, finite=False)
+    the kernel's limits and the scale; returns the scale. ``parts``: an entry on
+    already-built parts, which are laid out for q's n and heads: q, k, v of one shape."""
+    check_tensors(q, k, v, dtypes=GPU_DTYPES, finite=False, enable_gqa=enable_gqa)
+    if parts and q.shape != k.shape:
+        raise ValueError(f"attention on already-built layout parts takes q, k, v of one shape "
+                         f"(B, H, n, d), the parts' n and heads; got q {tuple(q.shape)}, k "
+                         f"{tuple(k.shape)}; fast.sparse_attention takes n_q < n_k and "
+                         f"grouped key/value heads")
     _kernel_limits(q)
     return check_scale(scale, q.shape[-1])
 
@@ -142,7 +149,7 @@ def attention_with_parts(q, k, v, parts, *, scale=None, block_size: int,
                          variant=None) -> torch.Tensor:
     """Run the kernels on already-built layout parts (``fast.layout.LayoutPart``, on any
     device: moved to q's); q, k, v (B, H, n, d). Differentiable in q, k, v."""
-    scale = _check_inputs(q, k, v, scale)
+    scale = _check_inputs(q, k, v, scale, parts=True)
     variant = resolve(variant)
     return _apply(q, k, v, _on_device(q, parts, _check_block(block_size)), scale, variant)
 
@@ -159,7 +166,7 @@ def forward(q, k, v, parts, scale=None, block_size: int | None = None, separate:
     with ``separate=True`` the lists ([out_p], [lse_p]) of every part alone (their torch
     merge, ``merge``, equals the kernels'). out in q's dtype, lse float32, natural log.
     ``block_size``: None takes the parts' own (they must agree)."""
-    scale = _check_inputs(q, k, v, scale)
+    scale = _check_inputs(q, k, v, scale, parts=True)
     variant = resolve(variant)
     if block_size is None:
         block_size = parts[0].block_size if parts else DEFAULT_BLOCK_GPU
@@ -272,12 +279,20 @@ def layout_cost(pattern: str, n: int, n_heads: int, params: dict, variant=None,
 # ----------------------------------------------------------------------------
 
 def _run(q, k, v, pattern, combine, layer, params, scale, block_size, order, variant):
+    """q (B, H, n_q, d), the last n_q positions of k, v (B, Hkv, n_k, d): the layout is
+    built for n_k positions and H heads, and q padded in front with n_k - n_q zero rows
+    (their outputs dropped, their gradients zero: a chunk of queries costs what n_k do).
+    Grouped key/value heads are read in the kernels (head h reads k, v of h // share)."""
     variant = resolve(variant)
     block = default_block(q.device) if block_size is None else _check_block(block_size)
-    B, H, n, d = q.shape
+    B, H, n_q, d = q.shape
+    n = k.shape[2]
+    if n_q < n:
+        q = F.pad(q, (0, 0, n - n_q, 0))                                 # (B, H, n_k, d)
     parts = variant_parts(pattern, n, H, combine, layer, params, block, q.device, order,
                           variant, q.dtype, d)
-    return _apply(q, k, v, parts, scale, variant)
+    out = _apply(q, k, v, parts, scale, variant)
+    return out if n_q == n else out[:, :, n - n_q:]
 
 
 def attend(q, k, v, pattern: str, *, combine: str, layer: int, scale: float, params: dict,
@@ -291,16 +306,19 @@ def attend(q, k, v, pattern: str, *, combine: str, layer: int, scale: float, par
 def triton_sparse_attention(q, k, v, pattern: str, *, stride=None, c=None,
                             combine: str = "merged", layer: int = 0, scale=None,
                             block_size=None, order: str = "structured", variant=None,
-                            **pattern_params) -> torch.Tensor:
+                            enable_gqa: bool = False, **pattern_params) -> torch.Tensor:
     """Sparse Transformer attention with the block-sparse Triton kernels.
 
-    q, k, v: (B, H, n, d), any n, d <= 128, float32/float16/bfloat16 on CUDA (float32
+    q (B, H, n_q, d), k, v (B, Hkv, n_k, d): any n_q <= n_k (the queries are the last
+    n_q positions), Hkv = H or with ``enable_gqa`` dividing H (query head h reads
+    key/value head h // (H / Hkv)), d <= 128, float32/float16/bfloat16 on CUDA (float32
     on the CPU under TRITON_INTERPRET=1). pattern: "full", "strided" (stride),
     "fixed" (stride, c), "longformer" (window, dilation, global_tokens) or
     "bigbird" (window, n_random, n_global, seed); combine: "merged", "multihead"
     or "interleaved" (sec. 5.1), ``layer`` picks the interleaved head. Head h of
-    q reads exactly ``reference.patterns.head_masks(pattern, n, H, combine, layer)[h]``.
-    Differentiable in q, k, v. Returns (B, H, n, d) in q's dtype. Any finite scale.
+    q reads exactly the last n_q rows of
+    ``reference.patterns.head_masks(pattern, n_k, H, combine, layer)[h]``.
+    Differentiable in q, k, v. Returns (B, H, n_q, d) in q's dtype. Any finite scale.
     block_size: tile size (power of two >= 16; default 64 on CUDA, 32 under the
     interpreter; a variant may set another per part kind). order: "structured"
     (default: strided columns transposed, fixed summaries gathered, so every part
@@ -308,7 +326,7 @@ def triton_sparse_attention(q, k, v, pattern: str, *, stride=None, c=None,
     in the benchmark). variant: a name in ``VARIANTS``, a ``Variant``, or None (the
     default, ``fast.kernels.variants.DEFAULT``).
     """
-    scale = _check_inputs(q, k, v, scale)
+    scale = _check_inputs(q, k, v, scale, enable_gqa)
     params = dict(pattern_params)
     if stride is not None:
         params["stride"] = stride

@@ -186,8 +186,8 @@ def _fwd_kernel(
     # (HL, NQB, 4) and their listed masks (E,)
     Count, Index, Mask, W, Rows, Ends,
     TokMask,                    # (NM, BLOCK, BLOCK) int8
-    # sizes
-    N, H, HL, NQB, D,
+    # sizes (SHARE: query heads per key/value head; head h reads k, v of head h // SHARE)
+    N, H, HL, SHARE, NQB, D,
     c,                          # |scale| log2(e) > 0 (the sign: NEGATE)
     # meta-parameters
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
@@ -202,8 +202,8 @@ def _fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     q_base = b * stride_qb + h64 * stride_qh
-    k_base = b * stride_kb + h64 * stride_kh
-    v_base = b * stride_vb + h64 * stride_vh
+    k_base = b * stride_kb + (h64 // SHARE) * stride_kh
+    v_base = b * stride_vb + (h64 // SHARE) * stride_vh
     o_base = b * stride_ob + h64 * stride_oh
     s_base = bh.to(tl.int64) * N                                     # row statistics
 
@@ -300,8 +300,8 @@ def _dq_kernel(
     KPos, KRow, KP, KX, KY, KOff, KLim,
     Count, Index, Mask, W, Rows, Ends,
     TokMask,
-    # sizes
-    N, H, HL, NQB, D,
+    # sizes (SHARE: query heads per key/value head; head h reads k, v of head h // SHARE)
+    N, H, HL, SHARE, NQB, D,
     c, scale,                   # |scale| log2(e) and the scale itself (signed)
     # meta-parameters
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
@@ -316,7 +316,7 @@ def _dq_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     q_base = b * stride_qb + h64 * stride_qh
-    k_base = b * stride_kb + h64 * stride_kh          # v shares k's strides
+    k_base = b * stride_kb + (h64 // SHARE) * stride_kh   # v shares k's strides
     o_base = b * stride_ob + h64 * stride_oh
     s_base = bh.to(tl.int64) * N
 
@@ -388,8 +388,8 @@ def _dkdv_kernel(
     KPos, KRow, KP, KX, KY, KOff, KLim,
     Count, Index, Mask, W, Rows, Ends,
     TokMask,
-    # sizes
-    N, H, HL, NKB, D,
+    # sizes (SHARE: query heads per key/value head; head h reads k, v of head h // SHARE)
+    N, H, HL, SHARE, NKB, D,
     c, scale,
     # meta-parameters
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
@@ -403,7 +403,7 @@ def _dkdv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     q_base = b * stride_qb + h64 * stride_qh
-    k_base = b * stride_kb + h64 * stride_kh          # v shares k's strides
+    k_base = b * stride_kb + (h64 // SHARE) * stride_kh   # v shares k's strides
     o_base = b * stride_ob + h64 * stride_oh
     s_base = bh.to(tl.int64) * N
 

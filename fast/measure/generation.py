@@ -43,11 +43,11 @@ from functools import partial
 import numpy as np
 import torch
 
+from fast.backends.reads import row_mask
 from fast.core.clock import Clock
 from fast.measure.timing import counted, cpu_times, repeat
 from fast.transformer.decoding.decode import Decoder
 from fast.transformer.decoding.draw import draw
-from fast.transformer.decoding.kv_reads import row_mask
 from fast.transformer.network.model import SparseTransformer
 
 
@@ -209,7 +209,7 @@ def window_rate(seconds, window: int) -> tuple[list[int], list[float]]:
 
 def keys_read(cfg, t: int) -> float:
     """Keys a step at position t reads per head, averaged over heads and blocks
-    (``kv_reads.row_mask``)."""
+    (``fast.backends.reads.row_mask``)."""
     return float(np.mean([row_mask(cfg.pattern, cfg.n_ctx, cfg.n_heads, cfg.combine, layer, t,
                                    **cfg.pattern_params()).sum(1).float().mean().item()
                           for layer in range(cfg.n_layers)]))
@@ -218,7 +218,7 @@ def keys_read(cfg, t: int) -> float:
 def pattern_costs(cfg, t: int | None = None) -> dict:
     """What a step at position t (default the last, n - 1) of a model shaped like
     ``cfg`` costs with each cache: {"keys_read": mean over heads and blocks of the
-    keys row t reads (``kv_reads.row_mask``), "dense_keys": t + 1, "sparse_bytes"
+    keys row t reads (``fast.backends.reads.row_mask``), "dense_keys": t + 1, "sparse_bytes"
     and "dense_bytes": the caches' sizes for a sample of n_ctx positions}."""
     t = cfg.n_ctx - 1 if t is None else t
     torch.manual_seed(0)

@@ -15,10 +15,12 @@ configuration they share:
                  checkpoint adds and resuming (``resume``), data parallelism
                  (``distributed``) and the step clock (``clock``);
 * ``decoding``   sampling (``sample``: a request checked by ``request``, one token
-                 drawn by ``draw``), incremental decoding (``decode``), which keys a
-                 step reads (``kv_reads``), the key/value caches (``kv_cache``, and
-                 ``sparse_kv_cache``: the public ``fast.SparseKVCache``), and
-                 the compiled CPU step (``cpu_step`` driving the Numba ``cpu_kernel``).
+                 drawn by ``draw``), incremental decoding (``decode``), the key/value
+                 caches (``kv_cache``, and ``sparse_kv_cache``: the public
+                 ``fast.SparseKVCache``) over the keys a step reads
+                 (``fast.backends.reads``, shared with ``fast.sparse_attention``'s
+                 one-query step), and the compiled CPU step (``cpu_step`` driving the
+                 Numba ``cpu_kernel``).
 
 Imports run downward: training and decoding use the network and the config, the
 network only the config; neither training nor decoding imports the other.

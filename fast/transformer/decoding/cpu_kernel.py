@@ -13,7 +13,7 @@ figures/data/generation.json).
 
 The kernel knows nothing about patterns: each head's reads arrive as a list of
 store rows, worked out by the caches (``fast.transformer.decoding.kv_cache``) from
-``fast.transformer.decoding.kv_reads`` -- the one place that says which keys a step reads.
+``fast.backends.reads`` -- the one place that says which keys a step reads.
 Arrays (NumPy, C-contiguous; float32 unless said):
 
     tokens (B,) int64           the tokens at position t

@@ -7,10 +7,10 @@ keys and values of the positions decoded so far, after projection; a step
 appends position t and computes row t of attention for every head.
 
 * ``DenseCache`` keeps every key, reads all t + 1 of them and masks the row with
-  ``fast.transformer.decoding.kv_reads.row_mask``: exact for any pattern, O(t) per step
+  ``fast.backends.reads.row_mask``: exact for any pattern, O(t) per step
   and O(n) memory. It is the baseline the sparse cache is measured against.
 * ``SparseCache`` keeps only what a later query can still read and reads only
-  what row t allows (``kv_reads.head_groups`` and ``kv_reads.step_pieces``): the
+  what row t allows (``fast.backends.reads.head_groups`` and ``step_pieces``): the
   strided pattern keeps every key (its column reaches back to position 0) but
   reads l + t / l of them; the fixed pattern keeps each head's own summaries and
   the current block, O(n c / l + l) keys, and reads s + 1 + t c / l.
@@ -47,8 +47,9 @@ import math
 import numpy as np
 import torch
 
+from fast.backends.reads import head_groups, row_mask, step_pieces, summary_mask
+from fast.backends.row import attend_pieces
 from fast.core.precision import acc_dtype
-from fast.transformer.decoding.kv_reads import head_groups, row_mask, step_pieces, summary_mask
 from reference.heads import head_roles
 
 CACHES = ("sparse", "dense")
@@ -103,45 +104,15 @@ class LayerCache:
 
     def _attend(self, q: torch.Tensor, scale: float, pieces: list,
                 empty_rows: bool) -> torch.Tensor | None:
-        """softmax(scale q K^T) V over the concatenated pieces [(K^T, V, drop)]:
-        q (B, Hg, 1, dk), K^T (B Hk, dk, m), V (B Hk, m, dv) with Hk = Hg / share
-        key/value heads (query heads h share key/value head h // share); drop None, a
-        slice of the m keys that no head reads, or (Hg, 1, m) True where a head does
-        not. Returns (B, Hg, 1, dv) in float32 (float64 for float64), or None when
-        there is no piece. Batch and key/value heads are folded into one dimension,
-        and the query heads sharing a key/value head are its rows, so that every
-        product is a single bmm."""
+        """softmax(scale q K^T) V over the concatenated pieces [(K^T, V, drop)]
+        (``fast.backends.row.attend_pieces``, which sparse_attention's one-query step
+        uses too): q (B, Hg, 1, dk), K^T (B Hk, dk, m), V (B Hk, m, dv) with Hk = Hg /
+        share key/value heads. Returns (B, Hg, 1, dv) in float32 (float64 for float64;
+        the keys' dtype if not ``qk_fp32``), or None when there is no piece."""
         if not pieces:
             return None
-        B, Hg, G = q.shape[0], q.shape[1], self.share
         dtype = acc_dtype(q.dtype) if self.qk_fp32 else pieces[0][0].dtype
-        q = q.reshape(B * Hg // G, G, self.dk)                           # (B Hk, G, dk)
-        q = q if q.dtype == dtype else q.to(dtype)
-        q = q if scale == 1.0 else q * scale
-        scores = []
-        for kt, _, drop in pieces:
-            s = torch.bmm(q, kt if kt.dtype == dtype else kt.to(dtype))  # (B Hk, G, m)
-            if isinstance(drop, slice):                                  # no head reads these
-                s[..., drop] = float("-inf")
-            elif drop is not None:                                       # per head (Hg, 1, m)
-                s = s.view(B, Hg, 1, -1).masked_fill(drop, float("-inf")).view(B * Hg // G, G,
-                                                                                -1)
-            scores.append(s)
-        scores = scores[0] if len(scores) == 1 else torch.cat(scores, -1)
-        w = torch.softmax(scores, dim=-1)
-        if empty_rows:                                                   # rows that read nothing
-            w = w.masked_fill(torch.isneginf(scores.amax(-1, keepdim=True)), 0.0)
-        if len(pieces) == 1:                                             # the common case
-            v = pieces[0][1]
-            out = torch.bmm(w, v if v.dtype == dtype else v.to(dtype))   # (B Hk, G, dv)
-            return out.view(B, Hg, 1, -1)
-        out, start = None, 0
-        for kt, v, _ in pieces:
-            m = kt.shape[2]
-            wp, v = w.narrow(2, start, m), v if v.dtype == dtype else v.to(dtype)
-            out = torch.bmm(wp, v) if out is None else torch.baddbmm(out, wp, v)  # (B Hk, G, dv)
-            start += m
-        return out.view(B, Hg, 1, -1)                                    # (B, Hg, 1, dv)
+        return attend_pieces(q, scale, pieces, self.share, empty_rows, dtype)
 
 
 class DenseCache(LayerCache):
@@ -204,7 +175,7 @@ class DenseCache(LayerCache):
 
 
 class SparseCache(LayerCache):
-    """Only the keys row t can read, grouped by head (``kv_reads.head_groups``):
+    """Only the keys row t can read, grouped by head (``fast.backends.reads.head_groups``):
     one store per group (``Group.store``), read in the pieces of ``step_pieces``."""
 
     def __init__(self, capacity: int, n_heads: int, key_width: int, pattern: str, combine: str,

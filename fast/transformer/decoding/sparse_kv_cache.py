@@ -18,7 +18,7 @@ reads, nothing else. In a model whose attention calls ``fast.sparse_attention``:
 (a whole nanoGPT-style model and its ``generate()``: docs/examples/tiny_gpt.py).
 Position t reads exactly row t of
 ``reference.patterns.head_masks(pattern, capacity, n_heads, combine, layer, **params)``
-(``fast.transformer.decoding.kv_reads``), so the cached sampler is the re-run sampler
+(``fast.backends.reads``), so the cached sampler is the re-run sampler
 to rounding.
 
 Decisions:

@@ -163,6 +163,39 @@ def test_bad_qkv_shape():
     x = torch.zeros(4, 8, 16)
     with pytest.raises(ValueError, match=r"\(B, H, n, d\)"):
         flex_sparse_attention(x, x, x, "full", compile=False)
+    q, kv = torch.zeros(1, 4, 8, 16), torch.zeros(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        flex_sparse_attention(q, kv, kv, "full", compile=False)
+    with pytest.raises(ValueError, match="n_q <= n_k"):
+        flex_sparse_attention(q, q[:, :, :5], q[:, :, :5], "full", compile=False)
+
+
+@pytest.mark.parametrize("pattern,combine,params,H,Hkv", [
+    ("strided", "multihead", dict(stride=7), 4, 2),
+    ("fixed", "merged", dict(stride=8, c=2), 4, 1),
+    ("bigbird", "merged", dict(window=4, n_random=3, n_global=2, seed=1), 2, 2),
+])
+def test_flex_queries_padding_and_grouped_heads(pattern, combine, params, H, Hkv):
+    """As sparse_attention: n_q in {1, 3, n_k} aligned to the end, Hkv dividing H
+    (enable_gqa), right and left padding (lengths, offsets), forward (FlexAttention has
+    no CPU backward), against the reference."""
+    from tests.fast.api_helpers import inputs, truth_masks
+
+    B, n, d = 2, 45, 16
+    for n_q in (1, 3, n):
+        for lengths, offsets in ((None, None), ([45, 30], None), (None, [0, 11])):
+            q, k, v, _ = inputs(B, H, Hkv, n_q, n, d, seed=n_q, dtype=torch.float32)
+            mask = truth_masks(pattern, B, H, n_q, n, combine, lengths=lengths,
+                               offsets=offsets, **params)
+            kr, vr = (np.repeat(t.double().numpy(), H // Hkv, axis=1) for t in (k, v))
+            want, _ = attend(q.double().numpy(), kr, vr, mask)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                got = flex_sparse_attention(q, k, v, pattern, combine=combine, compile=False,
+                                            enable_gqa=Hkv != H, lengths=lengths,
+                                            offsets=offsets, **params)
+            err = float(np.abs(got.double().numpy() - want).max())
+            assert err < 1e-5, f"n_q={n_q} lengths={lengths} offsets={offsets}: {err:.2e}"
 
 
 def test_cache_key_accepts_array_and_list_parameters():

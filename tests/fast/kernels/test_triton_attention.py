@@ -26,7 +26,7 @@ from fast.layout.costs import ideal_speedup
 from fast.measure.contenders import triton_contenders
 from reference import attention as A
 from reference import patterns as P
-from tests.fast.kernels.triton_helpers import T, make_inputs, needs_runner, ref_masks
+from tests.fast.kernels.triton_helpers import DEVICE, T, make_inputs, needs_runner, ref_masks
 
 BLOCK = 16
 
@@ -394,3 +394,65 @@ def test_bad_variants_are_rejected():
         sparse_attention(q, q, q, "strided", stride=4, backend="structured", variant="fused")
     # every registered variant says what it should save
     assert all(v.prediction for v in T.VARIANTS.values())
+
+
+# ----------------------------------------------------------------------------
+# Beyond self-attention: n_q <= n_k, grouped key/value heads, padded batches
+# ----------------------------------------------------------------------------
+
+@needs_runner
+@pytest.mark.parametrize("pattern,combine,params,H,Hkv", [
+    ("strided", "merged", dict(stride=7), 4, 2),
+    ("fixed", "multihead", dict(stride=8, c=2), 4, 1),
+    ("longformer", "merged", dict(window=5, dilation=2, global_tokens=(0, 17)), 2, 1),
+    ("full", "merged", {}, 2, 2),
+], ids=["strided-merged-gqa2", "fixed-multihead-gqa4", "longformer-gqa2", "full"])
+def test_queries_padding_and_grouped_heads(pattern, combine, params, H, Hkv):
+    """sparse_attention(backend="triton"): n_q in {1, 3, n_k} (queries aligned to the end;
+    the kernel computes n_k rows, q padded in front), key/value heads shared by H / Hkv
+    query heads (read by the kernels at h // share, dk and dv summed over the query
+    heads), left padding (offsets: each sequence rolled to start at 0), against the
+    reference (float64), forward and backward."""
+    from tests.fast.api_helpers import inputs, run, truth, truth_masks
+
+    B, n_k, d = 2, 45, 16
+    for n_q in (1, 3, n_k):
+        for offsets in (None, [0, 9]):
+            q, k, v, go = inputs(B, H, Hkv, n_q, n_k, d, seed=n_q, dtype=torch.float32)
+            q, k, v, go = (t.to(DEVICE) for t in (q, k, v, go))
+            mask = truth_masks(pattern, B, H, n_q, n_k, combine, offsets=offsets, **params)
+            want = truth(q.cpu(), k.cpu(), v.cpu(), go.cpu(), mask)
+            got = run(lambda a, b, c, offsets=offsets: sparse_attention(
+                a, b, c, pattern, combine=combine, backend="triton", enable_gqa=Hkv != H,
+                offsets=offsets, **params), q, k, v, go)
+            for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+                err = (a.double().cpu() - b).abs().max().item()
+                assert err < 2e-5, f"n_q={n_q} offsets={offsets} {name}: max error {err:.2e}"
+
+
+@needs_runner
+def test_the_kernels_entry_takes_grouped_heads_and_shorter_queries():
+    """triton_sparse_attention itself: enable_gqa (required for Hkv != H, as in SDPA) and
+    n_q < n_k; the entries on already-built parts take self-attention only."""
+    H, n_k, n_q = 3, 50, 7                       # one key/value head for the three
+    masks = ref_masks("strided", n_k, H, "multihead", stride=8)[:, n_k - n_q:]
+    q, k, v, do = make_inputs(1, H, n_k, 16, seed=2)
+    q, do = q[:, :, n_k - n_q:], do[:, :, n_k - n_q:]
+    k, v = k[:, :1], v[:, :1]
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = T.triton_sparse_attention(qg, kg, vg, "strided", stride=8, combine="multihead",
+                                    block_size=BLOCK, enable_gqa=True)
+    out.backward(do)
+    kr, vr = (t.expand(1, H, n_k, 16).double().cpu().numpy() for t in (k, v))
+    qn, don = q.double().cpu().numpy(), do.double().cpu().numpy()
+    ref_out, _ = A.attend(qn, kr, vr, masks[None])
+    dq, dk, dv = A.attend_backward(qn, kr, vr, masks[None], don)
+    for got, want in ((out.detach(), ref_out), (qg.grad, dq), (kg.grad, dk.sum(1, keepdims=True)),
+                      (vg.grad, dv.sum(1, keepdims=True))):
+        assert np.abs(got.double().cpu().numpy() - want).max() < 2e-5
+    with pytest.raises(ValueError, match="needs enable_gqa=True"):
+        T.triton_sparse_attention(q, k, v, "strided", stride=8)
+    parts = block_layout("strided", n_k, H, block_size=BLOCK, stride=8).parts
+    with pytest.raises(ValueError, match="already-built layout parts takes q, k, v of one"):
+        T.attention_with_parts(q, k.expand(1, H, n_k, 16), v.expand(1, H, n_k, 16), parts,
+                               block_size=BLOCK)

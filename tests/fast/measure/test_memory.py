@@ -197,7 +197,8 @@ def test_graph_saved_lists_what_count_saved_counts():
 
 
 def test_strided_keeps_one_block_input_more_than_dense_the_heads_copy():
-    # What memory_length.png and notebook 07 say, measured live: per block, strided attention
+    # What memory_length.png and notebook 07 say, measured live (the structured backend, as
+    # fast.measure.model_memory runs it): per block, strided attention
     # keeps exactly one n x d fp32 tensor more than dense (W_p keeps the copy made when the
     # structured path's (B, H, n, d) output is put side by side). At an n that is not a
     # multiple of the stride, the structured path also keeps q, k, v, out (B, H, n', d) and
@@ -209,7 +210,8 @@ def test_strided_keeps_one_block_input_more_than_dense_the_heads_copy():
             torch.manual_seed(0)
             model = SparseTransformer(ModelConfig(n_ctx=40, d_model=d, n_heads=heads,
                                                   n_layers=1, pattern=pattern,
-                                                  stride=stride)).train()
+                                                  stride=stride,
+                                                  attention_backend="structured")).train()
             h = torch.randn(1, n, d, requires_grad=True)
             with count_saved(model.parameters()) as log:
                 out = model.blocks[0](h)                                 # (1, n, d)

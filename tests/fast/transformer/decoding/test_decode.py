@@ -4,8 +4,8 @@ Child et al., 2019, section 4.3 (which keys each head reads), section 5.1
 (merged, multi-head and interleaved heads) and section 5.6 (q.k in float32 when
 sampling). Three levels, each of which can fail on its own:
 
-* the keys: ``kv_reads.row_mask`` (all five patterns) and the positions a cache
-  actually hands to attention at step t (its stores filled with keys that
+* the keys: ``fast.backends.reads.row_mask`` (all five patterns) and the positions a
+  cache actually hands to attention at step t (its stores filled with keys that
   encode their own position) equal row t of ``reference.patterns.head_masks``,
   each key once;
 * the memory: a fixed-pattern cache keeps (ceil(n / l) c + l) keys per head, a
@@ -25,11 +25,11 @@ import pytest
 import torch
 
 import reference.patterns as P
+from fast.backends.reads import head_groups, row_mask
 from fast.transformer.config import ModelConfig
 from fast.transformer.decoding import cpu_step, decode
 from fast.transformer.decoding.decode import Decoder
 from fast.transformer.decoding.kv_cache import DenseCache, SparseCache, layer_cache
-from fast.transformer.decoding.kv_reads import head_groups, row_mask
 from fast.transformer.network.devices import autocast
 from fast.transformer.network.model import SparseTransformer
 from reference import model as ref_model

@@ -1,9 +1,11 @@
-"""Which keys a decoding step reads: row t of every head's mask, in two forms.
+"""Which keys row t reads: row t of every head's mask, in two forms.
 
 Child et al., 2019, section 4.2 (eq. 2-4: output i attends to the set S_i),
 section 4.3 (the strided and fixed patterns) and section 5.1 (eq. 5-8: merged,
 multi-head and interleaved heads). Generating token t + 1 computes one new row of
-attention per head: head h of layer r reads exactly row t of
+attention per head, and so does ``fast.sparse_attention`` for one query against a
+longer key tensor (its one-query step, ``fast.backends.row``): head h of layer r
+reads exactly row t of
 ``reference.patterns.head_masks(pattern, n, H, combine, r, **params)[h]``. Both
 forms below start from the head roles of ``reference.heads.head_roles`` (the
 contract); nothing here re-derives which head reads which part.
@@ -11,8 +13,8 @@ contract); nothing here re-derives which head reads which part.
 * ``row_mask`` -- the generic form: row t of every head's mask as a bool
   (H, t + 1) tensor, from the closed forms of all five patterns (full, strided,
   fixed, and the Longformer and BigBird neighbours). A cache that keeps every
-  key reads all t + 1 of them and masks the rest (``fast.transformer.decoding.kv_cache``'s
-  dense cache): exact for any pattern, but a step costs O(t).
+  key reads all t + 1 of them and masks the rest (the dense cache of
+  ``fast.transformer.decoding.kv_cache``): exact for any pattern, but a step costs O(t).
 
 * ``head_groups`` and ``step_pieces`` -- the sparse form, for the model's
   patterns (full, strided, fixed; ``fast.transformer.config``). Heads that read
@@ -40,6 +42,13 @@ contract); nothing here re-derives which head reads which part.
   l + t / l keys (strided) or about l + t c / l (fixed) instead of t + 1, and a
   fixed cache keeps O(n c / l + l) keys instead of n: summaries are the only keys
   a later query of another block can read.
+
+Both readers of the sparse form take the same pieces: a key/value cache
+(``fast.transformer.decoding.kv_cache``) reads them from its stores, and the one-query
+step of ``fast.sparse_attention`` (``fast.backends.row``) reads the same rows from a
+tensor that holds every position, through ``store_positions`` (which position each
+row of a store holds: the inverse of where a cache writes position j). So which keys
+a step reads is said once, here, for both.
 
 The tests check both forms against ``reference.patterns.head_masks`` row by row.
 """
@@ -215,3 +224,36 @@ def step_pieces(group: Group, t: int, stride: int | None, c: int | None,
             pieces.append((slice(b * c, b * c + c), None if full else ("summary", s)))
         return pieces
     raise AssertionError(f"no pieces for parts {parts}")
+
+
+def store_positions(group: Group, rows, t: int, stride: int | None, c: int | None,
+                    device="cpu"):
+    """The sequence positions held by the rows ``rows`` (a slice or a LongTensor, as
+    ``step_pieces`` gives them) of ``group``'s store at step t: what those rows are when
+    every position is kept (a key tensor (B, H, n, d)). The layouts of ``STORES``:
+
+    * "all"      row j holds position j: ``rows`` itself (a slice stays a slice);
+    * "ring"     slot r holds the latest j <= t with j mod l == r, t - ((t - r) mod l);
+    * "summary"  row R holds (R // c) l + lo + R mod c for the head whose sub-block
+                 starts at lo: one row of positions per head of the group;
+    * "joint"    the ring's l slots, then the summary rows.
+
+    A row that holds no position yet (a ring slot before position 0, a summary the
+    head has not reached by step t) gives a position in [0, t] all the same: ``step_pieces``
+    drops every such row, and the position is only ever gathered, never read.
+
+    Returns a slice, a LongTensor (m,) (the same positions for every head) or (Hg, m)
+    (one row per head of the group, in group order)."""
+    store = group.store()
+    if store == "all":
+        return rows
+    if isinstance(rows, slice):
+        rows = torch.arange(rows.start or 0, rows.stop, rows.step or 1, device=device)
+    rows = rows.to(device)
+    if store == "ring":
+        return (t - (t - rows) % stride).clamp_(min=0)                   # (m,) in [0, t]
+    lo = torch.tensor([a for a, _ in group.summaries], device=device)[:, None]  # (Hg, 1)
+    first = stride if store == "joint" else 0                            # rows of the ring
+    ring = (t - (t - rows) % stride).clamp_(min=0)
+    summary = ((rows - first) // c) * stride + lo + (rows - first) % c   # (Hg, m)
+    return torch.where(rows < first, ring, summary.clamp_(max=t))        # (Hg, m) in [0, t]

@@ -1,0 +1,110 @@
+"""What ``backend="auto"`` runs on the CPU: dense masked SDPA below a measured crossover.
+
+Child et al., 2019, section 5.5 and Table 2: a sparse pattern pays only for what it
+computes, but its pieces cost more per pair than one dense product. At short
+sequences that overhead wins: the naive path (SDPA with the pattern's boolean mask,
+``fast.backends.naive``) is faster than the structured path; from some n on the
+structured path is. Where they cross depends on the pattern, the stride, whether a
+backward follows, and the machine, so it is measured, not guessed:
+``python -m fast bench --crossover`` (``fast.measure.crossover``; part of ``make
+bench``) times both paths side by side at short n and writes the crossovers to
+figures/data/auto_cpu.json, which this module reads (in a source checkout; an
+installed copy, or a checkout without the file, uses ``DEFAULT``, the committed
+copy of that file's crossovers).
+
+The record's crossover X of a pattern, stride and pass ("fwd": forward only, "fb":
+forward and backward) is where auto switches: the naive path for n < X, the
+structured path from X on -- chosen from the measured times so that at no measured
+n is auto slower than the faster of the two by more than the tolerance
+(``fast.measure.crossover.choose``). X = (largest n measured) + 1 says that the naive
+path was the faster one everywhere in the sweep; beyond it the structured path is
+taken, whose cost grows as n sqrt(n) against the naive path's n^2.
+
+How a call picks (``prefer_naive``):
+
+* the pass: "fb" when autograd will need a backward (grad mode on and q, k or v
+  requiring grad), else "fwd";
+* the stride: the measured stride nearest the call's (in log2); a pattern without a
+  measured stride takes the structured path;
+* queries shorter than the keys (n_q < n_k): the naive path costs n_q n_k pairs, the
+  structured one the whole n_k sqrt(n_k) (it computes every row); with the two equal
+  at n_q = n_k = X, the naive path is taken while n_q^2 < X n_k. This extrapolates the
+  measured square problems; it is a model, not a measurement.
+
+On CUDA auto takes the Triton kernels (``fast.attention``); no crossover is measured
+there.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+from fast.core.paths import CHECKOUT
+from fast.core.schema import Int, Map, ShapeError, check
+
+RECORD = None if CHECKOUT is None else CHECKOUT / "figures" / "data" / "auto_cpu.json"
+PASSES = ("fwd", "fb")
+
+# The crossovers of figures/data/auto_cpu.json as committed (its "crossover"): used
+# where that file is not there. ``python -m fast bench --crossover`` rewrites the file.
+DEFAULT = {
+    "strided": {"16": {"fwd": 256, "fb": 256}, "32": {"fwd": 256, "fb": 512},
+                "64": {"fwd": 512, "fb": 512}, "128": {"fwd": 512, "fb": 512}},
+    "fixed": {"16": {"fwd": 256, "fb": 512}, "32": {"fwd": 256, "fb": 512},
+              "64": {"fwd": 64, "fb": 512}, "128": {"fwd": 128, "fb": 512}},
+}
+
+SHAPE = {"crossover": Map(Map({"fwd": Int(1), "fb": Int(1)}))}
+
+
+def read_record(path) -> dict:
+    """The crossovers of a record written by ``python -m fast bench --crossover``:
+    {pattern: {stride as text: {"fwd": X, "fb": X}}}; a ValueError naming the file and
+    the place when it is not such a record."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        check(data, SHAPE)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ShapeError) as err:
+        raise ValueError(f"{path} does not hold auto's crossovers ({err}); allowed: the JSON "
+                         f"that `python -m fast bench --crossover` writes (delete the file "
+                         f"to use the committed defaults)") from None
+    for pattern, strides in data["crossover"].items():
+        for stride in strides:
+            if not stride.isdigit() or int(stride) < 1:
+                raise ValueError(f"{path}: ['crossover'][{pattern!r}] has the stride "
+                                 f"{stride!r}; allowed: positive integers as text")
+    return {pattern: {stride: {what: entry[what] for what in PASSES}
+                      for stride, entry in strides.items()}
+            for pattern, strides in data["crossover"].items()}
+
+
+@functools.lru_cache(maxsize=1)
+def crossovers() -> dict:
+    """The crossovers in force: figures/data/auto_cpu.json when it is there, else
+    ``DEFAULT``. Read once per process."""
+    if RECORD is not None and RECORD.is_file():
+        return read_record(RECORD)
+    return DEFAULT
+
+
+def crossover(table: dict, pattern: str, stride: int | None, backward: bool) -> int | None:
+    """X for ``pattern`` at the measured stride nearest ``stride`` (log2 distance; ties to
+    the smaller), for the forward+backward ("fb") or forward ("fwd") pass; None when the
+    pattern has no measured crossover."""
+    strides = table.get(pattern)
+    if not strides or stride is None:
+        return None
+    near = min(strides, key=lambda s: (abs(math.log2(int(s)) - math.log2(stride)), int(s)))
+    return strides[near]["fb" if backward else "fwd"]
+
+
+def prefer_naive(pattern: str, n_q: int, n_k: int, stride: int | None, backward: bool,
+                 table: dict | None = None) -> bool:
+    """Whether auto takes the naive path over the structured one for this call on the
+    CPU (module docstring); ``table``: the crossovers (None: ``crossovers()``)."""
+    X = crossover(crossovers() if table is None else table, pattern, stride, backward)
+    if X is None:
+        return False
+    return n_q * n_q < X * n_k

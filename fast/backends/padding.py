@@ -1,0 +1,143 @@
+"""Padded batches: sequences of different lengths in one (B, H, n, d) tensor.
+
+Child et al., 2019, section 4.3: the strided and fixed patterns are defined by
+positions -- row i reads j with (i - j) mod l == 0, or the summaries of the blocks
+floor(i / l) counts -- so a padded batch must say where each sequence's positions
+start, or a pattern reads the wrong keys.
+
+A batch is padded by two (B,) integer tensors, and the rule is the same on every
+backend:
+
+* ``lengths[b]``: how many real tokens sequence b holds (default: all that follow
+  its offset);
+* ``offsets[b]``: how many pad tokens precede it (left padding; default 0).
+
+Sequence b holds the indices [offsets[b], offsets[b] + lengths[b]) of the key axis,
+and index i is its position i - offsets[b]: positions are shifted per sequence, so a
+left-padded sequence reads exactly what it reads unpadded (its first real token is
+position 0, as Hugging Face's position ids make it). Right padding (offsets 0) keeps
+the positions as they are. A padded index is no position of the sequence: its key
+is never read, and its query row outputs 0, with zero gradients. Queries are the
+last n_q indices of the key axis, as everywhere (``fast.attention``).
+
+Why lengths and offsets rather than a boolean key mask (B, n_k): (1) they say where
+positions start, which a mask does not (a mask whose True entries start late is left
+padding only if the positions are taken to start there; reading it so needs the mask
+on the host, a wait on a GPU, and a mask with holes has no such reading); (2) the
+fast paths honour them without any mask at all (below). A mask of any shape, holes
+included, is ``attn_mask`` (positions absolute), which the naive backend ANDs with the
+pattern.
+
+How each path honours them:
+
+* naive: the pattern's mask at each sequence's own positions (``positions``), ANDed
+  with ``inside`` for keys and queries;
+* the full-length paths (structured, Triton): ``padded_run`` -- each sequence is
+  rolled so that it starts at index 0 (a gather of q, k, v: one copy each), the
+  unmasked pattern runs, and the rows outside the sequence are set to 0 before the
+  output is rolled back. A real row never reads a key after its sequence's end
+  (every pattern is causal), so the pad keys rolled to the end are never read by it:
+  exact, with no mask. Without offsets nothing is rolled;
+* the one-query step (``fast.backends.row``): each sequence's row at its own
+  position t_b = n_k - 1 - offsets[b].
+
+Values are checked on the host (``check_padding``): for CPU tensors and sequences
+always (free), for GPU tensors only when asked (a wait for the device; the caller's
+``check_finite`` decides, as it decides the finite check).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _as_index(name: str, x, B: int, device) -> torch.Tensor:
+    """``x`` (a (B,) integer tensor or a sequence of B ints) as an int64 tensor on device."""
+    if isinstance(x, torch.Tensor):
+        if x.dtype == torch.bool or x.dtype.is_floating_point or x.dtype.is_complex:
+            raise ValueError(f"{name} must hold integers (a (B,) integer tensor, one per "
+                             f"sequence), got dtype {x.dtype}")
+        t = x
+    else:
+        try:
+            values = list(x)
+        except TypeError:
+            raise ValueError(f"{name} must be a (B,) integer tensor or a sequence of B "
+                             f"integers, got {type(x).__name__}") from None
+        if not all(isinstance(a, int) and not isinstance(a, bool) for a in values):
+            raise ValueError(f"{name} must hold integers, got {values!r}")
+        t = torch.tensor(values, dtype=torch.int64)
+    if t.shape != (B,):
+        raise ValueError(f"{name} must have shape (B,) = ({B},), one per sequence, got shape "
+                         f"{tuple(t.shape)}")
+    return t.to(device=device, dtype=torch.int64)
+
+
+def check_padding(lengths, offsets, B: int, n_k: int, device, values: bool):
+    """(lengths, offsets) as int64 tensors (B,) on ``device`` (each None when not given),
+    after checking their shape, and their values -- 0 <= offsets <= n_k and 0 <= lengths
+    <= n_k - offsets -- on the host when they are there already or ``values`` asks."""
+    given = {}
+    for name, x in (("lengths", lengths), ("offsets", offsets)):
+        if x is not None:
+            host = not isinstance(x, torch.Tensor) or x.device.type == "cpu"
+            given[name] = (_as_index(name, x, B, device), host)
+    off = given.get("offsets", (None, True))[0]
+    for name, (t, host) in given.items():
+        if not (host or values):
+            continue
+        top = n_k if name == "offsets" or off is None else n_k - off
+        bad = (t < 0) | (t > top)
+        if bool(bad.any()):
+            b = int(bad.nonzero()[0, 0])
+            limit = (f"n_k = {n_k}" if name == "offsets" or off is None
+                     else f"n_k - offsets[{b}] = {int(top[b])}")
+            raise ValueError(f"{name}[{b}] = {int(t[b])} is outside [0, {limit}] (sequence "
+                             f"{b} of a batch padded to n_k = {n_k} keys)")
+    return (given["lengths"][0] if "lengths" in given else None,
+            given["offsets"][0] if "offsets" in given else None)
+
+
+def positions(index: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
+    """The positions of the indices ``index`` (m,) in each sequence: (B, m) with
+    offsets, else ``index`` itself (one row for every sequence)."""
+    return index if offsets is None else index[None, :] - offsets[:, None]
+
+
+def inside(index: torch.Tensor, lengths: torch.Tensor | None,
+           offsets: torch.Tensor | None, n_k: int) -> torch.Tensor | None:
+    """Whether each of the indices ``index`` (m,) lies inside its sequence: bool (B, m),
+    or None when the batch is not padded."""
+    if lengths is None and offsets is None:
+        return None
+    start = 0 if offsets is None else offsets[:, None]
+    length = (n_k - start) if lengths is None else lengths[:, None]
+    pos = index[None, :] - start
+    return (pos >= 0) & (pos < length)                                   # (B, m)
+
+
+def padded_run(run, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               lengths: torch.Tensor | None, offsets: torch.Tensor | None) -> torch.Tensor:
+    """``run(q, k, v)`` -- a path that attends queries aligned to the end of the key axis
+    over unpadded sequences -- on a padded batch (module docstring): q (B, H, n_q, d),
+    k, v (B, Hkv, n_k, d) -> (B, H, n_q, d), the rows outside their sequence 0."""
+    B, n_q, n_k = q.shape[0], q.shape[2], k.shape[2]
+    if offsets is None:
+        out = run(q, k, v)                                               # (B, H, n_q, d)
+        rows = inside(torch.arange(n_k - n_q, n_k, device=q.device), lengths, None, n_k)
+        return out if rows is None else torch.where(rows[:, None, :, None], out, 0.0)
+    if n_q < n_k:                      # every row gets its own shift: the full length first
+        q = F.pad(q, (0, 0, n_k - n_q, 0))                               # (B, H, n_k, d)
+    index = torch.arange(n_k, device=q.device)
+
+    def take(t, rows):                 # t (B, H, n_k, d) at rows (B, n_k) of each sequence
+        return t.gather(2, rows[:, None, :, None].expand(B, t.shape[1], n_k, t.shape[3]))
+
+    start = (index[None, :] + offsets[:, None]) % n_k                    # (B, n_k)
+    out = run(take(q, start), take(k, start), take(v, start))            # rolled: from 0
+    length = (n_k - offsets) if lengths is None else lengths
+    rows = index[None, :] < length[:, None]                              # (B, n_k)
+    out = torch.where(rows[:, None, :, None], out, 0.0)
+    out = take(out, (index[None, :] - offsets[:, None]) % n_k)           # rolled back
+    return out[:, :, n_k - n_q:]                                          # (B, H, n_q, d)
