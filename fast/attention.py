@@ -104,11 +104,11 @@ import torch
 
 from fast.backends import auto
 from fast.backends import naive as naive_backend
+from fast.backends.host_checks import check_inputs
 from fast.backends.naive import naive_sparse_attention
-from fast.backends.padding import check_padding, padded_run
+from fast.backends.padding import as_padding, padded_run
 from fast.backends.row import row_attention
 from fast.backends.structured import structured_attention
-from fast.core.checks import check_finite as reject_non_finite
 from fast.core.checks import check_scale, check_tensors
 from fast.core.nonfinite import attention_reach, causal_reach, quarantine
 from fast.core.precision import fold_dtype
@@ -133,6 +133,7 @@ OTHER_NAMES = {
 
 
 @functools.lru_cache(maxsize=1)
+@torch.compiler.assume_constant_result     # torch.compile: read when traced, no break
 def _triton_available() -> bool:
     return (importlib.util.find_spec("triton") is not None
             and importlib.util.find_spec("fast.kernels.triton_attention") is not None)
@@ -316,7 +317,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     scale = check_scale(scale, d)
     if attn_mask is not None:
         _check_mask(attn_mask, q, k)
-    lengths, offsets = check_padding(lengths, offsets, B, n_k, q.device, check_finite)
+    lengths, offsets, (host_l, host_o) = as_padding(lengths, offsets, B, q.device)
     backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     which = resolve_backend(backend, pattern, q.device, q.dtype, n_k, n_q=n_q,
                             stride=params.get("stride"), backward=backward,
@@ -332,8 +333,10 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
         which = "structured"                  # the crossover's path cannot hold this call
     # the one-query step looks for NaN and inf only in q and in what its row reads
     row = which == "structured" and n_q == 1 and pattern in FACTORIZED
-    if check_finite and not row:
-        reject_non_finite(q, k, v)
+    values = (lengths is not None and (host_l or check_finite),
+              offsets is not None and (host_o or check_finite))
+    if (check_finite and not row) or any(values):      # the host reads, in one operator
+        check_inputs(q, k, v, bool(check_finite) and not row, lengths, offsets, *values)
     run = functools.partial(_run, which, pattern, combine, layer, params, variant,
                             attn_mask, lengths, offsets, check_finite)
     dtype, fold = q.dtype, None if which == "triton" else fold_dtype(scale, q.dtype)
