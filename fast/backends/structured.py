@@ -378,7 +378,8 @@ def structured_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Ten
 
 @structured_backward_op.register_fake
 def _(grad_out, q, k, v, out, lse, pattern, combine, layer, stride, c, scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return (q.new_empty(q.shape), k.new_empty(k.shape),
+            v.new_empty(v.shape))                             # contiguous, as ``backward``'s
 
 
 def _setup_context(ctx, inputs, output):
