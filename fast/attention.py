@@ -60,6 +60,20 @@ Backends (one flag, the slow and the fast path side by side):
                fixed -> "naive" below the crossover measured on the CPU, "structured"
                from it on (``fast.backends.auto``); longformer, bigbird -> "naive".
 
+torch.compile (docs/design.md, "torch.compile"): a model that calls ``sparse_attention``
+compiles with ``fullgraph=True`` -- one graph, no graph break, no recompile from step to
+step of one shape. Everything here is Python over shapes and Python values (the backend
+choice included: auto's measured crossover is a constant when traced), and what cannot
+be traced is a ``torch.library.custom_op``, run the same way eager and compiled: the
+structured path's forward and backward (``sparse_transformer::structured``,
+``fast.backends.structured``: its pieces, merges and its float64 decision inside), and
+the checks that read values on the host (``sparse_transformer::check_inputs``,
+``fast.backends.host_checks``: the finite check and the padding values). "full" and
+the naive path are plain PyTorch (SDPA), which the compiler traces and fuses. Not yet
+without a break: ``check_finite=False`` (its NaN quarantine looks on the host), the
+one-query step (decoding: ``fast.SparseKVCache``), the Triton kernels (an autograd
+Function), and a naive call big enough that its memory guard reads /proc/meminfo.
+
 The paths with queries shorter than the keys (n_q < n_k, n_q > 1) compute every one of
 the n_k rows on the structured and Triton backends (q padded in front with zero rows):
 exact, at the cost of n_k queries; the naive path costs n_q n_k pairs.

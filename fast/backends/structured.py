@@ -27,7 +27,7 @@ dimension whenever they can), so pieces read and write the layer's tensors in
 place. The pieces of a group cover disjoint key sets, so their outputs merge
 exactly through the log-sum-exp (``merge_chunks``, ``fast.core.merge``).
 
-Backward: it saves only q, k, v, the merged out and the merged lse, and runs each
+Backward: it keeps only q, k, v, the merged out and the merged lse, and runs each
 piece's flash backward with the merged out and lse: recomputing
 P = exp(s - lse_merged) gives each piece its exact share of the merged gradient,
 about 2.5 times a piece's forward work (docs/design.md, section 5). The gradient
@@ -43,16 +43,32 @@ Precision (sec. 5.6): float16 and bfloat16 inputs are computed in float32
 inside -- forward, merge and backward -- and rounded once, at the end (rounding
 each piece's output or gradient first gave several times the naive path's
 gradient error at large logits; tests/fast/test_attention_edges.py). The backward
-saves q, k, v as given (upcast again when it runs) and the merged out and lse in
-the accumulation dtype. A row's softmax weights are recomputed from its
+keeps q, k, v as given (padded and upcast again when it runs) and the merged out and
+lse in the accumulation dtype. A row's softmax weights are recomputed from its
 log-sum-exp, which float32 holds to ulp(|lse|): a float32 call whose largest
 |lse| exceeds ``EXACT_LSE`` (large scales, large or tied scores) is recomputed in
-float64 and keeps float64 through its backward.
+float64, forward and backward (the operator, below).
 
 n is padded with zeros up to a multiple of l inside (padded rows come after all
 real rows, so causality keeps real rows from reading them; their gradients are
 cut off). Sequences shorter than l are one dense block: they go to the naive
 path, which is no bigger than one block.
+
+The operator (docs/design.md, "torch.compile"): the forward and the backward are two
+``torch.library.custom_op``s, ``sparse_transformer::structured`` (q, k, v -> the merged
+out and lse, N rows) and ``sparse_transformer::structured_backward``, with fake
+(shape-only) implementations and the backward registered as the forward's autograd
+formula. Eager calls and compiled graphs run the same operators, so they give the same
+answers: ``torch.compile`` sees one opaque call per layer, never the pieces' strided
+views, in-place merges and host reads (the float64 decision below) that it cannot
+trace. The pattern, stride, c, combine, layer and scale are the operators' attributes:
+Python values, fixed when a graph is traced (one graph serves every step of a shape).
+What the backward needs is the operator's outputs and inputs, whose dtypes an operator
+must declare from its inputs alone; so a call recomputed in float64 returns float32
+buffers (its answer, rounded once, and the float32 lse the decision was made on), and
+the backward makes the same decision from that lse and recomputes the float64 forward
+before its own float64 pass (sec. 5.4: recompute rather than keep; the same numbers as
+keeping the float64 buffers, at the cost of one more forward in that rare case).
 """
 
 from __future__ import annotations
