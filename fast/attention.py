@@ -116,9 +116,8 @@ import sys
 
 import torch
 
-from fast.backends import auto
+from fast.backends import auto, host_checks
 from fast.backends import naive as naive_backend
-from fast.backends.host_checks import check_inputs
 from fast.backends.naive import naive_sparse_attention
 from fast.backends.padding import as_padding, padded_run
 from fast.backends.row import row_attention
@@ -350,7 +349,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     values = (lengths is not None and (host_l or check_finite),
               offsets is not None and (host_o or check_finite))
     if (check_finite and not row) or any(values):      # the host reads, in one operator
-        check_inputs(q, k, v, bool(check_finite) and not row, lengths, offsets, *values)
+        host_checks.check(q, k, v, bool(check_finite) and not row, lengths, offsets, *values)
     run = functools.partial(_run, which, pattern, combine, layer, params, variant,
                             attn_mask, lengths, offsets, check_finite)
     dtype, fold = q.dtype, None if which == "triton" else fold_dtype(scale, q.dtype)

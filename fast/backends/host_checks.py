@@ -9,9 +9,10 @@ offset outside the sequence, would surface far from its cause, so
 Each of those checks ends in a value read on the host (``bool(tensor)``), which
 ``torch.compile`` cannot trace: it would cut the model's graph in two at every attention
 call (a graph break) and make ``fullgraph=True`` fail. So they run inside one custom
-operator, ``sparse_transformer::check_inputs``: eager calls run it as plain Python;
-a compiled graph holds it as one opaque call, and the same Python runs when the graph
-runs -- the same checks at the same point, the same ValueError, no break.
+operator, ``sparse_transformer::check_inputs``: a compiled graph holds it as one opaque
+call, and the same Python runs when the graph runs -- the same checks at the same point,
+the same ValueError, no break. Eager calls run that Python directly (``check``), without
+the dispatcher's overhead.
 
 The operator returns nothing, so a compiler would drop it as dead code; it is registered
 as having an ordered side effect (``register_effect``, which threads a token through
@@ -29,10 +30,8 @@ from fast.backends.padding import check_padding_values
 from fast.core.checks import check_finite
 
 
-@torch.library.custom_op("sparse_transformer::check_inputs", mutates_args=())
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, finite: bool,
-                 lengths: torch.Tensor | None, offsets: torch.Tensor | None,
-                 check_lengths: bool, check_offsets: bool) -> None:
+def host_checks(q, k, v, finite: bool, lengths, offsets, check_lengths: bool,
+                check_offsets: bool) -> None:
     """Raise a ValueError if ``finite`` and q, k or v hold NaN or inf, or if the lengths
     or offsets asked for (``check_lengths``, ``check_offsets``) are outside the n_k keys
     of k: q (B, H, n_q, d), k, v (B, Hkv, n_k, d), lengths and offsets int64 (B,) or
@@ -42,9 +41,25 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, finite: bool
     check_padding_values(lengths, offsets, k.shape[2], check_lengths, check_offsets)
 
 
+@torch.library.custom_op("sparse_transformer::check_inputs", mutates_args=())
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, finite: bool,
+                 lengths: torch.Tensor | None, offsets: torch.Tensor | None,
+                 check_lengths: bool, check_offsets: bool) -> None:
+    """``host_checks`` as one operator, kept in a compiled graph where it stands."""
+    host_checks(q, k, v, finite, lengths, offsets, check_lengths, check_offsets)
+
+
 @check_inputs.register_fake
 def _(q, k, v, finite, lengths, offsets, check_lengths, check_offsets):
     return None
 
 
 check_inputs.register_effect(EffectType.ORDERED)
+
+
+def check(q, k, v, finite: bool, lengths, offsets, check_lengths: bool,
+          check_offsets: bool) -> None:
+    """``host_checks``: through the operator when traced (torch.compile), directly when
+    eager."""
+    run = check_inputs if torch.compiler.is_compiling() else host_checks
+    run(q, k, v, finite, lengths, offsets, check_lengths, check_offsets)

@@ -58,11 +58,14 @@ The operator (docs/design.md, "torch.compile"): the forward and the backward are
 ``torch.library.custom_op``s, ``sparse_transformer::structured`` (q, k, v -> the merged
 out and lse, N rows) and ``sparse_transformer::structured_backward``, with fake
 (shape-only) implementations and the backward registered as the forward's autograd
-formula. Eager calls and compiled graphs run the same operators, so they give the same
-answers: ``torch.compile`` sees one opaque call per layer, never the pieces' strided
+formula: ``torch.compile`` sees one opaque call per layer, never the pieces' strided
 views, in-place merges and host reads (the float64 decision below) that it cannot
-trace. The pattern, stride, c, combine, layer and scale are the operators' attributes:
-Python values, fixed when a graph is traced (one graph serves every step of a shape).
+trace. Eager calls run the same two functions (``operator_forward``,
+``operator_backward``) through ``_StructuredAttention``, an autograd Function that keeps
+the same tensors, without the dispatcher's overhead: eager and compiled run the same
+Python and give the same answers. The pattern, stride, c, combine, layer and scale are
+the operators' attributes: Python values, fixed when a graph is traced (one graph serves
+every step of a shape).
 What the backward needs is the operator's outputs and inputs, whose dtypes an operator
 must declare from its inputs alone; so a call recomputed in float64 returns float32
 buffers (its answer, rounded once, and the float32 lse the decision was made on), and
@@ -81,7 +84,7 @@ import torch.nn.functional as F
 from fast.backends.fixed import BlockCausal, Summary
 from fast.backends.naive import naive_sparse_attention
 from fast.backends.strided import Column, LocalBand
-from fast.core.autograd import refuse_second_derivative
+from fast.core.autograd import once_differentiable, refuse_second_derivative
 from fast.core.merge import merge_into
 from fast.core.precision import acc_dtype
 from reference.heads import head_roles
@@ -320,7 +323,7 @@ def forward(q, k, v, heads_plans, stride: int):
     one the decision was made on, so that ``backward`` makes the same decision from it
     and recomputes the float64 forward it needs (sec. 5.4's trade: recompute rather than
     keep; the saved tensors then have one dtype whatever the values, as an operator's
-    declared outputs must, ``fast.backends.structured_op``)."""
+    declared outputs must: ``structured_op`` below)."""
     low = _padded(q, k, v, stride)
     out, lse = _run(low, heads_plans, acc_dtype(q.dtype))           # "Precision" above
     if out.dtype == torch.float32 and _outgrows_float32(lse):
@@ -357,8 +360,23 @@ def backward(grad_out, q, k, v, out, lse, heads_plans, stride: int):
 
 
 # ----------------------------------------------------------------------------
-# The operator: what torch.compile sees of the structured path
+# The operator (what torch.compile sees) and its eager twin
 # ----------------------------------------------------------------------------
+
+def operator_forward(q, k, v, pattern, combine, layer, stride, c, scale):
+    """``forward`` from the operator's inputs and attributes: (out (B, H, N, d), lse
+    (B, H, N)), contiguous, in the accumulation dtype."""
+    heads_plans = plans(pattern, combine, layer, q.shape[1], k.shape[1], scale, stride, c)
+    out, lse = forward(q, k, v, heads_plans, stride)
+    return out.contiguous(), lse.contiguous()
+
+
+def operator_backward(grad_out, q, k, v, out, lse, pattern, combine, layer, stride, c,
+                      scale):
+    """``backward`` from the operator's inputs and attributes: (dq, dk, dv), contiguous."""
+    heads_plans = plans(pattern, combine, layer, q.shape[1], k.shape[1], scale, stride, c)
+    return backward(grad_out, q, k, v, out, lse, heads_plans, stride)
+
 
 @torch.library.custom_op("sparse_transformer::structured", mutates_args=())
 def structured_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str,
@@ -368,9 +386,7 @@ def structured_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: st
     dtype, N = n_k rounded up to a multiple of the stride (see ``forward``). The pattern's
     numbers are attributes (Python values, baked into a compiled graph); the plan is
     made from them on every call. Inputs as ``structured_attention`` takes them."""
-    heads_plans = plans(pattern, combine, layer, q.shape[1], k.shape[1], scale, stride, c)
-    out, lse = forward(q, k, v, heads_plans, stride)
-    return out.contiguous(), lse.contiguous()
+    return operator_forward(q, k, v, pattern, combine, layer, stride, c, scale)
 
 
 @structured_op.register_fake
@@ -388,8 +404,8 @@ def structured_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Ten
                            c: int | None, scale: float
                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``backward`` as one operator: (dq, dk, dv) shaped and typed as q, k, v."""
-    heads_plans = plans(pattern, combine, layer, q.shape[1], k.shape[1], scale, stride, c)
-    return backward(grad_out, q, k, v, out, lse, heads_plans, stride)
+    return operator_backward(grad_out, q, k, v, out, lse, pattern, combine, layer, stride,
+                             c, scale)
 
 
 @structured_backward_op.register_fake
@@ -414,6 +430,25 @@ def _backward(ctx, grad_out, _grad_lse):
 
 
 structured_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _StructuredAttention(torch.autograd.Function):
+    """The operator's eager twin: the same ``operator_forward`` and ``operator_backward``,
+    the same tensors kept, without the dispatcher's Python overhead (a noticeable share of
+    a short call). Eager calls take it; traced ones the operator (``structured_attention``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, *attributes):
+        out, lse = operator_forward(q, k, v, *attributes)
+        _setup_context(ctx, (q, k, v, *attributes), (out, lse))
+        return out, lse
+
+    @staticmethod
+    @once_differentiable("the structured backend of sparse_attention")
+    def backward(ctx, grad_out, _grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        return (*operator_backward(grad_out, q, k, v, out, lse, *ctx.attributes),
+                *(None for _ in ctx.attributes))
 
 
 def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -449,8 +484,9 @@ def structured_attention(q, k, v, pattern: str, *, combine: str = "merged", laye
         params = {"stride": stride} if pattern == "strided" else {"stride": stride, "c": c}
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
                                       scale=scale, **params)
-    out, _ = torch.ops.sparse_transformer.structured(q, k, v, pattern, combine, layer,
-                                                     stride, c, scale)   # (B, H, N, d)
+    # traced (torch.compile): the operator; eager: its twin, the same functions
+    attend = structured_op if torch.compiler.is_compiling() else _StructuredAttention.apply
+    out, _ = attend(q, k, v, pattern, combine, layer, stride, c, scale)  # (B, H, N, d)
     n_q = q.shape[2]
     if n_q < out.shape[2]:
         out = out[:, :, n_k - n_q:n_k]                                   # (B, H, n_q, d)

@@ -11,6 +11,8 @@ job each:
   layout from ``fast.layout.block_layout``, moved to the device once and cached),
   ``attention_with_parts`` / ``attention_lse`` / ``forward`` (already-built parts
   in) and the input checks (``fast.core.checks`` plus the kernel's own limits).
+  And the kernels as custom operators, ``sparse_transformer::triton`` and its backward,
+  which ``torch.compile`` sees of a traced call (``_registered`` says when).
 
 Checks run once per call, at the entry the caller used: the public functions here
 check q, k, v, the scale and the kernel's limits; ``attend`` is the entry of
@@ -368,7 +370,12 @@ triton_op.register_autograd(_backward, setup_context=_setup_context)
 
 def _registered(variant: Variant) -> str | None:
     """The name of ``variant`` when it is the one ``VARIANTS`` holds under it (the
-    operator takes variants by name), else None."""
+    operator takes variants by name), else None.
+
+    The operator is what ``torch.compile`` sees of the kernels (docs/design.md, "torch.compile"):
+    ``launch.forward`` and ``launch.backward`` behind one opaque call each. Eager calls run
+    the same launchers through ``launch.BlockSparseAttention``, without the dispatcher's
+    overhead; so does a compiled call with a Variant built by the caller (a graph break)."""
     return variant.name if VARIANTS.get(variant.name) is variant else None
 
 
@@ -384,14 +391,15 @@ def _run(q, k, v, pattern, combine, layer, params, scale, block_size, order, var
     if n_q < n:
         q = F.pad(q, (0, 0, n - n_q, 0))                                 # (B, H, n_k, d)
     name = _registered(variant)
-    if name is None:              # a Variant built by the caller: the autograd Function
-        parts = variant_parts(pattern, n, H, combine, layer, params, block, q.device, order,
-                              variant, q.dtype, d)
-        out = _apply(q, k, v, parts, scale, variant)
-    else:                         # the operator (the same kernels), which compiles whole
+    if torch.compiler.is_compiling() and name is not None:
+        # traced: the operator (the same launchers), which a compiled graph holds whole
         q, scale = L.fold_scale(q, scale)
         out, _, _ = triton_op(q, k, v, pattern, combine, layer, params_text(params), scale,
                               block, order, name)
+    else:         # eager (or a Variant built by the caller): the autograd Function
+        parts = variant_parts(pattern, n, H, combine, layer, params, block, q.device, order,
+                              variant, q.dtype, d)
+        out = _apply(q, k, v, parts, scale, variant)
     return out if n_q == n else out[:, :, n - n_q:]
 
 

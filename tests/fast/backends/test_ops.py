@@ -4,7 +4,8 @@ Child et al., 2019, sections 4.3 and 5.1 (the patterns and their heads), section
 structured pieces) and 5.4 (recomputation: a float32 call whose log-sum-exp outgrows
 float32 is recomputed in float64, in the backward too). ``sparse_transformer::structured``
 (and its backward) and ``sparse_transformer::check_inputs`` are what ``torch.compile``
-sees of a call (docs/design.md, "torch.compile"): ``torch.library.opcheck`` checks each
+sees of a traced call (docs/design.md, "torch.compile"; eager calls run the same functions
+without the dispatcher): ``torch.library.opcheck`` checks each
 (schema, autograd registration, fake tensors against real ones -- shapes, dtypes and
 strides -- and the AOT-dispatched forward and backward against eager) on odd sizes: n
 not a multiple of the stride, d = 48, one and three heads, n_q < n_k, grouped key/value
@@ -192,8 +193,10 @@ def test_compiled_raises_what_eager_raises(backend):
 
 
 def test_second_derivative_through_the_operator_raises():
+    """The operator's registered backward refuses create_graph=True as its eager twin
+    (``_StructuredAttention``) does."""
     q, k, v, go = inputs(1, 2, 2, 40, 40, 16, seed=9)
     q.requires_grad_(True)
-    out = sparse_attention(q, k, v, "strided", stride=4, backend="structured")
+    out, _ = OPS.structured(q, k, v, "strided", "merged", 0, 4, None, 0.25)
     with pytest.raises(RuntimeError, match="once_differentiable.*backend='naive'"):
         torch.autograd.grad((out * go).sum(), q, create_graph=True)
