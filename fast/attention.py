@@ -64,7 +64,8 @@ torch.compile (docs/design.md, "torch.compile"): a model that calls ``sparse_att
 compiles with ``fullgraph=True`` -- one graph, no graph break, no recompile from step to
 step of one shape. Everything here is Python over shapes and Python values (the backend
 choice included: auto's measured crossover is a constant when traced), and what cannot
-be traced is a ``torch.library.custom_op``, run the same way eager and compiled: the
+be traced is a ``torch.library.custom_op`` (eager calls run the same Python without
+the dispatcher): the
 structured path's forward and backward (``sparse_transformer::structured``,
 ``fast.backends.structured``: its pieces, merges and its float64 decision inside), and
 the checks that read values on the host (``sparse_transformer::check_inputs``,
