@@ -71,9 +71,10 @@ structured path's forward and backward (``sparse_transformer::structured``,
 the checks that read values on the host (``sparse_transformer::check_inputs``,
 ``fast.backends.host_checks``: the finite check and the padding values). "full" and
 the naive path are plain PyTorch (SDPA), which the compiler traces and fuses. Not yet
-without a break: ``check_finite=False`` (its NaN quarantine looks on the host), the
-one-query step (decoding: ``fast.SparseKVCache``), the Triton kernels (an autograd
-Function), and a naive call big enough that its memory guard reads /proc/meminfo.
+without a break: ``check_finite=False`` with a backward on a pattern other than "full"
+(its NaN quarantine finds what a row reads through ``torch.autograd.grad``), the
+one-query step (decoding: ``fast.SparseKVCache``), a Triton ``Variant`` built by the
+caller, and a naive call big enough that its memory guard reads /proc/meminfo.
 
 The paths with queries shorter than the keys (n_q < n_k, n_q > 1) compute every one of
 the n_k rows on the structured and Triton backends (q padded in front with zero rows):
