@@ -126,8 +126,8 @@ def parser() -> cli.Parser:
                         "writes data/auto_cpu.json, which backend='auto' reads")
     p.add_argument("--compile", action="store_true",
                    help="only a small GPT's training step, eager against torch.compile, in "
-                        "turns on the CPU at n = 256 and 1024 for full, strided, fixed "
-                        "(--quick: n = 256, two rounds); writes data/compile_cpu.json")
+                        "turns on the CPU (one thread) at n = 256 and 1024 for full, strided, "
+                        "fixed (--quick: n = 256, two rounds); writes data/compile_cpu.json")
     p.add_argument("--variants", nargs="*", type=cli.choice(VARIANTS), default=None,
                    help="the variant sweep: these kernel variants (none named: all) side by "
                         "side at the GPU targets' points, float16, (B, H, n) = (4, 16, 16384), "

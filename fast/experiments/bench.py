@@ -435,12 +435,15 @@ def measure_compile(out: Path, quick: bool = False, log=print) -> tuple[dict, Pa
     (``fast.measure.compile_step.step_times``: in turns, one process), with the machine
     and the load average before and after, written to ``<out>/data/compile_cpu.json``
     with the ratios compiled / eager per pattern and n. ``quick``: n = 256 only, two
-    rounds. Returns (the record, its path)."""
+    rounds. One intra-op thread: on a shared machine two threads spin while they wait for
+    each other's core, and a step's time then follows the other jobs more than its own
+    work (table2's profile runs one thread for the same reason). Returns (the record,
+    its path)."""
     info = bench.machine_info("cpu")
     info["loadavg_start"] = os.getloadavg()
     t0 = time.time()
     timed = compile_step.step_times(ns=(256,) if quick else (256, 1024),
-                                    rounds=2 if quick else 5, log=log)
+                                    rounds=2 if quick else 7, threads=1, log=log)
     ratios: dict = {}
     for row in timed["results"]:
         ratios.setdefault(row["pattern"], {})[str(row["n"])] = row["ratio"]

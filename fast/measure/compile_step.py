@@ -14,8 +14,10 @@ weights, warms both up (the first compiled call compiles: its time is recorded a
 ``compile_s``), then times one training step of each -- forward, cross-entropy,
 backward, an AdamW step, the gradients set to None -- in turns (``fast.measure.in_turns``:
 A, B, A, B, the fastest round of each, the load average and CPU seconds beside them).
-The ratio compiled / eager below 1 is the compiled step's gain. ``python -m fast bench
---compile`` writes the record to figures/data/compile_cpu.json.
+The ratio compiled / eager below 1 is the compiled step's gain. The thread count is set
+before compiling: dynamo guards on it, and a compiled model whose process changes it
+compiles again. ``python -m fast bench --compile`` writes the record to
+figures/data/compile_cpu.json.
 """
 
 from __future__ import annotations
@@ -70,6 +72,22 @@ def step_times(ns=(256, 1024), patterns=PATTERNS, batch: int = 2, backend: str =
     load_average]}."""
     model = dict(MODEL if model is None else model)
     threads = torch.get_num_threads() if threads is None else threads
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)       # before compiling: dynamo guards on the thread count
+    try:
+        results = _points(ns, patterns, batch, backend, rounds, threads, compiler, model, log)
+    finally:
+        torch.set_num_threads(before)
+    return {"config": {**model, "batch": batch, "backend": backend, "ns": list(ns),
+                       "patterns": list(patterns), "rounds": rounds, "threads": threads,
+                       "compiler": compiler, "optimizer": "AdamW (eager, not compiled)",
+                       "timing": "in turns, one process, fastest round of each; warmed up "
+                                 "twice, the first compiled call (compiling) timed apart"},
+            "results": results}
+
+
+def _points(ns, patterns, batch, backend, rounds, threads, compiler, model, log) -> list:
+    """The rows of ``step_times``, with ``threads`` already set."""
     results = []
     for n in ns:
         for pattern in patterns:
@@ -102,9 +120,4 @@ def step_times(ns=(256, 1024), patterns=PATTERNS, batch: int = 2, backend: str =
             log(f"{pattern:8} n={n:5d} l={cfg.stride:3d}: eager {fastest['eager'] * 1e3:8.1f} "
                 f"ms, compiled {fastest['compiled'] * 1e3:8.1f} ms, compiled / eager "
                 f"{row['ratio']:.3f} (compiling took {compile_s:.0f} s)")
-    return {"config": {**model, "batch": batch, "backend": backend, "ns": list(ns),
-                       "patterns": list(patterns), "rounds": rounds, "threads": threads,
-                       "compiler": compiler, "optimizer": "AdamW (eager, not compiled)",
-                       "timing": "in turns, one process, fastest round of each; warmed up "
-                                 "twice, the first compiled call (compiling) timed apart"},
-            "results": results}
+    return results
