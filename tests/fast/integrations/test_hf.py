@@ -423,7 +423,16 @@ def test_the_attention_function_refuses_what_it_cannot_serve():
         attend(module, q, k, v, padding)
 
 
+@pytest.mark.slow
 def test_importing_fast_does_not_import_transformers():
+    """``import fast`` and ``import fast.integrations`` leave transformers alone; without
+    transformers, ``import fast.integrations.hf`` names the extra to install."""
     code = ("import sys, fast, fast.integrations; "
             "assert 'transformers' not in sys.modules, 'transformers imported'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+    code = ("import sys; sys.modules['transformers'] = None\n"
+            "try:\n    import fast.integrations.hf\n"
+            "except ImportError as err:\n    print(err)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    assert "needs the optional dependency transformers: pip install -e .[hf]" in out
