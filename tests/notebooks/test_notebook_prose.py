@@ -182,7 +182,8 @@ def test_a_section_reference_says_whose_section(tmp_path, prose, flagged):
 _CLAIM = re.compile(r"(?<![\w.,$\\{])\d{1,3}(?:,\d{3})+(?![\w,])|(?<![\w.,$\\{])\d+\.\d+(?![\w.])")
 
 
-@pytest.mark.parametrize("name", ["01_attention_patterns.ipynb", "02_reference_attention.ipynb"])
+@pytest.mark.parametrize("name", ["01_attention_patterns.ipynb", "02_reference_attention.ipynb",
+                                  "10_use_it_in_your_model.ipynb"])
 def test_every_changed_number_in_the_prose_is_caught(tmp_path, name):
     nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     before = len(check_notebook(ROOT / "notebooks" / name))
