@@ -24,7 +24,6 @@ NOT_YET_CONVERTED = (
     "04_triton_kernel.ipynb",
     "07_recomputation_memory.ipynb",
     "08_dense_vs_sparse.ipynb",
-    "09_samples.ipynb",
 )
 
 
