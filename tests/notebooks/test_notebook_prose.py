@@ -23,7 +23,6 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 NOT_YET_CONVERTED = (
     "04_triton_kernel.ipynb",
     "07_recomputation_memory.ipynb",
-    "08_dense_vs_sparse.ipynb",
 )
 
 
