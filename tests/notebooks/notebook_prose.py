@@ -165,6 +165,20 @@ PAPER_WORDS = {
         r"where the attention dominates the computation time, it is more worthwhile to perform "
         r"them one at a time and sequentially.",
     ),
+    "5.4": (
+        r"Gradient checkpointing has been shown to be effective in reducing the memory "
+        r"requirements of training deep neural networks (Chen et al., 2016), (Gruslys et al., "
+        r"2016). It is worth noting, however, that this technique is particularly effective for "
+        r"self-attention layers when long sequences are processed, as memory usage is high for "
+        r"these layers relative to the cost of computing them. "
+        r"Using recomputation alone, we are able to train dense attention networks with hundreds "
+        r"of layers on sequence lengths of 16,384, which would be infeasible on modern hardware "
+        r"otherwise. "
+        r"In our experiments, we recompute the attention and feedforward blocks during the "
+        r"backwards pass. To simplify our implementation, we do not apply dropout within the "
+        r"attention blocks, as in (Vaswani et al., 2017), and instead only apply it at the end of "
+        r"each residual addition, as seen in Figure 4.",
+    ),
     "5.5": (
         r"The sparse attention masks in 3(b) and 3(c) can be efficiently computed by slicing out "
         r"sub-blocks from the query, key, and value matrices and computing the product in blocks. "

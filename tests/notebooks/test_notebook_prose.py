@@ -22,7 +22,6 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # (the xfail is strict: a listed notebook that passes fails the suite until removed).
 NOT_YET_CONVERTED = (
     "04_triton_kernel.ipynb",
-    "07_recomputation_memory.ipynb",
 )
 
 
