@@ -65,7 +65,8 @@ def test_environment_yml_gives_the_versions_of_pyproject_and_the_makefile():
     project = pyproject()["project"]
     extras = project["optional-dependencies"]
     wanted = {}
-    for spec in project["dependencies"] + extras["data"] + extras["dev"] + extras["lab"]:
+    for spec in (project["dependencies"] + extras["data"] + extras["hf"] + extras["dev"]
+                 + extras["lab"]):
         req = Requirement(spec)
         if req.name not in ("torch", "sparse-transformer"):
             wanted[req.name] = str(req.specifier)
@@ -92,6 +93,18 @@ def test_triton_is_installed_on_linux_only():
         env = dict(default_environment(), sys_platform=platform)
         assert triton.marker is not None and triton.marker.evaluate(env) is wanted
     assert any("triton" in r for r in extras["dev"])       # dev pulls the extra in
+
+
+def test_transformers_is_optional_and_in_the_dev_install():
+    """The Hugging Face adapter's dependency is the extra hf, which dev pulls in (so its
+    tests run wherever the tests run); nothing else needs it."""
+    project = pyproject()["project"]
+    extras = project["optional-dependencies"]
+    assert [Requirement(r).name for r in extras["hf"]] == ["transformers"]
+    (itself,) = [Requirement(r) for r in extras["dev"]
+                 if Requirement(r).name == "sparse-transformer"]
+    assert "hf" in itself.extras
+    assert all(Requirement(r).name != "transformers" for r in project["dependencies"])
 
 
 def test_notebooks_needing_triton_are_skipped_without_it(monkeypatch):

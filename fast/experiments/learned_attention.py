@@ -1,7 +1,7 @@
 """Figure 2: what a dense Sparse Transformer learns to attend to on images, and how
 trained strided and fixed models spend their attention inside their patterns.
 
-Child et al., 2019, section 3 ("Motivation") and Figure 2: a dense network
+Child et al., 2019, sec. 4.1 and Figure 2 (both in sec. 4): a dense network
 trained on images shows local attention in early layers, row/column attention
 in some, global data-dependent attention in others and very sparse attention in
 late layers; that is the evidence for the strided pattern (sec. 4.3).
@@ -19,7 +19,9 @@ Here, on the 16x16 greyscale photo crops ("grey16", n = 256):
   window of ``WINDOW`` rows and columns, the query's row, its column, elsewhere;
   entropies; the label of every head by the rule stated there), and, for the
   dense model, the mass inside the strided (l = 16, one image row) and fixed
-  (l = 16, c = 4) patterns; for a sparse model, the mass on each of its two parts.
+  (l = 16, c = 4) patterns; for a sparse model, the mass on each of its two parts
+  over the pixels (``part_masks``: the start token, key 0, is counted once, as "start",
+  never inside a part, so start and parts sum to 1 for every head).
 
     python -m fast fig2 [--quick] [--force] [--iters N] [--layers L] [--threads T]
     python -m fast fig2 --long [--force]
@@ -215,6 +217,24 @@ def pattern_masks(pattern: str, n: int, head: int = 0) -> tuple[np.ndarray, np.n
     return a1, a2 & ~a1
 
 
+def part_masks(pattern: str, n: int, head: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``pattern_masks`` without key 0: the two parts over the pixels only. The start
+    token (key 0) lies inside the strided band of the first row and column 0, and inside
+    the fixed head whose summary sub-block starts a block; it is measured once, as the
+    start token's mass, so the start token and the two parts are disjoint and hold all
+    of a head's readable keys (their masses sum to 1)."""
+    a1, a2 = pattern_masks(pattern, n, head)
+    a1, a2 = a1.copy(), a2.copy()
+    a1[:, 0] = a2[:, 0] = False
+    return a1, a2
+
+
+def readable_masks(pattern: str, n: int, n_heads: int) -> np.ndarray:
+    """bool (H, n, n): the positions each head of a merged layer may read (the fixed
+    heads read different summary sub-blocks, so each head has its own mask)."""
+    return np.stack([patterns.union(*pattern_masks(pattern, n, h)) for h in range(n_heads)])
+
+
 def _tolist(d: dict) -> dict:
     return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in d.items()}
 
@@ -241,8 +261,9 @@ def summarise(maps: np.ndarray, pattern: str = "full", image_shape=SHAPE,
     else:
         # every head against its own readable positions (the fixed heads' summaries differ)
         heads = []
+        readable = readable_masks(pattern, n, H)                                   # (H, n, n)
         for h in range(H):
-            mask = patterns.union(*pattern_masks(pattern, n, h))
+            mask = readable[h]
             heads.append(stats.head_statistics(a[:, h:h + 1], image_shape, qq, window,
                                                mask=mask))
             uni = stats.uniform_weights(n, q, mask)
@@ -267,13 +288,13 @@ def summarise(maps: np.ndarray, pattern: str = "full", image_shape=SHAPE,
             out["uniform"][f"in_{name}"] = float(stats.pattern_mass(uni, mask2, q))
     else:
         out["parts"] = list(PARTS[pattern])
+        # the parts over the pixels; the start token's mass is "start" (key 0 in no part)
         out["part_mass"] = np.stack([np.stack([stats.pattern_mass(a[:, h], m, qq) for m in
-                                               pattern_masks(pattern, n, h)], -1)
+                                               part_masks(pattern, n, h)], -1)
                                      for h in range(H)], 1).tolist()                 # (L, H, 2)
         out["uniform"]["part_mass"] = np.mean(
-            [[float(stats.pattern_mass(stats.uniform_weights(n, q, patterns.union(*ms)), m, q))
-              for m in ms] for ms in (pattern_masks(pattern, n, h) for h in range(H))],
-            axis=0).tolist()
+            [[float(stats.pattern_mass(stats.uniform_weights(n, q, readable[h]), m, q))
+              for m in part_masks(pattern, n, h)] for h in range(H)], axis=0).tolist()
     return out
 
 
@@ -353,8 +374,7 @@ def run(*, quick: bool = False, force: bool = False, iters: int | None = None,
         result["models"][name] = summary
         drawn[name] = maps
         if name != "full":
-            readable[name] = np.stack([patterns.union(*pattern_masks(name, maps.shape[-1], h))
-                                       for h in range(maps.shape[2])])           # (H, n, n)
+            readable[name] = readable_masks(name, maps.shape[-1], maps.shape[2])  # (H, n, n)
     # the panels show the test image with the most contrast, so that data-dependent
     # attention has something to follow
     shown = int(np.argmax(images.std(1)))

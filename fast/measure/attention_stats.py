@@ -1,7 +1,7 @@
 """Where does a trained model look? Summaries of attention weights over images.
 
-Child et al., 2019, section 3 and Figure 2: a 128-layer dense network trained on
-CIFAR-10 learns attention that is local in early layers (like convolution),
+Child et al., 2019, sec. 4.1 and Figure 2 (both in sec. 4): a 128-layer dense
+network trained on CIFAR-10 learns attention that is local in early layers (like convolution),
 splits into row and column attention in some middle layers, is global and
 data-dependent in others, and is very sparse in late layers. Those observations
 motivated the strided pattern (sec. 4.3). This file turns attention weights

@@ -113,13 +113,17 @@ def _colorbar(fig, axes):
 def draw_heads(maps: np.ndarray, image: np.ndarray, query: int, image_shape, labels, path,
                pattern: str = "full", readable: np.ndarray | None = None):
     """maps: (L, H, n, n) of one image. Rows = layers, columns = [image, heads...];
-    labels: (L, H) head labels; readable: bool (n, n) or, per head, (H, n, n) positions a
-    sparse model may read."""
+    labels: (L, H) head labels; readable: bool (H, n, n), the positions each head of a
+    sparse model may read (``fast.experiments.learned_attention.readable_masks``): per
+    head, since the heads of one layer may read different positions (the fixed
+    pattern's summary sub-blocks), and grey marks what is outside that head's own."""
     L, H = maps.shape[:2]
+    n = maps.shape[-1]
+    if readable is not None and np.shape(readable) != (H, n, n):
+        raise ValueError(f"readable must be one mask per head, (H, n, n) = {(H, n, n)}, "
+                         f"got shape {np.shape(readable)}")
     fig, axes = plt.subplots(L, H + 1, figsize=(1.3 * (H + 1) + 0.9, 1.35 * L + 0.6),
                              squeeze=False, layout="constrained")
-    if readable is not None and readable.ndim == 2:
-        readable = np.broadcast_to(readable, (H, *readable.shape))             # (H, n, n)
     for layer in range(L):
         _show_image(axes[layer, 0], image, query, image_shape, f"layer {layer}")
         for head in range(H):
@@ -251,7 +255,16 @@ def _per_head(ax, values: np.ndarray, uniform: float, uniform_label: str):
 
 def draw_parts(summaries: dict, path):
     """summaries: {pattern: summary} of trained sparse models. Per layer, stacked: start
-    token and each part's mass; beside it uniform attention inside the pattern."""
+    token and each part's mass; beside it uniform attention inside the pattern. The
+    start token and the parts are disjoint (``learned_attention.part_masks``), so every
+    head's bars sum to 1; a summary whose do not raises ValueError."""
+    for pattern, s in summaries.items():
+        total = np.asarray(s["start"]) + np.asarray(s["part_mass"]).sum(-1)      # (L, H)
+        uniform = s["uniform"]["start"] + sum(s["uniform"]["part_mass"])
+        if not (np.allclose(total, 1.0, atol=1e-3) and np.isclose(uniform, 1.0, atol=1e-3)):
+            raise ValueError(f"{pattern}: start token and parts must sum to 1 per head (each "
+                             f"key counted once), got {np.round(total, 3).tolist()} and "
+                             f"uniform {uniform:.3f}")
     fig, axes = plt.subplots(1, len(summaries), figsize=(5.0 * len(summaries), 3.6),
                              squeeze=False)
     for ax, (pattern, s) in zip(axes[0], summaries.items()):
@@ -330,8 +343,8 @@ def _majority(labels) -> str:
 def make_all(maps: dict, image: np.ndarray, result: dict, image_shape, figdir,
              readable: dict | None = None, suffix: str = "") -> list[Path]:
     """maps: {pattern: (L, H, n, n) of ``image``}; result: the learned_attention JSON;
-    readable: {pattern: bool (n, n)} positions each sparse model may read. Writes the
-    figures the data allow into ``figdir``, ``suffix`` before each file's extension
+    readable: {pattern: bool (H, n, n)} positions each head of a sparse model may read.
+    Writes the figures the data allow into ``figdir``, ``suffix`` before each file's extension
     (``python -m fast fig2 --long``: "_long"); returns their paths."""
     figdir = Path(figdir)
     readable = readable or {}

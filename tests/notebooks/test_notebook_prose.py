@@ -18,30 +18,10 @@ from tests.conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
-# Written before the rules existed; each leaves this list once its prose passes
-# (the xfail is strict: a listed notebook that passes fails the suite until removed).
-NOT_YET_CONVERTED = (
-    "03_fast_attention.ipynb",
-    "04_triton_kernel.ipynb",
-    "05_the_network.ipynb",
-    "06_learned_attention.ipynb",
-    "07_recomputation_memory.ipynb",
-    "08_dense_vs_sparse.ipynb",
-    "09_samples.ipynb",
-)
-
-
-@pytest.mark.parametrize("path", [
-    pytest.param(p, id=p.name, marks=[pytest.mark.xfail(strict=True, reason="not yet converted")]
-                 if p.name in NOT_YET_CONVERTED else [])
-    for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_prose_is_held_by_outputs_and_the_paper(path):
     findings = check_notebook(path)
     assert not findings, "\n" + "\n".join(map(str, findings))
-
-
-def test_the_not_yet_converted_list_names_notebooks_that_exist():
-    assert set(NOT_YET_CONVERTED) <= {p.name for p in NOTEBOOKS}
 
 
 def test_the_paper_registries_name_its_sections():
@@ -182,7 +162,8 @@ def test_a_section_reference_says_whose_section(tmp_path, prose, flagged):
 _CLAIM = re.compile(r"(?<![\w.,$\\{])\d{1,3}(?:,\d{3})+(?![\w,])|(?<![\w.,$\\{])\d+\.\d+(?![\w.])")
 
 
-@pytest.mark.parametrize("name", ["01_attention_patterns.ipynb", "02_reference_attention.ipynb"])
+@pytest.mark.parametrize("name", ["01_attention_patterns.ipynb", "02_reference_attention.ipynb",
+                                  "10_use_it_in_your_model.ipynb"])
 def test_every_changed_number_in_the_prose_is_caught(tmp_path, name):
     nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     before = len(check_notebook(ROOT / "notebooks" / name))

@@ -103,7 +103,9 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, progress: bool = Tr
     try:
         with (RunOutput(plan, writes=train_cfg.save_checkpoint and rank == 0) as output,
               Signals() as signals):
-            return _train(model_cfg, train_cfg, progress, plan, rank, world, output, signals)
+            run = _Run(model_cfg, train_cfg, progress, plan, rank, world, output, signals)
+            run.loop()
+            return run.record()
     finally:
         torch.set_num_threads(threads)
         if created_group:
@@ -140,149 +142,179 @@ def train_step(net, model, x, y, optimizer, scheduler, scaler, precision, device
     return loss
 
 
-def _train(model_cfg, train_cfg, progress, plan: Plan, rank, world, output: RunOutput,
-           signals: Signals) -> dict:
-    dataset, device, precision, local_batch = (plan.dataset, plan.device, plan.precision,
-                                               plan.local_batch)
-    seeding.seed_everything(train_cfg.seed)                          # one seed for everything
-    model = SparseTransformer(model_cfg).to(device)                  # the same on every rank
-    seeding.seed_rank(train_cfg.seed, rank)                          # dropout: per rank
-    optimizer = make_optimizer(model, train_cfg)
-    scheduler = make_scheduler(optimizer, train_cfg)
-    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-    history = {"step": [], "loss": [], "bits": [], "lr": []}
-    evals: list[dict] = []
-    step = 0
-    path = plan.path
+class _Run:
+    """One process's part of a run: the model and its optimiser state, the learning
+    curve, and the steps from the first (or the resumed) one to the end. ``train``
+    makes one inside the run's folder lock and signal handlers; ``loop`` takes the
+    steps, ``record`` returns what ``train`` returns."""
 
-    if plan.resume_state is not None:
-        step, saved = restore(plan.resume_state, model=model, optimizer=optimizer,
-                              scheduler=scheduler, scaler=scaler, rank=rank)
-        plan.resume_state = None                                     # free it
-        history, evals = saved["train"], saved["evals"]
-    first_step = step
+    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, progress: bool,
+                 plan: Plan, rank: int, world: int, output: RunOutput, signals: Signals):
+        self.model_cfg, self.cfg, self.plan = model_cfg, train_cfg, plan
+        self.rank, self.world, self.output, self.signals = rank, world, output, signals
+        self.dataset, self.device, self.precision = plan.dataset, plan.device, plan.precision
+        seeding.seed_everything(train_cfg.seed)                      # one seed for everything
+        self.model = SparseTransformer(model_cfg).to(self.device)    # the same on every rank
+        seeding.seed_rank(train_cfg.seed, rank)                      # dropout: per rank
+        self.optimizer = make_optimizer(self.model, train_cfg)
+        self.scheduler = make_scheduler(self.optimizer, train_cfg)
+        self.scaler = (torch.amp.GradScaler(self.device.type) if self.precision == "fp16"
+                       else None)
+        self.history = {"step": [], "loss": [], "bits": [], "lr": []}
+        self.evals: list[dict] = []
+        self.step = 0
+        if plan.resume_state is not None:
+            self.step, saved = restore(plan.resume_state, model=self.model,
+                                       optimizer=self.optimizer, scheduler=self.scheduler,
+                                       scaler=self.scaler, rank=rank)
+            plan.resume_state = None                                 # free it
+            self.history, self.evals = saved["train"], saved["evals"]
+        self.first_step = self.step
+        self.net = self.model
+        if world > 1:
+            self.net = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda"
+                else None)
+        self.end = (train_cfg.max_iters if train_cfg.stop_iter is None
+                    else min(train_cfg.stop_iter, train_cfg.max_iters))
+        self.clock = StepClock(self.device)   # no host-device sync of its own per step
+        self.watch = FiniteWatch(self.model)  # nor this one: read where the loop waits anyway
+        self.checkpoint_path = None
+        self.bar = None
+        if progress and rank == 0:
+            self.bar = tqdm(total=self.end, initial=self.step,
+                            desc=f"train {self.dataset.name}", dynamic_ncols=True)
 
-    net = model
-    if world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
-
-    def save() -> str | None:
-        if not train_cfg.save_checkpoint:
+    def save(self) -> str | None:
+        """The checkpoint of the step the run is on (every rank takes part; rank 0
+        writes); None when this run saves none or on another rank."""
+        if not self.cfg.save_checkpoint:
             return None
-        rng = gather(seeding.rng_state(), world)                     # every rank takes part
-        if rank != 0:
+        rng = gather(seeding.rng_state(), self.world)
+        if self.rank != 0:
             return None
-        return output.save(training_state(
-            model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, step=step,
-            world=world, model_cfg=model_cfg, train_cfg=train_cfg, history=history,
-            evals=evals, rng=rng, data=plan.data, precision=precision, device=device), step)
+        return self.output.save(training_state(
+            model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+            scaler=self.scaler, step=self.step, world=self.world, model_cfg=self.model_cfg,
+            train_cfg=self.cfg, history=self.history, evals=self.evals, rng=rng,
+            data=self.plan.data, precision=self.precision, device=self.device), self.step)
 
-    def kept() -> str:
+    def kept(self) -> str:
         """Which checkpoint out_dir holds now, in words."""
-        if not train_cfg.save_checkpoint:
+        if not self.cfg.save_checkpoint:
             return "no checkpoint is saved by this run (save_checkpoint false)"
-        if output.saved_step is not None:
-            return f"{path} keeps step {output.saved_step}"
-        if first_step:
-            return f"{path} keeps step {first_step}, where this run resumed"
+        if self.output.saved_step is not None:
+            return f"{self.plan.path} keeps step {self.output.saved_step}"
+        if self.first_step:
+            return f"{self.plan.path} keeps step {self.first_step}, where this run resumed"
         return "no checkpoint was written (raise checkpoint_interval's frequency to keep some)"
 
-    def check_finite() -> None:
-        bad = watch.first_bad(world)
+    def check_finite(self) -> None:
+        bad = self.watch.first_bad(self.world)
         if bad is not None:
             raise NonFinite(f"the loss or the weights turned non-finite (NaN or inf) at step "
-                            f"{bad}; the run stopped there and saved nothing after it: {kept()} "
-                            f"(a lower lr, or precision fp32, may keep it finite)")
+                            f"{bad}; the run stopped there and saved nothing after it: "
+                            f"{self.kept()} (a lower lr, or precision fp32, may keep it finite)")
 
-    def run_eval(record: bool = True) -> dict:
-        row = {"step": step}
-        for split in train_cfg.eval_splits:
-            row[split] = evaluate(model, dataset, split, batch_size=local_batch,
-                                  max_batches=train_cfg.eval_batches, precision=precision)
+    def run_eval(self, record: bool = True) -> dict:
+        row = {"step": self.step}
+        for split in self.cfg.eval_splits:
+            row[split] = evaluate(self.model, self.dataset, split,
+                                  batch_size=self.plan.local_batch,
+                                  max_batches=self.cfg.eval_batches, precision=self.precision)
         if record:
-            evals.append(row)
+            self.evals.append(row)
         return row
 
-    end = train_cfg.max_iters if train_cfg.stop_iter is None else min(train_cfg.stop_iter,
-                                                                       train_cfg.max_iters)
-    clock = StepClock(device)             # no host-device sync of its own per step
-    watch = FiniteWatch(model)            # nor this one: read where the loop waits anyway
-    checkpoint_path = None
-    bar = None
-    if progress and rank == 0:
-        bar = tqdm(total=end, initial=step, desc=f"train {dataset.name}", dynamic_ncols=True)
-    model.train()
-    try:
-        while step < end:
-            clock.start()
-            gen = seeding.data_generator(train_cfg.seed, step, rank)
-            x, y = dataset.batch("train", local_batch, model_cfg.n_ctx, gen)   # (B, n) each
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            loss = train_step(net, model, x, y, optimizer, scheduler, scaler, precision,
-                              device, train_cfg.grad_clip)
-            step += 1
-            clock.stop()
-            watch.add(step, loss)
+    def log(self, loss: torch.Tensor) -> None:
+        """The learning curve's point of this step (the host waits for the step here)."""
+        value = loss.item()
+        self.clock.collect()                  # the host waited for this step already
+        self.history["step"].append(self.step)
+        self.history["loss"].append(value)
+        self.history["bits"].append(value / LN2)
+        self.history["lr"].append(self.scheduler.get_last_lr()[0])
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{value:.3f}", bits=f"{value / LN2:.3f}")
 
-            # the last step of the whole run is logged, not the step a stopped run ends
-            # on (a stop and resume must give the same learning curve as one run)
-            logged = step % train_cfg.log_interval == 0 or step == train_cfg.max_iters
-            due_eval = bool(train_cfg.eval_interval) and step % train_cfg.eval_interval == 0 \
-                and step < end
-            due_save = bool(train_cfg.checkpoint_interval) and \
-                step % train_cfg.checkpoint_interval == 0 and step < end
-            signum = agreed_signal(signals, world, device)
-            if device.type == "cpu" or logged or due_eval or due_save or signum or step == end:
-                check_finite()            # before anything reads or saves this step
-            if logged:
-                value = loss.item()
-                clock.collect()                   # the host waited for this step already
-                history["step"].append(step)
-                history["loss"].append(value)
-                history["bits"].append(value / LN2)
-                history["lr"].append(scheduler.get_last_lr()[0])
-            if bar is not None:
-                bar.update(1)
+    def take_step(self) -> torch.Tensor:
+        self.clock.start()
+        gen = seeding.data_generator(self.cfg.seed, self.step, self.rank)
+        x, y = self.dataset.batch("train", self.plan.local_batch, self.model_cfg.n_ctx,
+                                  gen)                                     # (B, n) each
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True)
+        loss = train_step(self.net, self.model, x, y, self.optimizer, self.scheduler,
+                          self.scaler, self.precision, self.device, self.cfg.grad_clip)
+        self.step += 1
+        self.clock.stop()
+        self.watch.add(self.step, loss)
+        return loss
+
+    def loop(self) -> None:
+        """The steps up to ``end``: log, evaluate and save on their intervals; stop on
+        a non-finite loss or weight, or after saving on an agreed signal."""
+        cfg, end = self.cfg, self.end
+        self.model.train()
+        try:
+            while self.step < end:
+                loss = self.take_step()
+                step = self.step
+                # the last step of the whole run is logged, not the step a stopped run ends
+                # on (a stop and resume must give the same learning curve as one run)
+                logged = step % cfg.log_interval == 0 or step == cfg.max_iters
+                due_eval = bool(cfg.eval_interval) and step % cfg.eval_interval == 0 \
+                    and step < end
+                due_save = bool(cfg.checkpoint_interval) and \
+                    step % cfg.checkpoint_interval == 0 and step < end
+                signum = agreed_signal(self.signals, self.world, self.device)
+                if (self.device.type == "cpu" or logged or due_eval or due_save or signum
+                        or step == end):
+                    self.check_finite()           # before anything reads or saves this step
                 if logged:
-                    bar.set_postfix(loss=f"{history['loss'][-1]:.3f}",
-                                    bits=f"{history['bits'][-1]:.3f}")
-            if due_eval:
-                row = run_eval()
-                if bar is not None:
-                    bar.write(f"step {step}: " + ", ".join(
-                        f"{s} {row[s]:.4f} {unit(dataset)}" for s in train_cfg.eval_splits))
-            if due_save or (signum and step < end):
-                checkpoint_path = save()
-            if signum and step < end:
-                raise Interrupted(f"stopped by {NAMES.get(signum, signum)} after step {step} "
-                                  f"of {end}; " + (f"{kept()}: continue it with --resume"
-                                                   if train_cfg.save_checkpoint else kept()),
-                                  signum)
-    finally:
-        if bar is not None:
-            bar.close()
-    # The final evaluation joins the learning curve at the run's last step, or at a
-    # stop that falls on the eval interval; a run stopped elsewhere (stop_iter) reports
-    # it without recording it, so that stop + resume gives one run's curve. A step
-    # already recorded (a resume that took no step) is not recorded twice.
-    on_interval = bool(train_cfg.eval_interval) and step % train_cfg.eval_interval == 0
-    recorded = bool(evals) and evals[-1]["step"] == step
-    final = run_eval(record=(step == train_cfg.max_iters or on_interval) and not recorded)
-    if train_cfg.save_checkpoint:
-        if step > first_step:
-            checkpoint_path = save()
-        elif rank == 0 and path.is_file():
-            checkpoint_path = str(path)             # nothing new: the one resumed stands
-    if world > 1:
-        dist.barrier()
-    iter_times = clock.seconds()
-    timed = iter_times[1:] if len(iter_times) > 1 else iter_times
-    return {
-        "model": model, "history": history, "evals": evals,
-        "final": {s: final[s] for s in train_cfg.eval_splits},
-        "time_per_iter": sum(timed) / len(timed) if timed else None,
-        "iter_times": iter_times, "checkpoint": checkpoint_path, "step": step,
-        "n_params": model.num_params(), "device": str(device), "precision": precision,
-        "world_size": world, "unit": unit(dataset),
-    }
+                    self.log(loss)
+                if self.bar is not None:
+                    self.bar.update(1)
+                if due_eval:
+                    row = self.run_eval()
+                    if self.bar is not None:
+                        self.bar.write(f"step {step}: " + ", ".join(
+                            f"{s} {row[s]:.4f} {unit(self.dataset)}" for s in cfg.eval_splits))
+                if due_save or (signum and step < end):
+                    self.checkpoint_path = self.save()
+                if signum and step < end:
+                    raise Interrupted(
+                        f"stopped by {NAMES.get(signum, signum)} after step {step} of {end}; "
+                        + (f"{self.kept()}: continue it with --resume"
+                           if cfg.save_checkpoint else self.kept()), signum)
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+
+    def record(self) -> dict:
+        """The final evaluation and checkpoint; what ``train`` returns."""
+        cfg, step = self.cfg, self.step
+        # The final evaluation joins the learning curve at the run's last step, or at a
+        # stop that falls on the eval interval; a run stopped elsewhere (stop_iter) reports
+        # it without recording it, so that stop + resume gives one run's curve. A step
+        # already recorded (a resume that took no step) is not recorded twice.
+        on_interval = bool(cfg.eval_interval) and step % cfg.eval_interval == 0
+        recorded = bool(self.evals) and self.evals[-1]["step"] == step
+        final = self.run_eval(record=(step == cfg.max_iters or on_interval) and not recorded)
+        if cfg.save_checkpoint:
+            if step > self.first_step:
+                self.checkpoint_path = self.save()
+            elif self.rank == 0 and self.plan.path.is_file():
+                self.checkpoint_path = str(self.plan.path)  # nothing new: the one resumed stands
+        if self.world > 1:
+            dist.barrier()
+        iter_times = self.clock.seconds()
+        timed = iter_times[1:] if len(iter_times) > 1 else iter_times
+        return {
+            "model": self.model, "history": self.history, "evals": self.evals,
+            "final": {s: final[s] for s in cfg.eval_splits},
+            "time_per_iter": sum(timed) / len(timed) if timed else None,
+            "iter_times": iter_times, "checkpoint": self.checkpoint_path, "step": step,
+            "n_params": self.model.num_params(), "device": str(self.device),
+            "precision": self.precision, "world_size": self.world, "unit": unit(self.dataset),
+        }

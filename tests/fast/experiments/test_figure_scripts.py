@@ -111,7 +111,9 @@ def test_summary_of_a_sparse_model_splits_the_pattern_in_parts():
     assert np.array_equal(a1 | a2, patterns.union(*patterns.strided(n, LA.STRIDE)))
     s = LA.summarise(_one_key(LA.STRIDE), pattern="strided")   # key p - 16: the column part
     assert np.allclose(s["part_mass"][0][0], [0.0, 1.0])
-    assert len(s["uniform"]["part_mass"]) == 2 and np.isclose(sum(s["uniform"]["part_mass"]), 1)
+    # the start token (key 0) is counted once, as "start", never inside a part
+    assert len(s["uniform"]["part_mass"]) == 2
+    assert np.isclose(s["uniform"]["start"] + sum(s["uniform"]["part_mass"]), 1)
     assert s["labels"] == [["local"]]       # pixel p - 17: one row up, one column left
 
 
@@ -128,8 +130,50 @@ def test_fixed_heads_are_measured_against_their_own_summary_blocks():
         maps[0, :, h] = own[h] / own[h].sum(1, keepdims=True)
     assert not np.array_equal(own[0], own[1])                    # the summaries differ
     s = LA.summarise(maps, pattern="fixed")
-    assert np.allclose(np.sum(s["part_mass"], -1), 1.0)            # every head, both parts
+    # every head: the start token and both parts hold all its mass, each key counted once
+    total = np.asarray(s["start"]) + np.sum(s["part_mass"], -1)
+    print("start + parts per head:", total.round(4).tolist())
+    assert np.allclose(total, 1.0)
     assert np.allclose(s["part_mass"][0], [s["uniform"]["part_mass"]] * heads, atol=0.02)
+
+
+@pytest.mark.parametrize("pattern", ["strided", "fixed"])
+def test_the_start_token_is_in_no_part_so_start_and_parts_sum_to_one(pattern):
+    """Key 0 (the start token) lies inside the strided band and column, and inside the
+    summary sub-block of fixed head 3 (rank 3 of l / c = 4 reads positions 0..3 of each
+    block); counted there and as "start" too, the shares summed to more than 1. Weights
+    all on key 0 wherever a head may read it: all "start", no part."""
+    n, heads = 256, 4
+    readable = LA.readable_masks(pattern, n, heads)                  # (H, n, n)
+    maps = np.zeros((1, 2, heads, n, n))                             # two images, the same
+    for h in range(heads):
+        w = readable[h] / readable[h].sum(1, keepdims=True)          # uniform in the pattern
+        on_start = readable[h][:, 0]
+        w[on_start] = 0.0
+        w[on_start, 0] = 1.0                                         # all on the start token
+        maps[0, :, h] = w
+    s = LA.summarise(maps, pattern=pattern)
+    start, parts = np.asarray(s["start"]), np.asarray(s["part_mass"])
+    total = start + parts.sum(-1)
+    print(pattern, "start", start.round(3).tolist(), "start + parts", total.round(4).tolist())
+    assert np.allclose(total, 1.0)
+    assert (start > 0).any()                                         # key 0 is read somewhere
+    for h in range(heads):
+        a1, a2 = LA.part_masks(pattern, n, h)
+        assert not a1[:, 0].any() and not a2[:, 0].any()
+        assert np.array_equal(a1 | a2 | (readable[h] & (np.arange(n) == 0)), readable[h])
+    assert np.isclose(s["uniform"]["start"] + sum(s["uniform"]["part_mass"]), 1.0)
+
+
+def test_fixed_heads_read_their_own_masks_in_the_figure():
+    """Each fixed head reads its own summary sub-block, so the figure's grey (outside the
+    pattern) is per head: one mask for every head drew head 0's for all four."""
+    n, heads = 256, 4
+    readable = LA.readable_masks("fixed", n, heads)
+    for h in range(heads):
+        assert np.array_equal(readable[h], patterns.union(*LA.pattern_masks("fixed", n, h)))
+    query = pixel_position(*LA.QUERY_PIXELS[0], LA.SHAPE)
+    assert len({readable[h, query].tobytes() for h in range(heads)}) == heads
 
 
 def test_make_figures_commands():
@@ -190,8 +234,8 @@ def test_fig2_figures_draw_from_plain_data(tmp_path):
     result = {"query_pixels": [list(p) for p in LA.QUERY_PIXELS], "models": {}}
     drawn, readable = {}, {}
     for pattern in ("full", "strided", "fixed"):
-        mask = None if pattern == "full" else patterns.union(*LA.pattern_masks(pattern, n))
-        m = maps if mask is None else np.where(mask, maps, 0)
+        mask = None if pattern == "full" else LA.readable_masks(pattern, n, 2)   # (H, n, n)
+        m = maps if mask is None else np.where(mask[None, None], maps, 0)
         m = m / m.sum(-1, keepdims=True)
         s = LA.summarise(m, pattern)
         s["layers"] = LA.beats_uniform(s)

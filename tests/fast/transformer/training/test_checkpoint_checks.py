@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fast.commands import train as train_command
-from fast.data import Dataset, load
+from fast.data import Dataset
 from fast.transformer.config import preset
 from fast.transformer.network.checkpoint import FORMAT, load_checkpoint, load_model
 from fast.transformer.network.model import SparseTransformer
@@ -35,11 +35,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 ARGV = ["--preset", "digits", "--d_model", "16", "--n_heads", "2", "--n_layers", "1",
         "--batch_size", "8", "--max_iters", "4", "--warmup_iters", "1", "--eval_batches", "1",
         "--eval_interval", "0", "--precision", "fp32", "--device", "cpu", "--cpu_threads", "1"]
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load("digits")
 
 
 def tiny(out_dir, **kw):

@@ -23,16 +23,11 @@ import numpy as np
 import pytest
 import torch
 
-from fast.data import Dataset, load
+from fast.data import Dataset
 from fast.experiments import reproducible
 from fast.measure.child import run_child
 from fast.transformer.config import preset
 from fast.transformer.training import train as training
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load("digits")
 
 
 def tiny(tmp_path, **kw):

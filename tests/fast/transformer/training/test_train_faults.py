@@ -34,7 +34,6 @@ try:
     import resource  # Linux and macOS: the file-size limit
 except ImportError:                               # Windows
     resource = None
-from fast.data import load
 from fast.transformer.config import preset
 from fast.transformer.network.checkpoint import CheckpointWriteError, load_checkpoint, load_model
 from fast.transformer.training import train as training
@@ -44,11 +43,6 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 LINUX = sys.platform.startswith("linux") and resource is not None
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load("digits")
 
 
 def config(out_dir, **kw):

@@ -1,0 +1,67 @@
+"""The Figure 2 panels of trained sparse models (``fast.plots.attention``) draw what each
+head reads and count each key once.
+
+Child et al., 2019, Figure 2 (sec. 4.1) draws learned attention; our sparse models'
+panels grey the positions outside the pattern (``draw_heads``) and stack the start
+token's and each part's mass (``draw_parts``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fast.experiments import learned_attention as LA
+from fast.measure.attention_stats import pixel_position
+from fast.plots import attention as plot_attention
+
+
+def _uniform_maps(readable: np.ndarray) -> np.ndarray:
+    """(L=1, H, n, n): every head uniform over its own readable positions."""
+    return (readable / readable.sum(-1, keepdims=True))[None]
+
+
+def test_draw_heads_greys_each_heads_own_pattern(tmp_path, monkeypatch):
+    n, heads = 256, 4
+    readable = LA.readable_masks("fixed", n, heads)                  # (H, n, n)
+    maps = _uniform_maps(readable)
+    query = pixel_position(*LA.QUERY_PIXELS[0], LA.SHAPE)
+    drawn = []
+    real = plot_attention.attention_image
+
+    def spy(w, q, shape, mask=None):
+        drawn.append(mask)
+        return real(w, q, shape, mask)
+
+    monkeypatch.setattr(plot_attention, "attention_image", spy)
+    labels = [["h"] * heads]
+    plot_attention.draw_heads(maps, np.zeros(n), query, LA.SHAPE, labels, tmp_path / "f.png",
+                              pattern="fixed", readable=readable)
+    assert len(drawn) == heads
+    for h in range(heads):
+        assert np.array_equal(drawn[h], readable[h, query]), f"head {h} drawn with another mask"
+    # greys exactly the pixels outside head h's own pattern (key j = pixel j - 1)
+    rgb = plot_attention.attention_image(maps[0, 3, query], query, LA.SHAPE, readable[3, query])
+    grey = np.all(rgb == plot_attention.OUTSIDE, -1).reshape(-1)
+    before = np.arange(n - 1) < query
+    assert np.array_equal(grey[:n - 1][before], ~readable[3, query, 1:][before])
+
+
+def test_draw_heads_refuses_one_mask_for_every_head(tmp_path):
+    n, heads = 256, 4
+    readable = LA.readable_masks("fixed", n, heads)
+    query = pixel_position(*LA.QUERY_PIXELS[0], LA.SHAPE)
+    with pytest.raises(ValueError, match="one mask per head"):
+        plot_attention.draw_heads(_uniform_maps(readable), np.zeros(n), query, LA.SHAPE,
+                                  [["h"] * heads], tmp_path / "f.png", pattern="fixed",
+                                  readable=readable[0])
+
+
+def test_draw_parts_refuses_shares_that_count_a_key_twice(tmp_path):
+    good = {"start": [[0.1, 0.2]], "part_mass": [[[0.6, 0.3], [0.5, 0.3]]],
+            "parts": ["a", "b"], "labels": [["x", "x"]],
+            "uniform": {"start": 0.0, "part_mass": [0.6, 0.4]}}
+    assert plot_attention.draw_parts({"fixed": good}, tmp_path / "ok.png").exists()
+    bad = dict(good, part_mass=[[[0.6, 0.4], [0.5, 0.3]]])           # head 0: 1.1
+    with pytest.raises(ValueError, match="sum to 1"):
+        plot_attention.draw_parts({"fixed": bad}, tmp_path / "bad.png")
