@@ -60,6 +60,22 @@ Backends (one flag, the slow and the fast path side by side):
                fixed -> "naive" below the crossover measured on the CPU, "structured"
                from it on (``fast.backends.auto``); longformer, bigbird -> "naive".
 
+torch.compile (docs/design.md, "torch.compile"): a model that calls ``sparse_attention``
+compiles with ``fullgraph=True`` -- one graph, no graph break, no recompile from step to
+step of one shape. Everything here is Python over shapes and Python values (the backend
+choice included: auto's measured crossover is a constant when traced), and what cannot
+be traced is a ``torch.library.custom_op`` (eager calls run the same Python without
+the dispatcher): the
+structured path's forward and backward (``sparse_transformer::structured``,
+``fast.backends.structured``: its pieces, merges and its float64 decision inside), and
+the checks that read values on the host (``sparse_transformer::check_inputs``,
+``fast.backends.host_checks``: the finite check and the padding values). "full" and
+the naive path are plain PyTorch (SDPA), which the compiler traces and fuses. Not yet
+without a break: ``check_finite=False`` with a backward on a pattern other than "full"
+(its NaN quarantine finds what a row reads through ``torch.autograd.grad``), the
+one-query step (decoding: ``fast.SparseKVCache``), a Triton ``Variant`` built by the
+caller, and a naive call big enough that its memory guard reads /proc/meminfo.
+
 The paths with queries shorter than the keys (n_q < n_k, n_q > 1) compute every one of
 the n_k rows on the structured and Triton backends (q padded in front with zero rows):
 exact, at the cost of n_k queries; the naive path costs n_q n_k pairs.
@@ -102,13 +118,12 @@ import sys
 
 import torch
 
-from fast.backends import auto
+from fast.backends import auto, host_checks
 from fast.backends import naive as naive_backend
 from fast.backends.naive import naive_sparse_attention
-from fast.backends.padding import check_padding, padded_run
+from fast.backends.padding import as_padding, padded_run
 from fast.backends.row import row_attention
 from fast.backends.structured import structured_attention
-from fast.core.checks import check_finite as reject_non_finite
 from fast.core.checks import check_scale, check_tensors
 from fast.core.nonfinite import attention_reach, causal_reach, quarantine
 from fast.core.precision import fold_dtype
@@ -133,6 +148,7 @@ OTHER_NAMES = {
 
 
 @functools.lru_cache(maxsize=1)
+@torch.compiler.assume_constant_result     # torch.compile: read when traced, no break
 def _triton_available() -> bool:
     return (importlib.util.find_spec("triton") is not None
             and importlib.util.find_spec("fast.kernels.triton_attention") is not None)
@@ -316,7 +332,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     scale = check_scale(scale, d)
     if attn_mask is not None:
         _check_mask(attn_mask, q, k)
-    lengths, offsets = check_padding(lengths, offsets, B, n_k, q.device, check_finite)
+    lengths, offsets, (host_l, host_o) = as_padding(lengths, offsets, B, q.device)
     backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     which = resolve_backend(backend, pattern, q.device, q.dtype, n_k, n_q=n_q,
                             stride=params.get("stride"), backward=backward,
@@ -332,8 +348,10 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
         which = "structured"                  # the crossover's path cannot hold this call
     # the one-query step looks for NaN and inf only in q and in what its row reads
     row = which == "structured" and n_q == 1 and pattern in FACTORIZED
-    if check_finite and not row:
-        reject_non_finite(q, k, v)
+    values = (lengths is not None and (host_l or check_finite),
+              offsets is not None and (host_o or check_finite))
+    if (check_finite and not row) or any(values):      # the host reads, in one operator
+        host_checks.check(q, k, v, bool(check_finite) and not row, lengths, offsets, *values)
     run = functools.partial(_run, which, pattern, combine, layer, params, variant,
                             attn_mask, lengths, offsets, check_finite)
     dtype, fold = q.dtype, None if which == "triton" else fold_dtype(scale, q.dtype)

@@ -41,6 +41,8 @@ import functools
 import json
 import math
 
+import torch
+
 from fast.core.paths import CHECKOUT
 from fast.core.schema import Int, Map, ShapeError, check
 
@@ -100,11 +102,19 @@ def crossover(table: dict, pattern: str, stride: int | None, backward: bool) -> 
     return strides[near]["fb" if backward else "fwd"]
 
 
+@torch.compiler.assume_constant_result
+def in_force(pattern: str, stride: int | None, backward: bool) -> int | None:
+    """``crossover`` of the crossovers in force (``crossovers()``). Under torch.compile a
+    constant, computed when the call is traced: the file it may read is no graph break."""
+    return crossover(crossovers(), pattern, stride, backward)
+
+
 def prefer_naive(pattern: str, n_q: int, n_k: int, stride: int | None, backward: bool,
                  table: dict | None = None) -> bool:
     """Whether auto takes the naive path over the structured one for this call on the
     CPU (module docstring); ``table``: the crossovers (None: ``crossovers()``)."""
-    X = crossover(crossovers() if table is None else table, pattern, stride, backward)
+    X = in_force(pattern, stride, backward) if table is None else crossover(
+        table, pattern, stride, backward)
     if X is None:
         return False
     return n_q * n_q < X * n_k

@@ -45,11 +45,14 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     (B, H, n_q, n_k). Returns (B, H, n_q, d); empty rows give 0."""
     gqa = {"enable_gqa": True} if enable_gqa else {}
     reads_any = mask.any(dim=-1, keepdim=True)                          # (.., n_q, 1)
-    if not bool(reads_any.all()):
-        mask = mask.clone()
-        mask[..., 0] |= ~reads_any[..., 0]
+    # Eager calls look first (one read on the host) and skip the fix when every row reads
+    # something; a compiled graph cannot look without breaking, so it always applies the
+    # fix, which changes nothing in a row that reads something (the same numbers).
+    if torch.compiler.is_compiling() or not bool(reads_any.all()):
+        first = torch.arange(mask.shape[-1], device=mask.device) == 0    # (n_k,)
+        mask = mask | (first & ~reads_any)             # an empty row reads key 0 ...
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
-        return out * reads_any.to(out.dtype)
+        return out * reads_any.to(out.dtype)           # ... and outputs 0
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
 
 

@@ -41,9 +41,11 @@ How each path honours them:
 * the one-query step (``fast.backends.row``): each sequence's row at its own
   position t_b = n_k - 1 - offsets[b].
 
-Values are checked on the host (``check_padding``): for CPU tensors and sequences
+Values are checked on the host (``check_padding_values``): for CPU tensors and sequences
 always (free), for GPU tensors only when asked (a wait for the device; the caller's
-``check_finite`` decides, as it decides the finite check).
+``check_finite`` decides, as it decides the finite check). ``fast.sparse_attention``
+reads them inside one operator (``fast.backends.host_checks``), so that torch.compile
+keeps a call whole; ``check_padding`` does it all at once for the other entry points.
 """
 
 from __future__ import annotations
@@ -74,29 +76,44 @@ def _as_index(name: str, x, B: int, device) -> torch.Tensor:
     return t.to(device=device, dtype=torch.int64)
 
 
-def check_padding(lengths, offsets, B: int, n_k: int, device, values: bool):
-    """(lengths, offsets) as int64 tensors (B,) on ``device`` (each None when not given),
-    after checking their shape, and their values -- 0 <= offsets <= n_k and 0 <= lengths
-    <= n_k - offsets -- on the host when they are there already or ``values`` asks."""
-    given = {}
+def as_padding(lengths, offsets, B: int, device) -> tuple:
+    """(lengths, offsets, host): each an int64 tensor (B,) on ``device`` (None when not
+    given) after checking its type and shape -- no value is read -- and for each whether
+    it was given on the host (a sequence or a CPU tensor: its values cost no wait)."""
+    out, host = [], []
     for name, x in (("lengths", lengths), ("offsets", offsets)):
-        if x is not None:
-            host = not isinstance(x, torch.Tensor) or x.device.type == "cpu"
-            given[name] = (_as_index(name, x, B, device), host)
-    off = given.get("offsets", (None, True))[0]
-    for name, (t, host) in given.items():
-        if not (host or values):
+        out.append(None if x is None else _as_index(name, x, B, device))
+        host.append(not isinstance(x, torch.Tensor) or x.device.type == "cpu")
+    return out[0], out[1], tuple(host)
+
+
+def check_padding_values(lengths, offsets, n_k: int, check_lengths: bool = True,
+                         check_offsets: bool = True) -> None:
+    """Raise a ValueError naming the first sequence whose offset is outside [0, n_k] or
+    whose length is outside [0, n_k - offsets] (``check_lengths``, ``check_offsets``:
+    which of the two given to look at). Reads the values on the host."""
+    for name, t, wanted in (("lengths", lengths, check_lengths),
+                            ("offsets", offsets, check_offsets)):
+        if t is None or not wanted:
             continue
-        top = n_k if name == "offsets" or off is None else n_k - off
+        top = n_k if name == "offsets" or offsets is None else n_k - offsets
         bad = (t < 0) | (t > top)
         if bool(bad.any()):
             b = int(bad.nonzero()[0, 0])
-            limit = (f"n_k = {n_k}" if name == "offsets" or off is None
+            limit = (f"n_k = {n_k}" if name == "offsets" or offsets is None
                      else f"n_k - offsets[{b}] = {int(top[b])}")
             raise ValueError(f"{name}[{b}] = {int(t[b])} is outside [0, {limit}] (sequence "
                              f"{b} of a batch padded to n_k = {n_k} keys)")
-    return (given["lengths"][0] if "lengths" in given else None,
-            given["offsets"][0] if "offsets" in given else None)
+
+
+def check_padding(lengths, offsets, B: int, n_k: int, device, values: bool):
+    """(lengths, offsets) as int64 tensors (B,) on ``device`` (each None when not given),
+    after checking their shape, and their values -- 0 <= offsets <= n_k and 0 <= lengths
+    <= n_k - offsets -- on the host when they are there already or ``values`` asks
+    (``as_padding``, then ``check_padding_values``)."""
+    lengths, offsets, (host_l, host_o) = as_padding(lengths, offsets, B, device)
+    check_padding_values(lengths, offsets, n_k, host_l or values, host_o or values)
+    return lengths, offsets
 
 
 def positions(index: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:

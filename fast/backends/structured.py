@@ -27,7 +27,7 @@ dimension whenever they can), so pieces read and write the layer's tensors in
 place. The pieces of a group cover disjoint key sets, so their outputs merge
 exactly through the log-sum-exp (``merge_chunks``, ``fast.core.merge``).
 
-Backward: it saves only q, k, v, the merged out and the merged lse, and runs each
+Backward: it keeps only q, k, v, the merged out and the merged lse, and runs each
 piece's flash backward with the merged out and lse: recomputing
 P = exp(s - lse_merged) gives each piece its exact share of the merged gradient,
 about 2.5 times a piece's forward work (docs/design.md, section 5). The gradient
@@ -43,16 +43,35 @@ Precision (sec. 5.6): float16 and bfloat16 inputs are computed in float32
 inside -- forward, merge and backward -- and rounded once, at the end (rounding
 each piece's output or gradient first gave several times the naive path's
 gradient error at large logits; tests/fast/test_attention_edges.py). The backward
-saves q, k, v as given (upcast again when it runs) and the merged out and lse in
-the accumulation dtype. A row's softmax weights are recomputed from its
+keeps q, k, v as given (padded and upcast again when it runs) and the merged out and
+lse in the accumulation dtype. A row's softmax weights are recomputed from its
 log-sum-exp, which float32 holds to ulp(|lse|): a float32 call whose largest
 |lse| exceeds ``EXACT_LSE`` (large scales, large or tied scores) is recomputed in
-float64 and keeps float64 through its backward.
+float64, forward and backward (the operator, below).
 
 n is padded with zeros up to a multiple of l inside (padded rows come after all
 real rows, so causality keeps real rows from reading them; their gradients are
 cut off). Sequences shorter than l are one dense block: they go to the naive
 path, which is no bigger than one block.
+
+The operator (docs/design.md, "torch.compile"): the forward and the backward are two
+``torch.library.custom_op``s, ``sparse_transformer::structured`` (q, k, v -> the merged
+out and lse, N rows) and ``sparse_transformer::structured_backward``, with fake
+(shape-only) implementations and the backward registered as the forward's autograd
+formula: ``torch.compile`` sees one opaque call per layer, never the pieces' strided
+views, in-place merges and host reads (the float64 decision below) that it cannot
+trace. Eager calls run the same two functions (``operator_forward``,
+``operator_backward``) through ``_StructuredAttention``, an autograd Function that keeps
+the same tensors, without the dispatcher's overhead: eager and compiled run the same
+Python and give the same answers. The pattern, stride, c, combine, layer and scale are
+the operators' attributes: Python values, fixed when a graph is traced (one graph serves
+every step of a shape).
+What the backward needs is the operator's outputs and inputs, whose dtypes an operator
+must declare from its inputs alone; so a call recomputed in float64 returns float32
+buffers (its answer, rounded once, and the float32 lse the decision was made on), and
+the backward makes the same decision from that lse and recomputes the float64 forward
+before its own float64 pass (sec. 5.4: recompute rather than keep; the same numbers as
+keeping the float64 buffers, at the cost of one more forward in that rare case).
 """
 
 from __future__ import annotations
@@ -65,7 +84,7 @@ import torch.nn.functional as F
 from fast.backends.fixed import BlockCausal, Summary
 from fast.backends.naive import naive_sparse_attention
 from fast.backends.strided import Column, LocalBand
-from fast.core.autograd import once_differentiable
+from fast.core.autograd import once_differentiable, refuse_second_derivative
 from fast.core.merge import merge_into
 from fast.core.precision import acc_dtype
 from reference.heads import head_roles
@@ -269,67 +288,167 @@ def layer_backward(groups, low, out, lse, go):
     return grads
 
 
+def _run(low, heads_plans, acc):
+    """(out (B, H, N, d), lse (B, H, N)) in ``acc`` of the padded q, k, v ``low``."""
+    if len(heads_plans) == 1:
+        return layer_forward(heads_plans[0][1], low, acc)
+    qa, ka, va = (t.to(acc) for t in low)
+    B, H, N, d = qa.shape
+    out = torch.empty(B, H, N, d, dtype=acc, device=qa.device)
+    lse = torch.empty(B, H, N, dtype=acc, device=qa.device)
+    for heads, groups in heads_plans:           # query heads s::share: views of q, k, v
+        out[:, heads], lse[:, heads] = layer_forward(groups, (qa[:, heads], ka, va), acc)
+    return out, lse
+
+
+def _padded(q, k, v, stride: int):
+    """q, k, v padded to N rows, a multiple of the stride: q's rows aligned to the end of
+    the keys (zero rows in front), zero rows after the keys (``pad_rows``)."""
+    n_q, n_k = q.shape[2], k.shape[2]
+    N = -(-n_k // stride) * stride
+    return pad_rows(q, N, n_k - n_q), pad_rows(k, N), pad_rows(v, N)     # (B, *, N, d)
+
+
 def forward(q, k, v, heads_plans, stride: int):
     """The structured forward on plain tensors: q (B, H, n_q, d), the last n_q positions
-    of k, v (B, Hkv, n_k, d), ``heads_plans`` from ``plans``. Returns (out (B, H, n_q, d)
-    in q's dtype, saved): ``saved`` = (q, k, v padded to N rows, the merged out (B, H, N,
-    d) and lse (B, H, N) in the accumulation dtype, or float64) is what ``backward``
-    needs."""
-    B, H, n_q, d = q.shape
-    n_k = k.shape[2]
-    N = -(-n_k // stride) * stride
-    low = pad_rows(q, N, n_k - n_q), pad_rows(k, N), pad_rows(v, N)      # (B, *, N, d)
+    of k, v (B, Hkv, n_k, d), ``heads_plans`` from ``plans``. Returns (out, lse): the
+    merged output (B, H, N, d) of every row of the padded length N (q's rows are the
+    last n_q of the first n_k) and its log-sum-exp (B, H, N), both in the accumulation
+    dtype -- what ``backward`` needs besides q, k, v, and the answer:
+    ``out[:, :, n_k - n_q:n_k].to(q.dtype)``.
 
-    def run(acc):
-        if len(heads_plans) == 1:
-            return layer_forward(heads_plans[0][1], low, acc)
-        qa, ka, va = (t.to(acc) for t in low)
-        out = torch.empty(B, H, N, d, dtype=acc, device=q.device)
-        lse = torch.empty(B, H, N, dtype=acc, device=q.device)
-        for heads, groups in heads_plans:       # query heads s::share: views of q, k, v
-            out[:, heads], lse[:, heads] = layer_forward(groups, (qa[:, heads], ka, va), acc)
-        return out, lse
-
-    out, lse = run(acc_dtype(q.dtype))                     # "Precision" above
+    A float32 call whose |lse| outgrows float32 ("Precision" above) is recomputed in
+    float64; its ``out`` then holds the float64 answer rounded once to q's dtype
+    (exactly representable in the accumulation dtype), and ``lse`` stays the float32
+    one the decision was made on, so that ``backward`` makes the same decision from it
+    and recomputes the float64 forward it needs (sec. 5.4's trade: recompute rather than
+    keep; the saved tensors then have one dtype whatever the values, as an operator's
+    declared outputs must: ``structured_op`` below)."""
+    low = _padded(q, k, v, stride)
+    out, lse = _run(low, heads_plans, acc_dtype(q.dtype))           # "Precision" above
     if out.dtype == torch.float32 and _outgrows_float32(lse):
-        out, lse = run(torch.float64)
-    result = out.to(q.dtype)
-    return result if n_q == N else result[:, :, n_k - n_q:n_k], (*low, out, lse)
+        exact, _ = _run(low, heads_plans, torch.float64)
+        out = exact.to(q.dtype).to(out.dtype)
+    return out, lse
 
 
-def backward(grad_out, q, k, v, out, lse, heads_plans, n_q: int, n_k: int):
-    """(dq (B, H, n_q, d), dk, dv (B, Hkv, n_k, d)) in the inputs' dtype, from the output
-    gradient and what ``forward`` saved (q, k, v padded, the merged out and lse)."""
-    dtype, acc = q.dtype, out.dtype
-    N = q.shape[2]
-    go = pad_rows(grad_out.to(acc), N, n_k - n_q)                        # (B, H, N, d)
+def backward(grad_out, q, k, v, out, lse, heads_plans, stride: int):
+    """(dq (B, H, n_q, d), dk, dv (B, Hkv, n_k, d)) in the inputs' dtype, from the
+    gradient of ``forward``'s out (B, H, N, d) (0 in rows that are not answers), q, k, v
+    as given and ``forward``'s out and lse. A call ``forward`` recomputed in float64 is
+    recomputed in float64 here too, and its backward runs in float64."""
+    dtype = q.dtype
+    n_q, n_k = q.shape[2], k.shape[2]
+    low = _padded(q, k, v, stride)
+    if out.dtype == torch.float32 and _outgrows_float32(lse):
+        out, lse = _run(low, heads_plans, torch.float64)
+    acc = out.dtype
+    go = grad_out.to(acc)                                                # (B, H, N, d)
     if len(heads_plans) == 1:
-        dq, dk, dv = layer_backward(heads_plans[0][1], (q, k, v), out, lse, go)
+        dq, dk, dv = layer_backward(heads_plans[0][1], low, out, lse, go)
     else:
-        qa, ka, va = (t.to(acc) for t in (q, k, v))
-        dq = torch.empty(q.shape, dtype=acc, device=q.device)
+        qa, ka, va = (t.to(acc) for t in low)
+        dq = torch.empty(qa.shape, dtype=acc, device=q.device)
         dk = dv = None
         for heads, groups in heads_plans:  # each adds its share of dk, dv: no per-head copy
             gq, gk, gv = layer_backward(groups, (qa[:, heads], ka, va), out[:, heads],
                                         lse[:, heads], go[:, heads])
             dq[:, heads] = gq
             dk, dv = (gk, gv) if dk is None else (dk.add_(gk), dv.add_(gv))
-    return dq[:, :, n_k - n_q:n_k].to(dtype), dk[:, :, :n_k].to(dtype), dv[:, :, :n_k].to(dtype)
+    return (dq[:, :, n_k - n_q:n_k].to(dtype).contiguous(),
+            dk[:, :, :n_k].to(dtype).contiguous(), dv[:, :, :n_k].to(dtype).contiguous())
+
+
+# ----------------------------------------------------------------------------
+# The operator (what torch.compile sees) and its eager twin
+# ----------------------------------------------------------------------------
+
+def operator_forward(q, k, v, pattern, combine, layer, stride, c, scale):
+    """``forward`` from the operator's inputs and attributes: (out (B, H, N, d), lse
+    (B, H, N)), contiguous, in the accumulation dtype."""
+    heads_plans = plans(pattern, combine, layer, q.shape[1], k.shape[1], scale, stride, c)
+    out, lse = forward(q, k, v, heads_plans, stride)
+    return out.contiguous(), lse.contiguous()
+
+
+def operator_backward(grad_out, q, k, v, out, lse, pattern, combine, layer, stride, c,
+                      scale):
+    """``backward`` from the operator's inputs and attributes: (dq, dk, dv), contiguous."""
+    heads_plans = plans(pattern, combine, layer, q.shape[1], k.shape[1], scale, stride, c)
+    return backward(grad_out, q, k, v, out, lse, heads_plans, stride)
+
+
+@torch.library.custom_op("sparse_transformer::structured", mutates_args=())
+def structured_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str,
+                  combine: str, layer: int, stride: int, c: int | None,
+                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``forward`` as one operator: (out (B, H, N, d), lse (B, H, N)) in the accumulation
+    dtype, N = n_k rounded up to a multiple of the stride (see ``forward``). The pattern's
+    numbers are attributes (Python values, baked into a compiled graph); the plan is
+    made from them on every call. Inputs as ``structured_attention`` takes them."""
+    return operator_forward(q, k, v, pattern, combine, layer, stride, c, scale)
+
+
+@structured_op.register_fake
+def _(q, k, v, pattern, combine, layer, stride, c, scale):
+    B, H, _, d = q.shape
+    N = -(-k.shape[2] // stride) * stride
+    acc = acc_dtype(q.dtype)
+    return q.new_empty(B, H, N, d, dtype=acc), q.new_empty(B, H, N, dtype=acc)
+
+
+@torch.library.custom_op("sparse_transformer::structured_backward", mutates_args=())
+def structured_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                           v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                           pattern: str, combine: str, layer: int, stride: int,
+                           c: int | None, scale: float
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``backward`` as one operator: (dq, dk, dv) shaped and typed as q, k, v."""
+    return operator_backward(grad_out, q, k, v, out, lse, pattern, combine, layer, stride,
+                             c, scale)
+
+
+@structured_backward_op.register_fake
+def _(grad_out, q, k, v, out, lse, pattern, combine, layer, stride, c, scale):
+    return (q.new_empty(q.shape), k.new_empty(k.shape),
+            v.new_empty(v.shape))                             # contiguous, as ``backward``'s
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *attributes = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)  # q, k, v as given; out, lse in acc (B, H, N)
+    ctx.attributes = attributes
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, _grad_lse):
+    refuse_second_derivative("the structured backend of sparse_attention")
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = structured_backward_op(grad_out, q, k, v, out, lse, *ctx.attributes)
+    return dq, dk, dv, *(None for _ in ctx.attributes)
+
+
+structured_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _StructuredAttention(torch.autograd.Function):
+    """The operator's eager twin: the same ``operator_forward`` and ``operator_backward``,
+    the same tensors kept, without the dispatcher's Python overhead (a noticeable share of
+    a short call). Eager calls take it; traced ones the operator (``structured_attention``)."""
+
     @staticmethod
-    def forward(ctx, q, k, v, heads_plans, stride):
-        out, saved = forward(q, k, v, heads_plans, stride)
-        ctx.save_for_backward(*saved)       # q, k, v as given, padded; out, lse in acc
-        ctx.heads_plans, ctx.n_q, ctx.n_k = heads_plans, q.shape[2], k.shape[2]
-        return out
+    def forward(ctx, q, k, v, *attributes):
+        out, lse = operator_forward(q, k, v, *attributes)
+        _setup_context(ctx, (q, k, v, *attributes), (out, lse))
+        return out, lse
 
     @staticmethod
     @once_differentiable("the structured backend of sparse_attention")
-    def backward(ctx, grad_out):
-        dq, dk, dv = backward(grad_out, *ctx.saved_tensors, ctx.heads_plans, ctx.n_q, ctx.n_k)
-        return dq, dk, dv, None, None
+    def backward(ctx, grad_out, _grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        return (*operator_backward(grad_out, q, k, v, out, lse, *ctx.attributes),
+                *(None for _ in ctx.attributes))
 
 
 def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -365,5 +484,10 @@ def structured_attention(q, k, v, pattern: str, *, combine: str = "merged", laye
         params = {"stride": stride} if pattern == "strided" else {"stride": stride, "c": c}
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
                                       scale=scale, **params)
-    heads_plans = plans(pattern, combine, layer, q.shape[1], k.shape[1], scale, stride, c)
-    return _StructuredAttention.apply(q, k, v, heads_plans, stride)
+    # traced (torch.compile): the operator; eager: its twin, the same functions
+    attend = structured_op if torch.compiler.is_compiling() else _StructuredAttention.apply
+    out, _ = attend(q, k, v, pattern, combine, layer, stride, c, scale)  # (B, H, N, d)
+    n_q = q.shape[2]
+    if n_q < out.shape[2]:
+        out = out[:, :, n_k - n_q:n_k]                                   # (B, H, n_q, d)
+    return out.to(q.dtype)

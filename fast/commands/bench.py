@@ -12,6 +12,7 @@ written to JSON and drawn:
     python -m fast bench --device cuda --variants [NAME ...]   # the kernel variants
     python -m fast bench --replot [--device cuda]   # redraw the figure from the saved JSON
     python -m fast bench --crossover [--quick]      # where backend="auto" switches on the CPU
+    python -m fast bench --compile [--quick]        # a GPT's training step, eager vs compiled
 
 Writes figures/data/bench_cpu.json (machine, versions, load average, every
 timing) and figures/bench_cpu.png (``fast.plots.bench``); bench_cpu_same_process.*
@@ -20,7 +21,10 @@ with --same-process, bench_cuda.* on CUDA. ``--variants`` times every kernel var
 writes data/bench_cuda_variants.json with its "winners" (no figure: the table and the
 winners are printed). ``--crossover`` times the naive and the structured path in turns
 at short n on the CPU (``fast.measure.crossover``) and writes data/auto_cpu.json, the
-crossovers ``backend="auto"`` reads (``fast.backends.auto``).
+crossovers ``backend="auto"`` reads (``fast.backends.auto``). ``--compile`` times a small
+GPT's training step eager and under ``torch.compile``, in turns, on the CPU
+(``fast.measure.compile_step``) and writes data/compile_cpu.json (compiled / eager per
+pattern and n).
 """
 
 from __future__ import annotations
@@ -34,9 +38,11 @@ import torch
 from fast.commands import cli
 from fast.experiments.bench import (
     RECORD,
+    compile_report,
     crossover_report,
     draw,
     measure_and_save,
+    measure_compile,
     measure_crossover,
     paths,
     report,
@@ -118,6 +124,10 @@ def parser() -> cli.Parser:
                    help="only auto's crossover on the CPU: the naive and the structured path "
                         "in turns at n = 64 .. 2048, strides 16 .. 128 (--quick: two rounds); "
                         "writes data/auto_cpu.json, which backend='auto' reads")
+    p.add_argument("--compile", action="store_true",
+                   help="only a small GPT's training step, eager against torch.compile, in "
+                        "turns on the CPU (one thread) at n = 256 and 1024 for full, strided, "
+                        "fixed (--quick: n = 256, two rounds); writes data/compile_cpu.json")
     p.add_argument("--variants", nargs="*", type=cli.choice(VARIANTS), default=None,
                    help="the variant sweep: these kernel variants (none named: all) side by "
                         "side at the GPU targets' points, float16, (B, H, n) = (4, 16, 16384), "
@@ -146,13 +156,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         flag = "--only-long" if args.only_long else "--long"
         cli.fail(PROG, f"{flag} with the CPU's fresh process per point; allowed: {flag} with "
                        f"--same-process or --device cuda (the long sweep runs in one process)")
-    if args.crossover:
+    if args.crossover and args.compile:
+        cli.fail(PROG, "--crossover with --compile; allowed: one of them (each is its own run)")
+    for alone in ("crossover", "compile"):
+        if not getattr(args, alone):
+            continue
         for flag, given in (("--device cuda", args.device == "cuda"), ("--long", args.long),
                             ("--only-long", args.only_long), ("--replot", args.replot),
                             ("--variants", args.variants is not None),
                             ("--same-process", args.same_process)):
             if given:
-                cli.fail(PROG, f"--crossover with {flag}; allowed: --crossover alone, or with "
+                cli.fail(PROG, f"--{alone} with {flag}; allowed: --{alone} alone, or with "
                                f"--quick and --out (it times the CPU paths in one process)")
     if args.variants is not None:
         _check_variant_sweep(args)
@@ -221,13 +235,15 @@ def sweep_from(args: argparse.Namespace) -> Sweep:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.crossover:
-        out = Path(args.out) if args.out is not None else FIGURES
-        cli.writable_or_exit(PROG, out, out / "data")
-        data, path = measure_crossover(out, args.quick, log=lambda line: print(line, flush=True))
-        print(crossover_report(data))
-        print(f"\nwrote {path} ({data['machine']['wall_s']:.0f} s)")
-        return 0
+    for alone, measure, say in (("crossover", measure_crossover, crossover_report),
+                                ("compile", measure_compile, compile_report)):
+        if getattr(args, alone):
+            out = Path(args.out) if args.out is not None else FIGURES
+            cli.writable_or_exit(PROG, out, out / "data")
+            data, path = measure(out, args.quick, log=lambda line: print(line, flush=True))
+            print(say(data))
+            print(f"\nwrote {path} ({data['machine']['wall_s']:.0f} s)")
+            return 0
     try:
         sweep = sweep_from(args)
     except ValueError as err:

@@ -19,6 +19,17 @@ import torch
 from torch.autograd.function import once_differentiable as _torch_once_differentiable
 
 
+def refuse_second_derivative(what: str) -> None:
+    """Raise the RuntimeError of ``once_differentiable`` when a backward runs with
+    create_graph=True (grad mode on): for backward formulas that are not an autograd
+    Function's own (a custom operator's ``register_autograd``)."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f"{what} is once_differentiable: its backward is written by hand, so a "
+            f"second derivative (create_graph=True) is not available; use "
+            f"sparse_attention(..., backend='naive'), which is twice differentiable")
+
+
 def once_differentiable(what: str):
     """Decorator for ``torch.autograd.Function.backward``: torch's once_differentiable,
     and a RuntimeError naming ``what`` when a second derivative is asked for."""
@@ -28,11 +39,7 @@ def once_differentiable(what: str):
 
         @functools.wraps(backward)
         def run(ctx, *grads):
-            if torch.is_grad_enabled():
-                raise RuntimeError(
-                    f"{what} is once_differentiable: its backward is written by hand, so a "
-                    f"second derivative (create_graph=True) is not available; use "
-                    f"sparse_attention(..., backend='naive'), which is twice differentiable")
+            refuse_second_derivative(what)
             return inner(ctx, *grads)
 
         return run

@@ -30,7 +30,8 @@ the attention itself, run once more on zeros (every score 0, so every read key h
 weight 1 / |S_i| > 0) with d = 1; ``causal_reach`` is the closed form for full
 causal attention. On the CPU the check for non-finite values costs one read of
 q, k, v and no wait, and clean inputs go straight to ``attend``; on a GPU that
-check would wait for the device, so every call is quarantined.
+check would wait for the device, so every call is quarantined, and so is every call
+traced by torch.compile (the look is a host read).
 """
 
 from __future__ import annotations
@@ -109,9 +110,11 @@ def quarantine(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, reach,
     """``attend(q, k, v)`` with the promise of the module docstring for non-finite
     values. q (B, H, n_q, d), k, v (B, Hkv, n_k, d); ``reach(bad_keys, bad_rows, keys)``
     as ``causal_reach`` (``keys``: whether the keys the bad rows read are wanted too).
-    ``always``: quarantine without looking first (default: on a GPU only)."""
+    ``always``: quarantine without looking first (default: on a GPU, and when traced by
+    torch.compile, where looking is a host read that breaks the graph; the answers are
+    the same either way)."""
     if always is None:
-        always = q.device.type != "cpu"
+        always = q.device.type != "cpu" or torch.compiler.is_compiling()
     bad_q, bad_kv = _bad_rows(q), _bad_rows(k) | _bad_rows(v)           # (B, H, n)
     if not always and not bool(bad_q.any() or bad_kv.any()):
         return attend(q, k, v)

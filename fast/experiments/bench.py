@@ -36,7 +36,7 @@ from fast.experiments.bench_sweep import (
     skip_reason,
 )
 from fast.layout.costs import DEFAULT_BLOCK, ideal_speedup, tile_flops
-from fast.measure import bench, bench_point, contenders, crossover
+from fast.measure import bench, bench_point, compile_step, contenders, crossover
 from fast.measure.child import run_child
 from fast.measure.contenders import DTYPES, LONG_PARAMS, PATTERN_PARAMS, D
 from fast.measure.timing import FRESH, SAME, synchronize
@@ -427,6 +427,42 @@ def crossover_report(data: dict) -> str:
             lines.append(f"  {pattern:8} l={stride:>4}: forward X = {e['fwd']:5d} (regret "
                          f"{e['regret_fwd']:.1%}), forward+backward X = {e['fb']:5d} (regret "
                          f"{e['regret_fb']:.1%})")
+    return "\n".join(lines)
+
+
+def measure_compile(out: Path, quick: bool = False, log=print) -> tuple[dict, Path]:
+    """A small GPT's training step eager against ``torch.compile`` on the CPU
+    (``fast.measure.compile_step.step_times``: in turns, one process), with the machine
+    and the load average before and after, written to ``<out>/data/compile_cpu.json``
+    with the ratios compiled / eager per pattern and n. ``quick``: n = 256 only, two
+    rounds. One intra-op thread: on a shared machine two threads spin while they wait for
+    each other's core, and a step's time then follows the other jobs more than its own
+    work (table2's profile runs one thread for the same reason). Returns (the record,
+    its path)."""
+    info = bench.machine_info("cpu")
+    info["loadavg_start"] = os.getloadavg()
+    t0 = time.time()
+    timed = compile_step.step_times(ns=(256,) if quick else (256, 1024),
+                                    rounds=2 if quick else 7, threads=1, log=log)
+    ratios: dict = {}
+    for row in timed["results"]:
+        ratios.setdefault(row["pattern"], {})[str(row["n"])] = row["ratio"]
+    data = {"machine": info, **timed, "ratios": ratios}
+    info["loadavg_end"], info["wall_s"] = os.getloadavg(), time.time() - t0
+    path = out / "data" / "compile_cpu.json"
+    write_json(path, data, indent=1)
+    return data, path
+
+
+def compile_report(data: dict) -> str:
+    """The ratios of a ``measure_compile`` record, one line per pattern."""
+    c = data["config"]
+    lines = [f"a training step compiled / eager on the CPU (d={c['d_model']}, "
+             f"{c['n_layers']} layers, {c['n_heads']} heads, batch {c['batch']}, backend "
+             f"{c['backend']!r}, {c['threads']} threads, {c['compiler']}; below 1: compiled "
+             f"is faster)"]
+    for pattern, by_n in data["ratios"].items():
+        lines.append(f"  {pattern:8} " + ", ".join(f"n={n}: {r:.3f}" for n, r in by_n.items()))
     return "\n".join(lines)
 
 

@@ -11,6 +11,8 @@ job each:
   layout from ``fast.layout.block_layout``, moved to the device once and cached),
   ``attention_with_parts`` / ``attention_lse`` / ``forward`` (already-built parts
   in) and the input checks (``fast.core.checks`` plus the kernel's own limits).
+  And the kernels as custom operators, ``sparse_transformer::triton`` and its backward,
+  which ``torch.compile`` sees of a traced call (``_registered`` says when).
 
 Checks run once per call, at the entry the caller used: the public functions here
 check q, k, v, the scale and the kernel's limits; ``attend`` is the entry of
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fast.core.autograd import refuse_second_derivative
 from fast.core.checks import check_scale, check_tensors
 from fast.core.merge import merge
 from fast.kernels import launch as L
@@ -278,6 +281,104 @@ def layout_cost(pattern: str, n: int, n_heads: int, params: dict, variant=None,
 # The entries
 # ----------------------------------------------------------------------------
 
+# ----------------------------------------------------------------------------
+# The operator: what torch.compile sees of the kernels
+# ----------------------------------------------------------------------------
+
+def params_text(params: dict) -> str:
+    """A pattern's parameters (ints, and tuples of ints: Longformer's global tokens) as the
+    operators' one text attribute, "name=value;..." in sorted order, tuples as "t:a,b"
+    (plain string work, which torch.compile traces into a constant)."""
+    return ";".join(f"{name}=t:{','.join(str(int(x)) for x in value)}"
+                    if isinstance(value, (tuple, list)) else f"{name}={int(value)}"
+                    for name, value in sorted(params.items()))
+
+
+def params_of(text: str) -> dict:
+    """The inverse of ``params_text``."""
+    out = {}
+    for item in filter(None, text.split(";")):
+        name, value = item.split("=")
+        out[name] = (tuple(int(x) for x in filter(None, value[2:].split(",")))
+                     if value.startswith("t:") else int(value))
+    return out
+
+
+def _op_parts(q, pattern, combine, layer, params, block, order, variant):
+    """The cached layout's parts for the operators' attributes (``params``: text)."""
+    return variant_parts(pattern, q.shape[2], q.shape[1], combine, layer, params_of(params),
+                         block, q.device, order, VARIANTS[variant], q.dtype, q.shape[3])
+
+
+@torch.library.custom_op("sparse_transformer::triton", mutates_args=())
+def triton_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, combine: str,
+              layer: int, params: str, scale: float, block: int, order: str,
+              variant: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``launch.forward`` as one operator: (out in q's dtype, the row statistics m, l
+    float32 (B, H, n)) of q, k, v (B, H, n, d) / (B, Hkv, n, d) (q already padded to the
+    keys' n, the scale as ``launch.fold_scale`` leaves it). The layout is named by its
+    attributes -- the pattern, its parameters (``params_text``), the block, the order and
+    a variant of ``VARIANTS`` by name -- and taken from the layout cache on every call."""
+    parts = _op_parts(q, pattern, combine, layer, params, block, order, variant)
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    return L.forward(q, k, v, parts, scale, VARIANTS[variant])
+
+
+@triton_op.register_fake
+def _(q, k, v, pattern, combine, layer, params, scale, block, order, variant):
+    B, H, n, _ = q.shape
+    return (q.new_empty(q.shape), q.new_empty(B, H, n, dtype=torch.float32),
+            q.new_empty(B, H, n, dtype=torch.float32))
+
+
+@torch.library.custom_op("sparse_transformer::triton_backward", mutates_args=())
+def triton_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor, out: torch.Tensor, m: torch.Tensor, l: torch.Tensor,
+                       pattern: str, combine: str, layer: int, params: str, scale: float,
+                       block: int, order: str, variant: str
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``launch.backward`` as one operator: (dq, dk, dv) shaped and typed as q, k, v."""
+    parts = _op_parts(q, pattern, combine, layer, params, block, order, variant)
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    grads = L.backward(q, k, v, out, m, l, grad_out, parts, scale, VARIANTS[variant])
+    return tuple(g.contiguous() for g in grads)
+
+
+@triton_backward_op.register_fake
+def _(grad_out, q, k, v, out, m, l, pattern, combine, layer, params, scale, block, order,
+      variant):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *attributes = inputs
+    out, m, l = output
+    ctx.save_for_backward(q, k, v, out, m, l)  # delta = rowsum(dO * O), FlashAttention-2
+    ctx.attributes = attributes
+    ctx.mark_non_differentiable(m, l)
+
+
+def _backward(ctx, grad_out, _grad_m, _grad_l):
+    refuse_second_derivative("the Triton backend of sparse_attention")
+    q, k, v, out, m, l = ctx.saved_tensors
+    dq, dk, dv = triton_backward_op(grad_out, q, k, v, out, m, l, *ctx.attributes)
+    return dq, dk, dv, *(None for _ in ctx.attributes)
+
+
+triton_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _registered(variant: Variant) -> str | None:
+    """The name of ``variant`` when it is the one ``VARIANTS`` holds under it (the
+    operator takes variants by name), else None.
+
+    The operator is what ``torch.compile`` sees of the kernels (docs/design.md, "torch.compile"):
+    ``launch.forward`` and ``launch.backward`` behind one opaque call each. Eager calls run
+    the same launchers through ``launch.BlockSparseAttention``, without the dispatcher's
+    overhead; so does a compiled call with a Variant built by the caller (a graph break)."""
+    return variant.name if VARIANTS.get(variant.name) is variant else None
+
+
 def _run(q, k, v, pattern, combine, layer, params, scale, block_size, order, variant):
     """q (B, H, n_q, d), the last n_q positions of k, v (B, Hkv, n_k, d): the layout is
     built for n_k positions and H heads, and q padded in front with n_k - n_q zero rows
@@ -289,9 +390,16 @@ def _run(q, k, v, pattern, combine, layer, params, scale, block_size, order, var
     n = k.shape[2]
     if n_q < n:
         q = F.pad(q, (0, 0, n - n_q, 0))                                 # (B, H, n_k, d)
-    parts = variant_parts(pattern, n, H, combine, layer, params, block, q.device, order,
-                          variant, q.dtype, d)
-    out = _apply(q, k, v, parts, scale, variant)
+    name = _registered(variant)
+    if torch.compiler.is_compiling() and name is not None:
+        # traced: the operator (the same launchers), which a compiled graph holds whole
+        q, scale = L.fold_scale(q, scale)
+        out, _, _ = triton_op(q, k, v, pattern, combine, layer, params_text(params), scale,
+                              block, order, name)
+    else:         # eager (or a Variant built by the caller): the autograd Function
+        parts = variant_parts(pattern, n, H, combine, layer, params, block, q.device, order,
+                              variant, q.dtype, d)
+        out = _apply(q, k, v, parts, scale, variant)
     return out if n_q == n else out[:, :, n - n_q:]
 
 

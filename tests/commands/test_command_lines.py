@@ -169,6 +169,9 @@ def test_bench_refuses_an_empty_sweep_in_one_line(tmp_path):
     (["bench", "--shapes", "0x4"], "argument --shapes: got '0x4'; allowed: BxH with B and H in"),
     (["bench", "--mask-gb", "nan"], "argument --mask-gb: got 'nan'; allowed: a finite number"),
     (["bench", "--out", "a_file"], "argument --out: got 'a_file'; allowed: a writable folder"),
+    (["bench", "--compile", "--crossover"], "--crossover with --compile; allowed: one of them"),
+    (["bench", "--compile", "--device", "cuda"], "--compile with --device cuda; allowed: "
+                                                 "--compile alone, or with --quick and --out"),
     (["memory", "--steps", "depth,bogus"], "argument --steps: got 'depth,bogus' (not one: "
                                            "'bogus'); allowed: names from depth, length, peak"),
     (["memory", "--out", "bad.json", "--steps", "depth"], "--out bad.json cannot be resumed "

@@ -201,8 +201,10 @@ def test_strided_keeps_one_block_input_more_than_dense_the_heads_copy():
     # fast.measure.model_memory runs it): per block, strided attention
     # keeps exactly one n x d fp32 tensor more than dense (W_p keeps the copy made when the
     # structured path's (B, H, n, d) output is put side by side). At an n that is not a
-    # multiple of the stride, the structured path also keeps q, k, v, out (B, H, n', d) and
-    # lse (B, H, n') padded to n' = the next multiple of l.
+    # multiple of the stride, the structured path also keeps out (B, H, n', d) and lse
+    # (B, H, n') padded to n' = the next multiple of l; q, k, v it keeps as given (its
+    # backward pads them again; before it became an operator it kept padded copies, 3 more
+    # pad rows of (B, H, ., d)).
     d, heads, stride = 16, 2, 8
     for n in (40, 37):
         kept = {}
@@ -218,7 +220,7 @@ def test_strided_keeps_one_block_input_more_than_dense_the_heads_copy():
             kept[pattern] = log.activation_bytes
             assert out.shape == (1, n, d)
         pad = -n % stride
-        padding = (4 * pad * d + heads * pad) * 4                        # q, k, v, out; lse
+        padding = (pad * d + heads * pad) * 4                            # out; lse
         print(f"n = {n}: bytes kept by one block {kept}, padding {padding}")
         assert kept["strided"] - kept["full"] == n * d * 4 + padding
 

@@ -1,0 +1,64 @@
+"""The Triton kernels as custom operators: opcheck, and compiled calls equal to eager ones.
+
+Child et al., 2019, section 5.5 (block-sparse kernels) over the patterns of section 4.3.
+``sparse_transformer::triton`` and its backward (``fast.kernels.triton_attention``) are
+what ``torch.compile`` sees of the "triton" backend (docs/design.md, "torch.compile").
+Under ``TRITON_INTERPRET=1`` they run on the CPU in Triton's interpreter (float32), which
+is slow: one small odd case each (n = 37, d = 48, grouped key/value heads).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fast import sparse_attention
+from tests.fast.api_helpers import inputs, run, truth, truth_masks
+from tests.fast.kernels.triton_helpers import T, needs_interpreter
+
+OPS = torch.ops.sparse_transformer
+
+
+@pytest.mark.parametrize("text,params", [
+    ("stride=5", {"stride": 5}),
+    ("c=2;stride=8", {"stride": 8, "c": 2}),
+    ("global_tokens=t:0,5;window=3", {"window": 3, "global_tokens": (0, 5)}),
+    ("global_tokens=t:;window=3", {"window": 3, "global_tokens": ()}),
+])
+def test_params_text_round_trip(text, params):
+    assert T.params_text(params) == text and T.params_of(text) == params
+
+
+@pytest.mark.slow
+@needs_interpreter
+def test_opcheck_triton():
+    q, k, v, _ = inputs(1, 2, 1, 37, 37, 48, seed=1, dtype=torch.float32)
+    args = ("fixed", "merged", 0, T.params_text({"stride": 8, "c": 2}), 48 ** -0.5, 32,
+            "structured", "baseline")
+    torch.library.opcheck(OPS.triton, (q.requires_grad_(), k, v, *args))
+    out, m, l = OPS.triton(q.detach(), k, v, *args)
+    torch.library.opcheck(OPS.triton_backward,
+                          (torch.randn_like(out), q.detach(), k, v, out, m, l, *args))
+
+
+@pytest.mark.slow
+@needs_interpreter
+@pytest.mark.parametrize("pattern,params", [
+    ("strided", {"stride": 5}),
+    ("longformer", {"window": 3, "global_tokens": (0, 5)}),
+])
+def test_compiled_triton_equals_eager_and_reference(pattern, params):
+    """fullgraph=True through the operator: the same bits as eager; the reference within
+    float32 error (n_q < n_k, two query heads per key/value head)."""
+    q, k, v, go = inputs(2, 4, 2, 20, 37, 48, seed=2, dtype=torch.float32)
+    fn = lambda q, k, v: sparse_attention(q, k, v, pattern, backend="triton",
+                                          enable_gqa=True, **params)
+    eager = run(fn, q, k, v, go)
+    torch._dynamo.reset()
+    compiled = run(torch.compile(fn, backend="aot_eager", fullgraph=True), q, k, v, go)
+    want = truth(q, k, v, go, truth_masks(pattern, 2, 4, 20, 37, **params))
+    for name, a, b, c in zip(("out", "dq", "dk", "dv"), eager, compiled, want):
+        err = (a.double() - c).abs().max().item()
+        print(f"{pattern} {name}: error {err:.2e}")
+        assert torch.equal(a, b), name
+        assert err < 1e-5, name
