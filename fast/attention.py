@@ -130,6 +130,9 @@ from fast.core.precision import fold_dtype
 from reference.params import FACTORIZED, PARAMS, check_params
 
 BACKENDS = ("auto", "structured", "naive", "triton")
+# Every parameter some pattern takes: the only extra keywords sparse_attention accepts.
+KNOWN_PARAMS = frozenset(name for required, optional in PARAMS.values()
+                         for name in (*required, *optional))
 
 # Names other attention APIs take, and what to use here instead.
 OTHER_NAMES = {
@@ -223,14 +226,13 @@ def resolve_backend(backend, pattern: str, device: torch.device,
 def _check_keywords(params: dict) -> None:
     """Extra keywords must be parameters of some pattern (``reference.params.PARAMS``);
     any other is named, as Python names an unexpected keyword argument."""
-    known = {name for required, optional in PARAMS.values() for name in (*required, *optional)}
-    unknown = sorted(set(params) - known)
+    unknown = sorted(set(params) - KNOWN_PARAMS)
     if unknown:
         hints = "; ".join(f"for {name!r}: {OTHER_NAMES[name]}" for name in unknown
                           if name in OTHER_NAMES)
         raise TypeError(f"sparse_attention() got unexpected keyword argument"
                         f"{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                        f"it takes the pattern's parameters {sorted(known)} and the "
+                        f"it takes the pattern's parameters {sorted(KNOWN_PARAMS)} and the "
                         f"arguments of its signature" + (f" ({hints})" if hints else ""))
 
 
@@ -246,7 +248,7 @@ def _check_mask(attn_mask, q, k) -> None:
     if attn_mask.device != q.device:
         raise ValueError(f"attn_mask must be on q's device {q.device}, got {attn_mask.device}")
     try:
-        fits = torch.broadcast_shapes(attn_mask.shape, want) == want and attn_mask.dim() <= 4
+        fits = torch.broadcast_shapes(attn_mask.shape, want) == want
     except RuntimeError:
         fits = False
     if not fits:

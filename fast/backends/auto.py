@@ -14,11 +14,13 @@ copy of that file's crossovers).
 
 The record's crossover X of a pattern, stride and pass ("fwd": forward only, "fb":
 forward and backward) is where auto switches: the naive path for n < X, the
-structured path from X on -- chosen from the measured times so that at no measured
-n is auto slower than the faster of the two by more than the tolerance
-(``fast.measure.crossover.choose``). X = (largest n measured) + 1 says that the naive
-path was the faster one everywhere in the sweep; beyond it the structured path is
-taken, whose cost grows as n sqrt(n) against the naive path's n^2.
+structured path from X on -- the switch point whose worst slowdown against the
+faster of the two, over the measured n, is smallest (``fast.measure.crossover.choose``;
+the record keeps that slowdown as the entry's regret, beside the tolerance the
+benchmark holds it to, and the command reports every entry over it). X = (largest n
+measured) + 1 says that the naive path was the faster one everywhere in the sweep;
+beyond it the structured path is taken, whose cost grows as n sqrt(n) against the naive
+path's n^2.
 
 How a call picks (``prefer_naive``):
 

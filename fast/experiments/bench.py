@@ -427,6 +427,12 @@ def crossover_report(data: dict) -> str:
             lines.append(f"  {pattern:8} l={stride:>4}: forward X = {e['fwd']:5d} (regret "
                          f"{e['regret_fwd']:.1%}), forward+backward X = {e['fb']:5d} (regret "
                          f"{e['regret_fb']:.1%})")
+    tolerance = data["config"]["tolerance"]
+    over = [f"{pattern} l={stride} {what} ({e['regret_' + what]:.1%})"
+            for pattern, strides in data["crossover"].items()
+            for stride, e in strides.items() for what in ("fwd", "fb")
+            if e["regret_" + what] > tolerance]
+    lines.append(f"  over the tolerance of {tolerance:.0%}: " + (", ".join(over) or "none"))
     return "\n".join(lines)
 
 

@@ -2,8 +2,10 @@
 
 Child et al., 2019, sections 5.2-5.5 and Table 2 (time per training iteration of the
 same model on the same hardware, dense against sparse): here the same model and step,
-eager against compiled. The attention runs as the same custom operators either way
-(``fast.backends.structured``, docs/design.md "torch.compile"); what compiling can win
+eager against compiled. The attention computes the same either way: traced, the
+structured path is one custom operator (``fast.backends.structured``, docs/design.md
+"torch.compile"), eager it runs the same functions without the dispatcher; "full"
+and short sequences under "auto" are SDPA (``fast.backends.auto``). What compiling can win
 is the rest of the step -- the projections' reshapes, the norms, the GeLU, the residual
 sums and the loss fused by inductor into fewer passes -- and what it must not do is
 lose time around the attention (graph breaks, recompiles, copies).

@@ -22,6 +22,7 @@ reference's own in that precision, plus a floor; both printed first).
 from __future__ import annotations
 
 import json
+import subprocess
 
 import numpy as np
 import pytest
@@ -34,6 +35,7 @@ from fast.backends import auto, naive
 from fast.measure import crossover as measured
 from fast.measure.memory import peak_rss
 from reference import patterns
+from tests.conftest import ROOT
 from tests.fast.api_helpers import inputs, run, truth, truth_masks
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -498,6 +500,24 @@ def test_the_crossover_chosen_keeps_auto_within_five_percent_of_the_best():
     assert regret > 0.05
 
 
+def test_the_crossover_report_names_every_entry_over_the_tolerance():
+    """What ``python -m fast bench --crossover`` prints ends with the entries whose regret
+    is over the tolerance, or "none"."""
+    from fast.experiments.bench import crossover_report
+
+    entry = lambda fwd, fb: {"fwd": 256, "regret_fwd": fwd, "fb": 512, "regret_fb": fb}
+    data = {"config": {"B": 1, "H": 4, "d": 64, "dtype": "float32", "threads": 2,
+                       "tolerance": 0.05},
+            "crossover": {"strided": {"16": entry(0.0, 0.0), "128": entry(0.092, 0.01)},
+                          "fixed": {"64": entry(0.01, 0.153)}}}
+    text = crossover_report(data)
+    print(text)
+    assert text.splitlines()[-1] == ("  over the tolerance of 5%: strided l=128 fwd (9.2%), "
+                                     "fixed l=64 fb (15.3%)")
+    data["crossover"] = {"strided": {"16": entry(0.0, 0.05)}}
+    assert crossover_report(data).splitlines()[-1] == "  over the tolerance of 5%: none"
+
+
 def test_auto_follows_the_record(monkeypatch, tmp_path):
     """A record written as the benchmark writes it is read and followed: the pass (a
     backward or not), the nearest measured stride, n_q < n_k by the model of
@@ -536,8 +556,18 @@ def test_auto_follows_the_record(monkeypatch, tmp_path):
         auto.crossovers.cache_clear()
 
 
-def test_the_committed_defaults_are_the_committed_record():
-    """``fast.backends.auto.DEFAULT`` is figures/data/auto_cpu.json's crossovers."""
-    if auto.RECORD is None or not auto.RECORD.is_file():
-        pytest.skip("no source checkout with figures/data/auto_cpu.json")
-    assert auto.read_record(auto.RECORD) == auto.DEFAULT
+def test_the_committed_defaults_are_the_committed_record(tmp_path):
+    """``fast.backends.auto.DEFAULT`` is the crossovers of figures/data/auto_cpu.json as
+    committed (git's HEAD): a ``make bench`` that rewrites the file on a user's machine
+    tunes auto there without failing this test; a commit of a new record must copy its
+    crossovers into DEFAULT."""
+    if auto.RECORD is None:
+        pytest.skip("not a source checkout")
+    relative = auto.RECORD.relative_to(ROOT).as_posix()
+    shown = subprocess.run(["git", "show", f"HEAD:{relative}"], cwd=ROOT, capture_output=True,
+                           text=True)
+    if shown.returncode != 0:
+        pytest.skip(f"no committed {relative} (git: {shown.stderr.strip()[:80]})")
+    committed = tmp_path / "auto_cpu.json"
+    committed.write_text(shown.stdout, encoding="utf-8")
+    assert auto.read_record(committed) == auto.DEFAULT
