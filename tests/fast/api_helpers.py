@@ -24,21 +24,12 @@ from reference import patterns
 from reference.attention import attend, attend_backward
 
 
-def pattern_masks(pattern, n, H, combine="merged", layer=0, **params) -> np.ndarray:
-    """bool (H, n, n): the contract (Longformer and BigBird: the one mask, every head)."""
-    if pattern == "longformer":
-        return np.broadcast_to(patterns.longformer(n, **params), (H, n, n))
-    if pattern == "bigbird":
-        return np.broadcast_to(patterns.bigbird(n, **params), (H, n, n))
-    return patterns.head_masks(pattern, n, H, combine, layer, **params)
-
-
 def truth_masks(pattern, B, H, n_q, n_k, combine="merged", layer=0, lengths=None,
                 offsets=None, attn_mask=None, **params) -> np.ndarray:
     """bool (B, H, n_q, n_k) (module docstring). A sequence of length L reads the
     pattern's masks at L positions: their first L rows and columns at n_k (every
     pattern's row i depends on positions <= i only)."""
-    whole = pattern_masks(pattern, n_k, H, combine, layer, **params)     # (H, n_k, n_k)
+    whole = patterns.head_masks(pattern, n_k, H, combine, layer, **params)     # (H, n_k, n_k)
     out = np.zeros((B, H, n_k, n_k), dtype=bool)
     for b in range(B):
         P = 0 if offsets is None else int(offsets[b])

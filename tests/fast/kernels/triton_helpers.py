@@ -42,13 +42,9 @@ gpu = pytest.mark.skipif(T.interpreted() or not torch.cuda.is_available(),
                          reason="needs CUDA and TRITON_INTERPRET unset (or 0)")
 
 
-def ref_masks(pattern, n, n_heads, combine="merged", layer=0, **params) -> np.ndarray:
-    """bool (H, n, n): which keys every head reads (the contract)."""
-    if pattern == "longformer":
-        return np.broadcast_to(P.longformer(n, **params), (n_heads, n, n))
-    if pattern == "bigbird":
-        return np.broadcast_to(P.bigbird(n, **params), (n_heads, n, n))
-    return P.head_masks(pattern, n, n_heads, combine, layer, **params)
+# bool (H, n, n): which keys every head reads (the contract; Longformer and BigBird: the
+# one mask, every head).
+ref_masks = P.head_masks
 
 
 def make_inputs(B, H, n, d, seed=0, dtype=torch.float32, device=DEVICE):
