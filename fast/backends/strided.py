@@ -39,6 +39,8 @@ of stride d (G may be strided).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from fast.backends.flash_cpu import attention_backward, attention_forward, spans
@@ -61,16 +63,26 @@ def band_mask(C: int, l: int, strict: bool, dtype, device) -> torch.Tensor:
 
 
 def band_chunk(l: int, backward: bool = False) -> int:
-    """Query chunk C of the band: a divisor of l near 32 (near 64 for the backward).
-    Small chunks waste less of the (C, C + l) rectangle (the band fills l / (C + l)
-    of it); too small ones starve the kernel's tiles. The backward, whose
-    gradient windows overlap (C + l) / C times and whose kernel calls come one per
-    overlap (``LocalBand.backward``), does better with fewer, larger chunks; it
-    recomputes from the merged out and lse, so it need not chunk as the forward did."""
-    for C in ((64, 32, 128, 48, 96) if backward else (32, 64, 16, 48, 24, 40, 56)):
-        if l % C == 0 and C <= l:
-            return C
-    return l
+    """Query chunk C of the band. Forward: the largest divisor of l up to
+    max(8, 2048 / l), so that C l is near 2048 (the smallest divisor from 8 on where
+    that one is below 8: a prime l is one chunk); backward: near 64. Small chunks waste
+    less of the (C, C + l) rectangle (the band fills l / (C + l) of it); too small ones
+    starve the kernel's tiles. Measured with one process, candidates in turns (B = 1,
+    H = 4, d = 64, float32, n = 16384; the forward's time for C = 8 / 16 / 32 / 64):
+    l = 32: 15.9 / 14.8 / 14.0 ms; l = 64: 22.9 / 20.2 / 19.9 / 25.8; l = 128: 16 and 32
+    25.1 / 26.1; l = 256: 51.1 / 58.9 / 57.9 / 63.0. The backward, whose gradient
+    windows overlap (C + l) / C times and whose kernel calls come one per overlap
+    (``LocalBand.backward``), does better with fewer, larger chunks (l = 128: C = 32 /
+    64 / 128 took 130 / 113 / 120 ms); it recomputes from the merged out and lse, so it
+    need not chunk as the forward did."""
+    if backward:
+        for C in (64, 32, 128, 48, 96):
+            if l % C == 0 and C <= l:
+                return C
+        return l
+    divisors = [C for C in range(1, l + 1) if l % C == 0]
+    C = max(C for C in divisors if C <= max(8, 2048 // l))
+    return C if C >= min(8, l) else min(C for C in divisors if C >= 8)   # l = 97: 97
 
 
 def _windows(t: torch.Tensor, l: int, C: int, a: int = 0, b: int | None = None,
@@ -179,11 +191,34 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2).flatten(1, 2)
 
 
-# The column splits its (M, M) causal problems in two from this many grid rows on:
-# halves of at least 192 rows, which the kernel still takes in query blocks of 64
-# (below 192 rows it takes 32, and the smaller products cost more than the quarter
-# of the square saved; measured with fast.measure.pieces).
+# From this many grid rows on, the column's (M, M) causal problems split in two: halves
+# of at least 192 rows, which the kernel still takes in query blocks of 64 (below 192
+# rows it takes 32, and the smaller products cost more than the quarter of the square
+# saved; measured with fast.measure.pieces).
 SPLIT_ROWS = 384
+
+
+def corner_rows(M: int) -> int:
+    """Grid rows per part of the column's forward below ``SPLIT_ROWS`` (``Column``): 32,
+    or M itself (one problem) up to 32 rows. Measured with one process, candidates in
+    turns (B = 1, H = 4, d = 64, float32, l = 128; the kernel's time for every column of
+    the layer, one causal problem against parts): M = 64: 6.7 against 5.5 ms (parts of
+    32); M = 128: 21.0 against 16.7 (32) and 18.0 (64); M = 256: 72.4 against 56.6 (32)
+    and 55.5 (64); M = 32: 2.2 against 2.1 (16), too little to cut. In whole calls at
+    n = 16384 the forward took 47-49 ms against 50-52 before; the backward gained
+    nothing from parts (their gradients need buffers of their own), so it keeps one
+    problem."""
+    return M if M <= 32 else 32
+
+
+@functools.lru_cache(maxsize=64)
+def corner_mask(R: int, S: int, dtype, device) -> torch.Tensor:
+    """Additive (1, 1, R, S) causal mask aligned to the bottom-right corner: query r (the
+    key row S - R + r) reads keys t <= S - R + r."""
+    r = torch.arange(R, device=device)[:, None] + (S - R)
+    t = torch.arange(S, device=device)[None, :]
+    mask = torch.zeros(R, S, dtype=dtype, device=device)
+    return mask.masked_fill_(t > r, float("-inf"))[None, None]
 
 
 class Column:
@@ -195,11 +230,21 @@ class Column:
     (a strict column, M - 1 rows, ran slower).
 
     The kernel skips the upper triangle only by blocks of 512 keys, so a causal
-    problem of at most 512 rows costs a full square. From ``SPLIT_ROWS`` grid rows
-    on, the column is three problems instead -- the first h = M // 2 rows causal,
-    the last M - h rows causal over their own rows, and those same rows over the
-    first h as a plain rectangle (merged with their causal part through the lse)
-    -- three quarters of the square."""
+    problem of at most 512 rows costs a full square. So:
+
+    * below ``SPLIT_ROWS`` grid rows, the forward runs in parts of P =
+      ``corner_rows(M)`` rows: part u, query rows [u P, (u + 1) P), reads key rows
+      [0, (u + 1) P) -- the first plainly causal, the others through a causal mask
+      aligned to their last key (``corner_mask``). Every query row is in one part, so
+      the parts need no merging among themselves; four parts cost 5/8 of the square.
+      The backward stays one problem (``corner_rows``).
+    * from ``SPLIT_ROWS`` grid rows on, forward and backward are three problems -- the
+      first h = M // 2 rows causal, the last M - h rows causal over their own rows, and
+      those same rows over the first h as a plain rectangle (merged with their causal
+      part through the lse) -- three quarters of the square.
+
+    Outputs and gradients come back in natural row order (the kernel lays them out
+    (G, R, l, d)): a problem over every row gives the group's buffers as they are."""
 
     def __init__(self, l: int, scale: float):
         self.l, self.scale = l, scale
@@ -209,35 +254,43 @@ class Column:
         whole, rest = divmod(n, self.l)
         return heads * (self.l * whole * (whole - 1) // 2 + rest * whole + n)
 
-    def _parts(self, N: int):
-        """[(query grid rows, key grid rows, causal)] of the column's problems."""
+    def _parts(self, N: int, backward: bool) -> list[tuple[slice, slice, str]]:
+        """[(query grid rows, key grid rows, "causal" | "corner" | "all")]."""
         M = N // self.l
-        if M < SPLIT_ROWS:
-            return [(slice(0, M), slice(0, M), True)]
-        h = M // 2
-        return [(slice(0, h), slice(0, h), True), (slice(h, M), slice(0, h), False),
-                (slice(h, M), slice(h, M), True)]
+        if M >= SPLIT_ROWS:
+            h = M // 2
+            return [(slice(0, h), slice(0, h), "causal"), (slice(h, M), slice(0, h), "all"),
+                    (slice(h, M), slice(h, M), "causal")]
+        P = M if backward else corner_rows(M)
+        return [(slice(a, min(M, a + P)), slice(0, min(M, a + P)), "corner" if a else "causal")
+                for a in range(0, M, P)]
+
+    def _call(self, kernel, query_side, key_side, qr: slice, kr: slice, kind: str, *after):
+        """``kernel`` on one problem: ``query_side`` tensors (G, N, ...) at grid rows qr,
+        ``key_side`` at kr, then ``after`` (query side), as (G, l, R, ...) views."""
+        c = lambda t, rows: _columns(t, self.l)[:, :, rows]            # (G, l, R, ...)
+        q = query_side[-1]
+        mask = corner_mask(qr.stop - qr.start, kr.stop, q.dtype, q.device) \
+            if kind == "corner" else None
+        return kernel(*(c(t, qr) for t in query_side), *(c(t, kr) for t in key_side),
+                      *(c(t, qr) for t in after), is_causal=kind == "causal", mask=mask,
+                      scale=self.scale)
 
     def forward(self, q, k, v):
-        c = lambda t, rows: _columns(t, self.l)[:, :, rows]            # (G, l, R, ...)
         chunks = []
-        for qr, kr, causal in self._parts(q.shape[1]):
-            o, lse = attention_forward(c(q, qr), c(k, kr), c(v, kr), is_causal=causal,
-                                       scale=self.scale)                # (G, l, R, d)
+        for qr, kr, kind in self._parts(q.shape[1], backward=False):
+            o, lse = self._call(attention_forward, (q,), (k, v), qr, kr, kind)  # (G, l, R, d)
             chunks.append((qr.start * self.l, _rows(o), _rows(lse)))
         return chunks
 
     def backward(self, q, k, v, go, out, lse, grads=None):
-        c = lambda t, rows: _columns(t, self.l)[:, :, rows]            # (G, l, R, ...)
-        parts = self._parts(q.shape[1])
+        parts = self._parts(q.shape[1], backward=True)
         fresh = grads is None                 # then the parts write first, add after
         if fresh and len(parts) > 1:
             grads = [torch.empty_like(q) for _ in range(3)]
         written = set()                       # (buffer, first row) of the rows written
-        for qr, kr, causal in parts:
-            g = attention_backward(c(go, qr), c(q, qr), c(k, kr), c(v, kr), c(out, qr),
-                                   c(lse, qr), is_causal=causal,
-                                   scale=self.scale)                    # (G, l, R, d) each
+        for qr, kr, kind in parts:
+            g = self._call(attention_backward, (go, q), (k, v), qr, kr, kind, out, lse)
             g = [_rows(t) for t in g]              # (G, R l, d), natural order: no copy
             if grads is None:
                 return g                           # alone: the kernel's own tensors

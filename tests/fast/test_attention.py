@@ -17,7 +17,7 @@ import torch
 from fast import attention as fast_attention
 from fast import sparse_attention
 from fast.attention import _triton_available, resolve_backend
-from fast.backends import flash_cpu
+from fast.backends import flash_cpu, strided
 from fast.core.merge import merge, merge_into
 from fast.measure.memory import peak_rss
 from reference import patterns
@@ -83,6 +83,9 @@ CASES = [
     ("strided", {"stride": 1}, "merged", 7, 16, 2),
     ("strided", {"stride": 2}, "merged", 9, 16, 2),
     ("strided", {"stride": 8}, "merged", 13, 48, 4),
+    # the column's forward in corner parts (strided.corner_rows): 67 grid rows as 32, 32, 3
+    ("strided", {"stride": 3}, "merged", 200, 16, 2),
+    ("strided", {"stride": 3}, "multihead", 199, 48, 2),
     # the column cut in three problems (M >= strided.SPLIT_ROWS grid rows), odd M
     pytest.param("strided", {"stride": 2}, "merged", 775, 16, 2, marks=pytest.mark.slow),
     pytest.param("strided", {"stride": 2}, "multihead", 800, 16, 2, marks=pytest.mark.slow),
@@ -108,6 +111,29 @@ def test_matches_reference_float64(pattern, params, combine, n, d, H, backend):
             assert a.dtype == torch.float64
             err = (a - b).abs().max().item()
             assert err < 1e-10, f"{name}: max error {err:.3e} (layer {layer})"
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5])
+@pytest.mark.parametrize("combine", ["merged", "multihead"])
+def test_column_parts_match_reference(monkeypatch, rows, combine):
+    """The column's forward cut in parts of ``rows`` grid rows (a corner mask from the
+    second part on; the last part shorter): forward and backward as the reference; and
+    the column's backward, given buffers (a piece after the first in its group), adds
+    into them."""
+    monkeypatch.setattr(strided, "corner_rows", lambda M: rows)
+    H, d, n, params = 4, 16, 61, {"stride": 4}                      # M = 16 grid rows
+    q, k, v, g = _rand(2, H, n, d, seed=47 + rows)
+    want = _reference(q, k, v, g, _ref_masks("strided", n, H, combine, 0, params))
+    got = _fast(q, k, v, g, "strided", combine, 0, "structured", params)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        err = (a - b).abs().max().item()
+        assert err < 1e-10, f"{name}: max error {err:.3e} (parts of {rows} rows)"
+    column, N = strided.Column(4, 0.25), 64
+    t = [x[0, :, :N] for x in _rand(1, H, N, d, seed=5)] + [torch.rand(H, N, dtype=torch.float64)]
+    fresh = column.backward(*t[:3], t[3], t[0], t[4])
+    added = column.backward(*t[:3], t[3], t[0], t[4], [torch.ones_like(t[0]) for _ in range(3)])
+    for a, b in zip(fresh, added):
+        torch.testing.assert_close(a + 1, b, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("pattern,params,combine,n", [
