@@ -76,6 +76,7 @@ keeping the float64 buffers, at the cost of one more forward in that rare case).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -112,6 +113,7 @@ def plan(pattern: str, combine: str, layer: int, n_heads: int, scale: float, str
             for group in groups.values()]
 
 
+@functools.lru_cache(maxsize=256)
 def plans(pattern: str, combine: str, layer: int, n_heads: int, kv_heads: int, scale: float,
           stride: int, c: int | None = None) -> list[tuple[slice, list]]:
     """[(query heads, that slice's ``plan``)]: one plan for all heads, or with grouped
@@ -119,7 +121,8 @@ def plans(pattern: str, combine: str, layer: int, n_heads: int, kv_heads: int, s
     h // share) one per s < share for the query heads s, s + share, ...: each of those
     reads key/value head i of its i-th query head, so q[:, s::share] and k, v are views
     that line up head by head, and the pieces run on them unchanged (no copy of k or v
-    per query head)."""
+    per query head). Made once per set of arguments and kept (the pieces hold only their
+    numbers), so a layer's forward and backward, and every later call, reuse it."""
     share = n_heads // kv_heads
     if share == 1:
         return [(slice(None), plan(pattern, combine, layer, n_heads, scale, stride, c))]
