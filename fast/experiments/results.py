@@ -85,7 +85,8 @@ SHAPES["learned_attention_long.json"] = SHAPES["learned_attention.json"]
 
 def bench_section(bench: dict) -> list[str]:
     """The CPU targets: each speed-up beside its goal, the same point measured again in one
-    long-lived process, and the ideal that reading fewer keys allows; the time slope, the
+    long-lived process, the ideal that reading fewer keys allows and the ceiling of the
+    pairs the CPU kernel computes (when the file has it); the time slope, the
     peak memory, and the backward / forward time of each contender."""
     m, t = bench["machine"], bench["targets"]["float32"]
     x = lambda v, f=".1f": "-" if v is None else f"{v:{f}}x"
@@ -93,25 +94,29 @@ def bench_section(bench: dict) -> list[str]:
            f"{m['torch']}; B=1, H=4, d=64, float32; a fresh process per point, times the "
            f"minimum over repetitions; the same n = 16384 points again in one long-lived "
            f"process, the median; the ideal: the (query, key) pairs dense causal attention "
-           f"reads over those the pattern reads):", "",
-           "| target | goal | measured | one process | ideal (keys read) |",
-           "|---|---|---|---|---|"]
+           f"reads over those the pattern reads; the kernel ceiling: the pairs the CPU "
+           f"flash kernel computes for dense attention over those it computes for the "
+           f"pattern's pieces, `fast.measure.kernel_pairs`):", "",
+           "| target | goal | measured | one process | ideal (keys read) | kernel ceiling |",
+           "|---|---|---|---|---|---|"]
     for pattern, label, goals, f in (("strided", "strided l=128", (">= 25x", ">= 18x"), ".1f"),
                                      ("fixed", "fixed l=128 c=32", (">= 3.5x", ">= 3.5x"),
                                       ".2f")):
         ideal = x(t.get(f"{pattern}_ideal_16384"), f)
+        ceiling = x(t.get(f"{pattern}_kernel_ceiling_16384"), f)
         for what, name, goal in (("fwd", "forward", goals[0]),
                                  ("fb", "forward+backward", goals[1])):
             key = f"{pattern}_{what}_speedup_16384"
             out.append(f"| {label}, n=16384, {name} vs dense causal SDPA | {goal} | "
-                       f"{x(t[key], f)} | {x(t.get(key + '_same_process'), f)} | {ideal} |")
+                       f"{x(t[key], f)} | {x(t.get(key + '_same_process'), f)} | {ideal} | "
+                       f"{ceiling} |")
     slope = t.get("strided_keys_slope_4096_65536")
     keys_slope = "-" if slope is None else f"{slope:.2f}"
     out += [f"| strided time slope, n = 4096..65536 (fwd / fwd+bwd) | <= 1.35 (fwd+bwd) | "
             f"{t['strided_fwd_slope_4096_65536']:.2f} / {t['strided_fb_slope_4096_65536']:.2f} "
-            f"| - | {keys_slope} (keys read, l fixed at 128) |",
+            f"| - | {keys_slope} (keys read, l fixed at 128) | - |",
             f"| strided forward+backward peak memory, n=65536 | < 2 GB | "
-            f"{t['strided_fb_peak_bytes_65536'] / 1e9:.2f} GB | - | - |"]
+            f"{t['strided_fb_peak_bytes_65536'] / 1e9:.2f} GB | - | - | - |"]
     ratios = [(name, t.get(f"{key}_bwd_over_fwd_16384"))
               for name, key in (("dense", "dense"), ("strided", "strided"), ("fixed", "fixed"))]
     if any(r is not None for _, r in ratios):

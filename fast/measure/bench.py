@@ -32,6 +32,7 @@ import platform
 import torch
 
 from fast.measure.contenders import PATTERN_PARAMS
+from fast.measure.kernel_pairs import kernel_ceiling
 from reference.counts import keys_per_query
 
 TARGET_N = 16384                 # the n of the speed-up targets
@@ -115,7 +116,9 @@ def summarize(results: list[dict], dtype: str = "float32") -> dict:
     """The README's CPU targets, computed from the results (None where not measured):
     speed-ups of the structured path over dense at n = 16384, the strided time slopes
     over n = 4096 .. 65536, peak memory at n = 65536, and the backward / forward time
-    ratio of dense and of each pattern's structured path at n = 16384."""
+    ratio of dense and of each pattern's structured path at n = 16384; beside them the
+    keys-read ideal and the ceiling of the pairs the CPU kernel computes
+    (``fast.measure.kernel_pairs``)."""
     def row(pattern, n=TARGET_N):
         name = "dense" if pattern is None else "structured"
         return find(results, contender=name, pattern=pattern, n=n, dtype=dtype)
@@ -145,6 +148,9 @@ def summarize(results: list[dict], dtype: str = "float32") -> dict:
            for label, pattern in (("dense", None), ("strided", "strided"),
                                   ("fixed", "fixed"))},
         **{f"{pattern}_ideal_16384": keys_read_ideal(pattern, TARGET_N, **params)
+           for pattern, params in PATTERN_PARAMS.items()},
+        # the ceiling of the pairs the CPU kernel computes (the structured path's pieces)
+        **{f"{pattern}_kernel_ceiling_16384": kernel_ceiling(pattern, TARGET_N, **params)
            for pattern, params in PATTERN_PARAMS.items()},
         # the slope that reading exactly the pattern's keys would give over the same n
         "strided_keys_slope_4096_65536": fitted_slope(

@@ -1,0 +1,96 @@
+"""The (query, key) pairs the CPU flash kernel computes for a pattern, and the ceiling
+they set on its speed-up over dense attention.
+
+Child et al., 2019, section 5.5 ("the upper triangle is never computed"). The
+keys-read ideal (``fast.measure.bench.keys_read_ideal``) counts the pairs a pattern
+needs. The structured path (``fast.backends.structured``) hands its pieces to PyTorch's
+CPU flash kernel, which computes more than that: it takes queries in blocks of 32 rows
+below 192, 64 below 768 and 256 beyond, and keys in blocks of 512 (all of them when
+there are fewer), and skips only the key blocks that lie wholly above a causal
+problem's diagonal -- so a causal problem of at most 512 keys is computed whole -- and
+a masked problem is computed whole, mask or not (``problem_pairs``; the block sizes and
+the skipping are those of aten/src/ATen/native/cpu/FlashAttentionKernel.cpp in torch
+2.13.0). Dense causal attention is one such problem per head. At dense's rate per
+computed pair, the speed-up cannot pass
+
+    kernel ceiling = pairs computed for dense / pairs computed for the pattern,
+
+which ``kernel_ceiling`` gives. The pattern's pairs are counted from the kernel calls
+its forward makes (``forward_calls``): the plan's pieces run on "meta" tensors (shapes,
+no data, no arithmetic) with the kernel call recorded instead of made, so the count
+follows the pieces as they are.
+
+    >>> from fast.measure.kernel_pairs import kernel_ceiling
+    >>> round(kernel_ceiling("fixed", 16384, stride=128, c=32), 2)      # dense / fixed
+    3.48
+"""
+
+from __future__ import annotations
+
+import math
+from unittest import mock
+
+import torch
+
+from fast.backends import fixed, strided
+from fast.backends.structured import plan
+
+KV_SPLIT = 512
+
+
+def q_split(L: int) -> int:
+    """The kernel's query block for a problem of L query rows."""
+    return 256 if L >= 768 else 64 if L >= 192 else 32
+
+
+def problem_pairs(L: int, S: int, causal: bool) -> int:
+    """(query, key) pairs the kernel computes for one problem of L queries and S keys:
+    every key block of each query block, except, when causal (top-left: query i reads
+    keys j <= i), the key blocks that start after the query block's last row."""
+    qs, kvs = q_split(L), min(KV_SPLIT, S)
+    total = 0
+    for m in range(0, L, qs):
+        rows = min(qs, L - m)
+        reach = min(m + rows, S) if causal else S          # keys the block needs, at most
+        blocks = -(-reach // kvs)
+        total += rows * min(S, blocks * kvs)
+    return total
+
+
+def forward_calls(pattern: str, n: int, heads: int = 4, combine: str = "merged",
+                  layer: int = 0, d: int = 64, **params) -> list[tuple[int, int, int, bool]]:
+    """[(problems, L, S, causal)]: the kernel calls the structured forward makes for one
+    batch element of ``heads`` heads at length n (padded to a multiple of the stride, as
+    ``fast.backends.structured`` does), in the order it makes them."""
+    l = params["stride"]
+    N = -(-n // l) * l
+    calls = []
+
+    def record(q, k, v, *, is_causal=False, mask=None, scale):
+        calls.append((math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], is_causal))
+        return q.new_empty(q.shape), q.new_empty(q.shape[:-1])
+
+    with mock.patch.object(strided, "attention_forward", record), \
+            mock.patch.object(fixed, "attention_forward", record):
+        for heads_slice, pieces in plan(pattern, combine, layer, heads, 1.0, l,
+                                        params.get("c")):
+            G = len(range(heads)[heads_slice])
+            t = torch.empty(G, N, d, device="meta")                 # (G, N, d): no data
+            for piece in pieces:
+                piece.forward(t, t, t)
+    return calls
+
+
+def computed_pairs(pattern: str, n: int, heads: int = 4, **params) -> int:
+    """Pairs the kernel computes for ``heads`` heads at length n: dense causal attention
+    (``pattern="full"``) or the structured forward of a pattern (``forward_calls``)."""
+    if pattern == "full":
+        return heads * problem_pairs(n, n, causal=True)
+    return sum(count * problem_pairs(L, S, causal)
+               for count, L, S, causal in forward_calls(pattern, n, heads, **params))
+
+
+def kernel_ceiling(pattern: str, n: int, heads: int = 4, **params) -> float:
+    """The speed-up over dense causal attention that the pairs the kernel computes allow,
+    at equal cost per computed pair (module docstring)."""
+    return computed_pairs("full", n, heads) / computed_pairs(pattern, n, heads, **params)

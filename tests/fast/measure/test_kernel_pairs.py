@@ -1,0 +1,72 @@
+"""The pairs the CPU flash kernel computes (fast.measure.kernel_pairs): its block rule on
+problems worked by hand, every kernel call of the structured forward recorded, never
+fewer pairs than a pattern reads, and the ceiling the bench and the README report."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fast.backends import fixed, strided, structured
+from fast.measure import bench
+from fast.measure.kernel_pairs import computed_pairs, forward_calls, kernel_ceiling, problem_pairs
+
+
+def test_problem_pairs_follow_the_kernels_blocks():
+    assert problem_pairs(16, 144, causal=False) == 16 * 144           # a masked problem: whole
+    assert problem_pairs(128, 128, causal=True) == 128 * 128          # <= 512 keys: whole
+    # 1024 causal rows: query blocks of 256 reach 256, 512, 768, 1024 keys, in key blocks
+    # of 512: 512, 512, 1024, 1024 keys computed
+    assert problem_pairs(1024, 1024, causal=True) == 256 * (512 + 512 + 1024 + 1024)
+    # 200 rows take query blocks of 64 (the last of 8 rows); one key block of 200
+    assert problem_pairs(200, 200, causal=True) == 200 * 200
+    assert problem_pairs(40, 1100, causal=True) == 40 * 512           # keys beyond 40 skipped
+
+
+# (pattern, params, combine, heads); c not dividing l: one head (SummaryEarlier)
+CASES = [("strided", {"stride": 7}, "merged", 4), ("strided", {"stride": 5}, "multihead", 4),
+         ("strided", {"stride": 4}, "interleaved", 4),
+         ("fixed", {"stride": 8, "c": 2}, "merged", 4),
+         ("fixed", {"stride": 6, "c": 3}, "multihead", 4),
+         ("fixed", {"stride": 5, "c": 2}, "merged", 1)]
+
+
+@pytest.mark.parametrize("pattern,params,combine,H", CASES)
+@pytest.mark.parametrize("n", [61, 300])
+def test_every_call_is_recorded_and_covers_every_pair_read(pattern, params, combine, H, n,
+                                                          monkeypatch):
+    """The recorded calls are the forward's: as many as a real forward makes (counted by
+    wrapping the kernel), and their pairs are at least the pairs the pieces read."""
+    l = params["stride"]
+    calls = forward_calls(pattern, n, H, combine, **params)
+    made = []
+    real = strided.attention_forward
+
+    def counting(*args, **kwargs):
+        made.append(1)
+        return real(*args, **kwargs)
+    for module in (strided, fixed):
+        monkeypatch.setattr(module, "attention_forward", counting)
+    N = -(-n // l) * l
+    for heads, pieces in structured.plan(pattern, combine, 0, H, 1.0, l, params.get("c")):
+        t = torch.randn(len(range(H)[heads]), N, 16)
+        for piece in pieces:
+            piece.forward(t, t, t)
+    assert len(calls) == len(made) > 0
+    read = sum(p.pairs(N, len(range(H)[heads]))
+               for heads, pieces in structured.plan(pattern, combine, 0, H, 1.0, l,
+                                                    params.get("c")) for p in pieces)
+    assert computed_pairs(pattern, n, H, combine=combine, **params) >= read
+
+
+def test_ceiling_lies_between_the_dense_rate_and_the_keys_read_ideal():
+    for pattern, params in bench.PATTERN_PARAMS.items():
+        ceiling = kernel_ceiling(pattern, 16384, **params)
+        assert 1 < ceiling < bench.keys_read_ideal(pattern, 16384, **params)
+    assert computed_pairs("full", 1024, heads=2) == 2 * problem_pairs(1024, 1024, True)
+
+
+def test_bench_summary_carries_the_ceiling():
+    t = bench.summarize([])
+    for pattern, params in bench.PATTERN_PARAMS.items():
+        assert t[f"{pattern}_kernel_ceiling_16384"] == kernel_ceiling(pattern, 16384, **params)
