@@ -18,7 +18,10 @@ computed pair, the speed-up cannot pass
 which ``kernel_ceiling`` gives. The pattern's pairs are counted from the kernel calls
 its forward makes (``forward_calls``): the plan's pieces run on "meta" tensors (shapes,
 no data, no arithmetic) with the kernel call recorded instead of made, so the count
-follows the pieces as they are.
+follows the pieces as they are. For that while, the kernel entry of
+``fast.backends.strided`` and ``fast.backends.fixed`` is swapped (``forward_calls``):
+count where no other thread runs the structured path, as the benchmark does after its
+measurements.
 
     >>> from fast.measure.kernel_pairs import kernel_ceiling
     >>> round(kernel_ceiling("fixed", 16384, stride=128, c=32), 2)      # dense / fixed
