@@ -116,15 +116,54 @@ def piece_times(pattern: str = "strided", n: int = 16384, *, B: int = 1, H: int 
     if pattern == "fixed" and c is None:
         c = 32
     params = {"stride": stride} if pattern == "strided" else {"stride": stride, "c": c}
-    scale = d ** -0.5
     if n < stride:
         raise ValueError(f"n must be at least the stride (shorter sequences take the naive "
                          f"path), got n={n}, stride={stride}")
     gen = torch.Generator().manual_seed(seed)
     q, k, v, go = (torch.randn(B, H, n, d, generator=gen).to(dtype) for _ in range(4))
-    groups = structured.plan(pattern, combine, layer, H, scale, stride, c)
-    N = -(-n // stride) * stride
-    acc = acc_dtype(dtype)
+    groups = structured.plan(pattern, combine, layer, H, d ** -0.5, stride, c)
+    calls, rows, total_pairs = _piece_calls(groups, q, k, v, go, n, -(-n // stride) * stride)
+    calls["checks"] = lambda: check_tensors(q, k, v, finite=True)
+    calls.update(_whole_calls(q, k, v, go, pattern, combine, layer, params, dense))
+    times = _interleaved(calls, rounds)
+    best = {name: min(t["s"]) for name, t in times.items()}
+    for row in rows:
+        for what in ("fwd", "bwd"):
+            t = times[f"{row['name']} {what}"]
+            row[f"{what}_s"] = best[f"{row['name']} {what}"]
+            row[f"{what}_s_all"] = t["s"]
+            row[f"{what}_cpu_s_all"], row[f"{what}_faults_all"] = t["cpu_s"], t["faults"]
+        if ops:
+            row["bwd_ops_s"] = _op_split(calls[f"{row['name']} bwd"])
+        del row["name"]
+    glue = [name for name in calls if name.startswith(("merge", "prepare", "grad_prepare",
+                                                        "checks"))]
+    for name in [g for g in glue if g.startswith("merge") and not g.endswith("copies")]:
+        best[name] = max(0.0, best[name] - best[name + " copies"])      # the merge alone
+    glue = [g for g in glue if not g.endswith("copies")]
+    return {
+        "conditions": {"pattern": pattern, "n": n, "B": B, "H": H, "d": d, "stride": stride,
+                       "c": c, "combine": combine, "layer": layer, "dtype": str(dtype),
+                       "rounds": rounds, "torch_threads": torch.get_num_threads(),
+                       "cpu_count": os.cpu_count(), "torch": torch.__version__,
+                       "statistic": "minimum over interleaved rounds, perf_counter"},
+        "pieces": rows,
+        "glue": {name: best[name] for name in glue},
+        "glue_all": {name: times[name]["s"] for name in glue},
+        "whole": _whole(best, times, "whole"),
+        "dense": _whole(best, times, "dense") if dense else None,
+        "pairs": {"pattern": total_pairs, "dense": B * H * n * (n + 1) // 2},
+    }
+
+
+def _piece_calls(groups, q, k, v, go, n: int, N: int) -> tuple[dict, list[dict], int]:
+    """(calls, rows, pairs): every piece's forward and backward alone on the layer's padded
+    tensors (the backward given the merged out and lse; a piece after its group's first
+    adds into buffers), each group's merge (and the copies it works on, to subtract), the
+    padding and casting before the forward and the backward; a row per piece; the pairs
+    the pattern reads."""
+    B, H = q.shape[:2]
+    acc = acc_dtype(q.dtype)
 
     def prepare():
         return [structured.pad_rows(t, N).to(acc) for t in (q, k, v)]   # (B, H, N, d)
@@ -133,7 +172,6 @@ def piece_times(pattern: str = "strided", n: int = 16384, *, B: int = 1, H: int 
     out, lse = (t.clone() for t in structured.layer_forward(groups, (qa, ka, va), acc))
     goa = structured.pad_rows(go.to(acc), N)
     lse_b = lse.masked_fill(lse == float("-inf"), float("inf"))
-
     calls, rows = {}, []
     rows_of = lambda heads: B * len(range(H)[heads])                   # G of a group
     total_pairs = sum(p.pairs(n, rows_of(heads)) for heads, pieces in groups for p in pieces)
@@ -151,7 +189,7 @@ def piece_times(pattern: str = "strided", n: int = 16384, *, B: int = 1, H: int 
             pairs = p.pairs(n, rows_of(heads))
             rows.append({"group": label, "piece": type(p).__name__, "name": name,
                          "pairs": pairs, "pair_share": pairs / total_pairs})
-        # the merge writes into the chunk that holds every row: merge copies of them
+        # the merge may write into a chunk that holds every row: merge copies of them
         calls[f"merge {gi}"] = (lambda chunks=chunks: structured.merge_chunks(
             [[(s, o.clone(), m.clone()) for s, o, m in ch] for ch in chunks], N))
         calls[f"merge {gi} copies"] = (lambda chunks=chunks: [
@@ -159,9 +197,18 @@ def piece_times(pattern: str = "strided", n: int = 16384, *, B: int = 1, H: int 
     calls["prepare"] = prepare
     calls["grad_prepare"] = lambda: (structured.pad_rows(go.to(acc), N),
                                      lse.masked_fill(lse == float("-inf"), float("inf")))
-    calls["checks"] = lambda: check_tensors(q, k, v, finite=True)
+    return calls, rows, total_pairs
 
-    qg_, kg_, vg_ = (t.clone().requires_grad_(True) for t in (q, k, v))
+
+def _whole_calls(q, k, v, go, pattern: str, combine: str, layer: int, params: dict,
+                 dense: bool) -> dict:
+    """The whole call through ``sparse_attention``, forward and forward + backward, and
+    dense causal SDPA on the same inputs when ``dense``."""
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+
+    def clear():
+        for t in (qg, kg, vg):
+            t.grad = None
 
     def whole_fwd():
         with torch.no_grad():
@@ -169,55 +216,22 @@ def piece_times(pattern: str = "strided", n: int = 16384, *, B: int = 1, H: int 
                              backend="structured", **params)
 
     def whole_fb():
-        for t in (qg_, kg_, vg_):
-            t.grad = None
-        sparse_attention(qg_, kg_, vg_, pattern, combine=combine, layer=layer,
+        clear()
+        sparse_attention(qg, kg, vg, pattern, combine=combine, layer=layer,
                          backend="structured", **params).backward(go)
 
-    calls["whole fwd"], calls["whole fb"] = whole_fwd, whole_fb
+    calls = {"whole fwd": whole_fwd, "whole fb": whole_fb}
     if dense:
         def dense_fwd():
             with torch.no_grad():
                 F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
         def dense_fb():
-            for t in (qg_, kg_, vg_):
-                t.grad = None
-            F.scaled_dot_product_attention(qg_, kg_, vg_, is_causal=True).backward(go)
+            clear()
+            F.scaled_dot_product_attention(qg, kg, vg, is_causal=True).backward(go)
 
         calls["dense fwd"], calls["dense fb"] = dense_fwd, dense_fb
-
-    times = _interleaved(calls, rounds)
-    best = {name: min(t["s"]) for name, t in times.items()}
-    for row in rows:
-        for what in ("fwd", "bwd"):
-            t = times[f"{row['name']} {what}"]
-            row[f"{what}_s"] = best[f"{row['name']} {what}"]
-            row[f"{what}_s_all"] = t["s"]
-            row[f"{what}_cpu_s_all"], row[f"{what}_faults_all"] = t["cpu_s"], t["faults"]
-        if ops:
-            call = calls[f"{row['name']} bwd"]
-            row["bwd_ops_s"] = _op_split(call)
-        del row["name"]
-    glue = [name for name in calls if name.startswith(("merge", "prepare", "grad_prepare",
-                                                        "checks"))]
-    for name in [g for g in glue if g.startswith("merge") and not g.endswith("copies")]:
-        best[name] = max(0.0, best[name] - best[name + " copies"])      # the merge alone
-    glue = [g for g in glue if not g.endswith("copies")]
-    dense_pairs = B * H * n * (n + 1) // 2
-    return {
-        "conditions": {"pattern": pattern, "n": n, "B": B, "H": H, "d": d, "stride": stride,
-                       "c": c, "combine": combine, "layer": layer, "dtype": str(dtype),
-                       "rounds": rounds, "torch_threads": torch.get_num_threads(),
-                       "cpu_count": os.cpu_count(), "torch": torch.__version__,
-                       "statistic": "minimum over interleaved rounds, perf_counter"},
-        "pieces": rows,
-        "glue": {name: best[name] for name in glue},
-        "glue_all": {name: times[name]["s"] for name in glue},
-        "whole": _whole(best, times, "whole"),
-        "dense": _whole(best, times, "dense") if dense else None,
-        "pairs": {"pattern": total_pairs, "dense": dense_pairs},
-    }
+    return calls
 
 
 def measure_specs(specs: list[dict]) -> list[dict]:
