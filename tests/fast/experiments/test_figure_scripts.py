@@ -8,7 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
+from fast.backends import auto
 from fast.commands import fig2 as fig2_command
 from fast.commands import figures as make_figures
 from fast.commands import table2 as table2_command
@@ -21,6 +23,7 @@ from fast.measure.attention_stats import pixel_position, split_start
 from fast.plots import attention as plot_attention
 from fast.plots import style
 from fast.plots import table2 as plot_table2
+from fast.transformer.network.model import SparseTransformer
 from reference import patterns
 
 
@@ -37,6 +40,23 @@ def test_table2_cells_differ_only_in_the_pattern(modality):
         assert tdiff == {"out_dir"}, tdiff
     with pytest.raises(ValueError, match="modality"):
         run_configs("audio", "full", quick=False)
+
+
+@pytest.mark.parametrize("modality", ["text", "image"])
+@pytest.mark.parametrize("pattern", ["fixed", "strided"])
+def test_table2_runs_do_not_follow_autos_measured_record(modality, pattern, monkeypatch):
+    """A Table 2 model computes the same logits, bit for bit, whatever auto's crossover
+    record says (``make bench`` rewrites it): the runs name their backend."""
+    model_cfg, _ = run_configs(modality, pattern, quick=True)
+    torch.manual_seed(0)
+    model = SparseTransformer(model_cfg)
+    x = torch.randint(0, model_cfg.vocab_size, (2, model_cfg.n_ctx - 1))
+    with torch.no_grad():
+        logits = {prefer: None for prefer in (False, True)}
+        for prefer in logits:
+            monkeypatch.setattr(auto, "prefer_naive", lambda *a, p=prefer, **k: p)
+            logits[prefer] = model(x)
+    assert torch.equal(logits[False], logits[True])
 
 
 def test_seeds_differ_only_in_the_seed():
