@@ -44,18 +44,18 @@ from fast.experiments.paths import DATA, FIGURES
 # benchmark uses untrained weights and goes last.
 STEPS = {
     "bench": ("bench", (), 6, DATA / "bench_cpu.json"),
-    "memory": ("memory", ("--quick", "--force"), 12, None),
-    "experiments": ("table2", ("--quick", "--force"), 12, None),
+    "memory": ("memory", ("--quick", "--force"), 8, None),
+    "experiments": ("table2", ("--quick", "--force"), 8, None),
     # Table 3 evaluates Table 2's kept text models: after Table 2
     "table3": ("table3", ("--quick", "--force"), 1, None),
-    "learned_attention": ("fig2", ("--quick", "--force"), 6, None),
+    "learned_attention": ("fig2", ("--quick", "--force"), 4.5, None),
     # the heavier Fig. 2 runs (python -m fast fig2 --long, about an hour; fig2 --depth, a
     # few hours): redrawn from their kept weights, never retrained here (no --force),
     # trained only if they are missing
     "learned_attention_long": ("fig2 --long", ("--quick",), 0.5, FIGURES / "fig2_layers_long.png"),
     "learned_attention_depth": ("fig2 --depth", ("--quick",), 1, FIGURES / "fig2_depth.png"),
     "samples": ("samples", (), 0.5, None),
-    "generate": ("generate", ("--quick",), 2.5, DATA / "generation.json"),
+    "generate": ("generate", ("--quick",), 1.5, DATA / "generation.json"),
 }
 LOG = DATA / "make_figures.json"
 
