@@ -121,7 +121,7 @@ import torch
 from fast.backends import auto, host_checks
 from fast.backends import naive as naive_backend
 from fast.backends.naive import naive_sparse_attention
-from fast.backends.padding import as_padding, padded_run
+from fast.backends.padding import as_padding, padded_run, to_device
 from fast.backends.row import row_attention
 from fast.backends.structured import structured_attention
 from fast.core.checks import check_scale, check_tensors
@@ -334,7 +334,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     scale = check_scale(scale, d)
     if attn_mask is not None:
         _check_mask(attn_mask, q, k)
-    lengths, offsets, (host_l, host_o) = as_padding(lengths, offsets, B, q.device)
+    lengths, offsets, (host_l, host_o) = as_padding(lengths, offsets, B)   # not moved yet
     backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     which = resolve_backend(backend, pattern, q.device, q.dtype, n_k, n_q=n_q,
                             stride=params.get("stride"), backward=backward,
@@ -354,6 +354,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
               offsets is not None and (host_o or check_finite))
     if (check_finite and not row) or any(values):      # the host reads, in one operator
         host_checks.check(q, k, v, bool(check_finite) and not row, lengths, offsets, *values)
+    lengths, offsets = to_device(lengths, offsets, q.device)       # checked where given
     run = functools.partial(_run, which, pattern, combine, layer, params, variant,
                             attn_mask, lengths, offsets, check_finite)
     dtype, fold = q.dtype, None if which == "triton" else fold_dtype(scale, q.dtype)

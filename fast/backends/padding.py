@@ -54,8 +54,9 @@ import torch
 import torch.nn.functional as F
 
 
-def _as_index(name: str, x, B: int, device) -> torch.Tensor:
-    """``x`` (a (B,) integer tensor or a sequence of B ints) as an int64 tensor on device."""
+def _as_index(name: str, x, B: int) -> torch.Tensor:
+    """``x`` (a (B,) integer tensor or a sequence of B ints) as an int64 tensor where it
+    is: on the host for a sequence or a CPU tensor, on its device for a GPU tensor."""
     if isinstance(x, torch.Tensor):
         if x.dtype == torch.bool or x.dtype.is_floating_point or x.dtype.is_complex:
             raise ValueError(f"{name} must hold integers (a (B,) integer tensor, one per "
@@ -73,18 +74,26 @@ def _as_index(name: str, x, B: int, device) -> torch.Tensor:
     if t.shape != (B,):
         raise ValueError(f"{name} must have shape (B,) = ({B},), one per sequence, got shape "
                          f"{tuple(t.shape)}")
-    return t.to(device=device, dtype=torch.int64)
+    return t.to(dtype=torch.int64)
 
 
-def as_padding(lengths, offsets, B: int, device) -> tuple:
-    """(lengths, offsets, host): each an int64 tensor (B,) on ``device`` (None when not
-    given) after checking its type and shape -- no value is read -- and for each whether
-    it was given on the host (a sequence or a CPU tensor: its values cost no wait)."""
+def as_padding(lengths, offsets, B: int) -> tuple:
+    """(lengths, offsets, host): each an int64 tensor (B,) where it was given -- a
+    sequence or a CPU tensor stays on the host, so that its values are checked there
+    before it moves, at no wait for a GPU (``to_device``) -- or None when not given,
+    after checking its type and shape (no value is read); and for each whether it is on
+    the host."""
     out, host = [], []
     for name, x in (("lengths", lengths), ("offsets", offsets)):
-        out.append(None if x is None else _as_index(name, x, B, device))
+        out.append(None if x is None else _as_index(name, x, B))
         host.append(not isinstance(x, torch.Tensor) or x.device.type == "cpu")
     return out[0], out[1], tuple(host)
+
+
+def to_device(lengths, offsets, device) -> tuple:
+    """(lengths, offsets) on ``device``, the attention's (None stays None): after their
+    values were checked where they were given (``as_padding``)."""
+    return tuple(None if t is None else t.to(device) for t in (lengths, offsets))
 
 
 def check_padding_values(lengths, offsets, n_k: int, check_lengths: bool = True,
@@ -96,7 +105,9 @@ def check_padding_values(lengths, offsets, n_k: int, check_lengths: bool = True,
                             ("offsets", offsets, check_offsets)):
         if t is None or not wanted:
             continue
-        top = n_k if name == "offsets" or offsets is None else n_k - offsets
+        # a length's bound needs its offset where the length is (a read of the offsets
+        # from the GPU only when the lengths are checked on the host and they are not)
+        top = n_k if name == "offsets" or offsets is None else n_k - offsets.to(t.device)
         bad = (t < 0) | (t > top)
         if bool(bad.any()):
             b = int(bad.nonzero()[0, 0])
@@ -111,9 +122,9 @@ def check_padding(lengths, offsets, B: int, n_k: int, device, values: bool):
     after checking their shape, and their values -- 0 <= offsets <= n_k and 0 <= lengths
     <= n_k - offsets -- on the host when they are there already or ``values`` asks
     (``as_padding``, then ``check_padding_values``)."""
-    lengths, offsets, (host_l, host_o) = as_padding(lengths, offsets, B, device)
+    lengths, offsets, (host_l, host_o) = as_padding(lengths, offsets, B)
     check_padding_values(lengths, offsets, n_k, host_l or values, host_o or values)
-    return lengths, offsets
+    return to_device(lengths, offsets, device)
 
 
 def positions(index: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:

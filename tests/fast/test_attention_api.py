@@ -199,6 +199,28 @@ def test_bad_padding_is_named(change, message):
     assert message in str(err.value), str(err.value)
 
 
+def test_padding_values_are_read_before_they_move(monkeypatch):
+    """Lengths and offsets given on the host are checked there, before they move to the
+    attention's device (on a GPU, reading them there would wait for it): the checks see
+    them first (order recorded), and ``check_padding`` with a device whose values cannot
+    be read at all ("meta") still checks host values and returns them moved."""
+    from fast.backends import host_checks
+    from fast.backends.padding import check_padding
+    seen = []
+    check, move = host_checks.check, fast_attention.to_device
+    monkeypatch.setattr(host_checks, "check", lambda *a: (seen.append("check"), check(*a)))
+    monkeypatch.setattr(fast_attention, "to_device",
+                        lambda *a: (seen.append("move"), move(*a))[1])
+    q = torch.zeros(2, 1, 29, 8)
+    sparse_attention(q, q, q, "strided", stride=4, lengths=[5, 29], check_finite=False)
+    assert seen == ["check", "move"]
+    meta = torch.device("meta")
+    lengths, offsets = check_padding([5, 29], torch.tensor([0, 0]), 2, 29, meta, False)
+    assert lengths.device == meta and offsets.device == meta
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 30 is outside"):
+        check_padding([5, 30], None, 2, 29, meta, False)
+
+
 # ----------------------------------------------------------------------------
 # Low precision by the flash-attention rule
 # ----------------------------------------------------------------------------
