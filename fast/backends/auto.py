@@ -55,8 +55,8 @@ PASSES = ("fwd", "fb")
 # where that file is not there. ``python -m fast bench --crossover`` rewrites the file.
 DEFAULT = {
     "strided": {"16": {"fwd": 256, "fb": 256}, "32": {"fwd": 256, "fb": 512},
-                "64": {"fwd": 512, "fb": 512}, "128": {"fwd": 512, "fb": 512}},
-    "fixed": {"16": {"fwd": 256, "fb": 512}, "32": {"fwd": 256, "fb": 512},
+                "64": {"fwd": 256, "fb": 512}, "128": {"fwd": 512, "fb": 512}},
+    "fixed": {"16": {"fwd": 256, "fb": 512}, "32": {"fwd": 128, "fb": 512},
               "64": {"fwd": 64, "fb": 512}, "128": {"fwd": 128, "fb": 512}},
 }
 
