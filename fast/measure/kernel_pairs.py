@@ -17,11 +17,9 @@ computed pair, the speed-up cannot pass
 
 which ``kernel_ceiling`` gives. The pattern's pairs are counted from the kernel calls
 its forward makes (``forward_calls``): the plan's pieces run on "meta" tensors (shapes,
-no data, no arithmetic) with the kernel call recorded instead of made, so the count
-follows the pieces as they are. For that while, the kernel entry of
-``fast.backends.strided`` and ``fast.backends.fixed`` is swapped (``forward_calls``):
-count where no other thread runs the structured path, as the benchmark does after its
-measurements.
+no data, no arithmetic), which take the kernel's own call (``fast.backends.flash_cpu``),
+and a dispatch mode records every call of the kernel's operator as it passes, so the
+count follows the pieces as they are, with nothing in them swapped.
 
     >>> from fast.measure.kernel_pairs import kernel_ceiling
     >>> round(kernel_ceiling("fixed", 16384, stride=128, c=32), 2)      # dense / fixed
@@ -31,11 +29,10 @@ measurements.
 from __future__ import annotations
 
 import math
-from unittest import mock
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from fast.backends import fixed, strided
 from fast.backends.structured import plan
 
 KV_SPLIT = 512
@@ -67,21 +64,33 @@ def forward_calls(pattern: str, n: int, heads: int = 4, combine: str = "merged",
     ``fast.backends.structured`` does), in the order it makes them."""
     l = params["stride"]
     N = -(-n // l) * l
-    calls = []
-
-    def record(q, k, v, *, is_causal=False, mask=None, scale):
-        calls.append((math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], is_causal))
-        return q.new_empty(q.shape), q.new_empty(q.shape[:-1])
-
-    with mock.patch.object(strided, "attention_forward", record), \
-            mock.patch.object(fixed, "attention_forward", record):
+    with _KernelCalls() as recorder:
         for heads_slice, pieces in plan(pattern, combine, layer, heads, 1.0, l,
                                         params.get("c")):
             G = len(range(heads)[heads_slice])
             t = torch.empty(G, N, d, device="meta")                 # (G, N, d): no data
             for piece in pieces:
                 piece.forward(t, t, t)
-    return calls
+    return recorder.calls
+
+
+class _KernelCalls(TorchDispatchMode):
+    """Records (problems, L, S, causal) for every call of the CPU flash kernel's forward
+    operator made while it is active, and lets every operator run as it would."""
+
+    KERNEL = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[int, int, int, bool]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is self.KERNEL:
+            q, k = args[0], args[1]
+            is_causal = args[4] if len(args) > 4 else (kwargs or {}).get("is_causal", False)
+            self.calls.append((math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2],
+                               bool(is_causal)))
+        return func(*args, **(kwargs or {}))
 
 
 def computed_pairs(pattern: str, n: int, heads: int = 4, **params) -> int:
