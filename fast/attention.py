@@ -291,7 +291,9 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     (window, dilation=1, global_tokens=()), "bigbird" (window, n_random,
     n_global, seed=0). combine: "merged" | "multihead" | "interleaved" (sec. 5.1);
     layer: the residual block index (only "interleaved" looks at it).
-    scale defaults to 1 / sqrt(d); any finite value is allowed.
+    scale defaults to 1 / sqrt(d); any finite value is allowed. Where the structured
+    path's float32 log-sum-exp grows beyond what float32 holds exactly (huge scores), the
+    call is recomputed in float64 and says so (``fast.core.precision.PrecisionWarning``).
 
     attn_mask: None, or a bool tensor (True = may read) broadcastable to
     (B, H, n_q, n_k), ANDed with the pattern at absolute positions (index = position);

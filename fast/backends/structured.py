@@ -47,7 +47,9 @@ keeps q, k, v as given (padded and upcast again when it runs) and the merged out
 lse in the accumulation dtype. A row's softmax weights are recomputed from its
 log-sum-exp, which float32 holds to ulp(|lse|): a float32 call whose largest
 |lse| exceeds ``EXACT_LSE`` (large scales, large or tied scores) is recomputed in
-float64, forward and backward (the operator, below).
+float64, forward and backward (the operator, below), and says so once per call site
+(a ``PrecisionWarning``: the answer is exact, the call slower; silence it with
+``warnings.filterwarnings("ignore", category=fast.core.precision.PrecisionWarning)``).
 
 n is padded with zeros up to a multiple of l inside (padded rows come after all
 real rows, so causality keeps real rows from reading them; their gradients are
@@ -78,6 +80,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -87,7 +90,7 @@ from fast.backends.naive import naive_sparse_attention
 from fast.backends.strided import Column, LocalBand
 from fast.core.autograd import once_differentiable, refuse_second_derivative
 from fast.core.merge import merge_into
-from fast.core.precision import acc_dtype
+from fast.core.precision import PrecisionWarning, acc_dtype
 from reference.heads import head_roles
 
 
@@ -330,6 +333,12 @@ def forward(q, k, v, heads_plans, stride: int):
     low = _padded(q, k, v, stride)
     out, lse = _run(low, heads_plans, acc_dtype(q.dtype))           # "Precision" above
     if out.dtype == torch.float32 and _outgrows_float32(lse):
+        warnings.warn(
+            f"sparse_attention: some row's log-sum-exp passed |lse| = {EXACT_LSE:g}, beyond "
+            f"which float32 no longer holds its softmax weights exactly; this call is "
+            f"recomputed in float64, forward and backward (exact, at the cost of the float64 "
+            f"passes). Scores this large usually mean an unscaled q k^T; pass scale=, or "
+            f"float64 inputs, to avoid it", PrecisionWarning, stacklevel=2)
         exact, _ = _run(low, heads_plans, torch.float64)
         out = exact.to(q.dtype).to(out.dtype)
     return out, lse

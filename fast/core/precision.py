@@ -11,6 +11,11 @@ from __future__ import annotations
 import torch
 
 
+class PrecisionWarning(UserWarning):
+    """A call was recomputed in a wider dtype than its inputs' to stay exact: the answer
+    is right, the call slower (``fast.backends.structured``, "Precision")."""
+
+
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 -> float64; every other dtype (float32, bfloat16, float16) -> float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32

@@ -8,6 +8,8 @@ Every fast path is compared with ``reference/`` (NumPy, float64) on odd sizes.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +18,7 @@ from fast import sparse_attention
 from fast.attention import _triton_available
 from fast.backends import flash_cpu, flex, masks
 from fast.commands import train as cli
+from fast.core.precision import PrecisionWarning
 from fast.layout import block_layout
 from fast.transformer.config import ModelConfig, preset
 from reference import heads, patterns
@@ -148,8 +151,12 @@ def test_tied_large_scores_merge_exactly(pattern, params, combine, score, dtype)
     v = torch.randn(1, H, n, d, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     mask = patterns.head_masks(pattern, n, H, combine, 0, **params)
     want, _ = attend(q.double().numpy(), q.double().numpy(), v.numpy(), mask, scale=1.0)
-    got = sparse_attention(q, q, v.to(dtype), pattern, combine=combine, scale=1.0,
-                           backend="structured", **params)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        got = sparse_attention(q, q, v.to(dtype), pattern, combine=combine, scale=1.0,
+                               backend="structured", **params)
+    # float32 says that it recomputed in float64; float64 has nothing to say
+    assert [w.category for w in said] == ([PrecisionWarning] if dtype == torch.float32 else [])
     err = (got.double() - torch.from_numpy(want)).abs().max().item()
     tol = {torch.float32: 4 * torch.finfo(torch.float32).eps,
            torch.float64: 1e-10 if score < 1e6 else 4 * score * torch.finfo(torch.float64).eps}
