@@ -35,7 +35,7 @@ def _lo_rows(los: list[int], G: int, device) -> torch.Tensor:
     return los_t.repeat(G // len(los))                                   # (G,)
 
 
-def _gather_index(G: int, M: int, l: int, c: int, los: list[int], device) -> torch.Tensor:
+def gather_index(G: int, M: int, l: int, c: int, los: list[int], device) -> torch.Tensor:
     """Positions of the summaries of blocks 0..M-1 for every row: (G, M c)."""
     lo = _lo_rows(los, G, device)[:, None, None]                         # (G, 1, 1)
     blocks = torch.arange(M, device=device)[None, :, None] * l           # (1, M, 1)
@@ -143,7 +143,7 @@ class SummaryEarlier:
         l, c, M = self.l, self.c, N // self.l
         if M < 2:
             return []
-        idx = _gather_index(G, M - 1, l, c, self.los, q.device)
+        idx = gather_index(G, M - 1, l, c, self.los, q.device)
         ks, vs = _gather(k, idx), _gather(v, idx)                        # (G, (M-1) c, d)
         out = torch.empty(G, N - l, d, dtype=q.dtype, device=q.device)
         lse = torch.empty(G, N - l, dtype=acc_dtype(q.dtype), device=q.device)
@@ -161,7 +161,7 @@ class SummaryEarlier:
         dq, dk, dv = grads
         if M < 2:
             return grads
-        idx = _gather_index(G, M - 1, l, c, self.los, q.device)
+        idx = gather_index(G, M - 1, l, c, self.los, q.device)
         ks, vs = _gather(k, idx), _gather(v, idx)
         dks = torch.zeros(G, (M - 1) * c, d, dtype=dk.dtype, device=dk.device)
         dvs = torch.zeros_like(dks)
@@ -224,7 +224,7 @@ class Summary:
         mask = torch.zeros(self.l, self.c, dtype=dtype, device=device)
         return mask.masked_fill_(u <= s, float("-inf"))[None, None]    # (1, 1, l, c)
 
-    def _block_tail_mask(self, dtype, device):
+    def block_tail_mask(self, dtype, device):
         """(1, 1, l, c + l): summary u' of block b-1 iff u' > s mod c, then own block t <= s."""
         s = torch.arange(self.l, device=device)[:, None]
         t = torch.arange(self.c + self.l, device=device)[None, :]
@@ -246,35 +246,35 @@ class Summary:
         return mask.masked_fill_(lo + u > s, float("-inf"))[:, None]    # (G, 1, l, c)
 
     # -- layouts ------------------------------------------------------------
-    def _fold(self, t, M):
+    def fold(self, t, M):
         """Rows [l, N) of (G, N, ...) -> (G, l/c, (M-1) c, ...), a copy."""
         g, c = self.l // self.c, self.c
         t = t[:, self.l:].unflatten(1, (M - 1, g, c))                   # (G, M-1, g, c, ...)
         return t.transpose(1, 2).flatten(2, 3)                          # (G, g, (M-1) c, ...)
 
-    def _unfold(self, t, M):
-        """Inverse of _fold as a view: (G, g, (M-1) c, ...) -> (G, M-1, g, c, ...)."""
+    def unfold(self, t, M):
+        """Inverse of fold as a view: (G, g, (M-1) c, ...) -> (G, M-1, g, c, ...)."""
         return t.unflatten(2, (M - 1, self.c)).transpose(1, 2)
 
     def forward(self, q, k, v):
         G, N, d = q.shape
         l, c, M = self.l, self.c, N // self.l
-        idx = _gather_index(G, M, l, c, self.los, q.device)
+        idx = gather_index(G, M, l, c, self.los, q.device)
         ks, vs = _gather(k, idx), _gather(v, idx)                        # (G, M c, d)
         chunks = []
         if M >= 2 and self.loop is not None:
             chunks += self.loop.forward(q, k, v)
         elif M >= 2:
             g, S = l // c, (M - 1) * c
-            o, lse = attention_forward(self._fold(q, M), ks[:, None, :S].expand(G, g, S, d),
+            o, lse = attention_forward(self.fold(q, M), ks[:, None, :S].expand(G, g, S, d),
                                        vs[:, None, :S].expand(G, g, S, d), is_causal=True,
                                        scale=self.scale)                # (G, g, S, d)
-            chunks.append((l, self._unfold(o, M), self._unfold(lse, M)))
+            chunks.append((l, self.unfold(o, M), self.unfold(lse, M)))
             if self.block:
                 o, lse = attention_forward(q[:, l:].unflatten(1, (M - 1, l)),
                                            self._block_tail_keys(k, ks, M),
                                            self._block_tail_keys(v, vs, M),
-                                           mask=self._block_tail_mask(q.dtype, q.device),
+                                           mask=self.block_tail_mask(q.dtype, q.device),
                                            scale=self.scale)            # (G, M-1, l, d)
                 chunks.append((l, o, lse))
             else:
@@ -301,7 +301,7 @@ class Summary:
         l, c, M = self.l, self.c, N // self.l
         grads = [torch.zeros_like(q) for _ in range(3)] if grads is None else grads
         dq, dk, dv = grads
-        idx = _gather_index(G, M, l, c, self.los, q.device)
+        idx = gather_index(G, M, l, c, self.los, q.device)
         ks, vs = _gather(k, idx), _gather(v, idx)                        # (G, M c, d)
         dks = torch.zeros(G, M * c, d, dtype=dk.dtype, device=dk.device)
         dvs = torch.zeros_like(dks)
@@ -309,18 +309,18 @@ class Summary:
             self.loop.backward(q, k, v, go, out, lse, grads)
         elif M >= 2:
             g, S = l // c, (M - 1) * c
-            f = lambda t: self._fold(t, M)
+            f = lambda t: self.fold(t, M)
             gq, gk, gv = attention_backward(
                 f(go), f(q), ks[:, None, :S].expand(G, g, S, d), vs[:, None, :S].expand(G, g, S, d),
                 f(out), f(lse), is_causal=True, scale=self.scale)
-            dq[:, l:].unflatten(1, (M - 1, g, c)).add_(self._unfold(gq, M))
+            dq[:, l:].unflatten(1, (M - 1, g, c)).add_(self.unfold(gq, M))
             dks[:, :S].add_(gk.sum(1, dtype=dks.dtype))
             dvs[:, :S].add_(gv.sum(1, dtype=dvs.dtype))
             r = lambda t: t[:, l:].unflatten(1, (M - 1, l))               # (G, M-1, l, ...)
             if self.block:
                 gq, gk, gv = attention_backward(
                     r(go), r(q), self._block_tail_keys(k, ks, M), self._block_tail_keys(v, vs, M),
-                    r(out), r(lse), mask=self._block_tail_mask(q.dtype, q.device),
+                    r(out), r(lse), mask=self.block_tail_mask(q.dtype, q.device),
                     scale=self.scale)                                   # gk (G, M-1, c + l, d)
                 r(dk).add_(gk[:, :, c:])
                 r(dv).add_(gv[:, :, c:])

@@ -179,14 +179,14 @@ class LocalBand:
         return grads
 
 
-def _columns(t: torch.Tensor, l: int) -> torch.Tensor:
+def grid_columns(t: torch.Tensor, l: int) -> torch.Tensor:
     """(G, N, ...) as the transposed grid (G, l, M, ...), a view: column s becomes the
     contiguous-in-index sequence of its M grid rows."""
     return t.unflatten(1, (-1, l)).transpose(1, 2)
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """Inverse of ``_columns``: (G, l, M, ...) -> (G, N, ...), natural row order (a view
+def grid_rows(t: torch.Tensor) -> torch.Tensor:
+    """Inverse of ``grid_columns``: (G, l, M, ...) -> (G, N, ...), natural row order (a view
     when the kernel laid t out (G, M, l, ...), as it does)."""
     return t.transpose(1, 2).flatten(1, 2)
 
@@ -268,7 +268,7 @@ class Column:
     def _call(self, kernel, query_side, key_side, qr: slice, kr: slice, kind: str, *after):
         """``kernel`` on one problem: ``query_side`` tensors (G, N, ...) at grid rows qr,
         ``key_side`` at kr, then ``after`` (query side), as (G, l, R, ...) views."""
-        c = lambda t, rows: _columns(t, self.l)[:, :, rows]            # (G, l, R, ...)
+        c = lambda t, rows: grid_columns(t, self.l)[:, :, rows]            # (G, l, R, ...)
         q = query_side[-1]
         mask = corner_mask(qr.stop - qr.start, kr.stop, q.dtype, q.device) \
             if kind == "corner" else None
@@ -280,7 +280,7 @@ class Column:
         chunks = []
         for qr, kr, kind in self._parts(q.shape[1], backward=False):
             o, lse = self._call(attention_forward, (q,), (k, v), qr, kr, kind)  # (G, l, R, d)
-            chunks.append((qr.start * self.l, _rows(o), _rows(lse)))
+            chunks.append((qr.start * self.l, grid_rows(o), grid_rows(lse)))
         return chunks
 
     def backward(self, q, k, v, go, out, lse, grads=None):
@@ -291,7 +291,7 @@ class Column:
         written = set()                       # (buffer, first row) of the rows written
         for qr, kr, kind in parts:
             g = self._call(attention_backward, (go, q), (k, v), qr, kr, kind, out, lse)
-            g = [_rows(t) for t in g]              # (G, R l, d), natural order: no copy
+            g = [grid_rows(t) for t in g]              # (G, R l, d), natural order: no copy
             if grads is None:
                 return g                           # alone: the kernel's own tensors
             for i, (acc, grad, rows) in enumerate(zip(grads, g, (qr, kr, kr))):
