@@ -150,6 +150,16 @@ def _group_keys(q, k, v, group, t: int, params: dict):
     return K, V, drop, G
 
 
+def read_nothing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape) -> torch.Tensor:
+    """The output of rows that read nothing: zeros of ``shape`` in the accumulation dtype,
+    differentiable in q, k and v with zero gradients ("rows that read nothing output 0,
+    with zero gradients", ``fast.sparse_attention``), as on every other path. The graph
+    comes from sums over empty slices: 0 exactly, whatever q, k and v hold (no value is
+    read, so a NaN elsewhere does not reach these rows)."""
+    nothing = q[..., :0].sum() + k[..., :0].sum() + v[..., :0].sum()    # 0, with a graph
+    return q.new_zeros(shape, dtype=acc_dtype(q.dtype)) + nothing.to(acc_dtype(q.dtype))
+
+
 def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, pattern: str,
          combine: str, layer: int, scale: float, params: dict,
          check_finite: bool = True) -> torch.Tensor:
@@ -165,7 +175,7 @@ def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, pattern: str
         qg = q[:, group.heads]                                           # (B, Hg, 1, d)
         if not step_pieces(group, t, params.get("stride"), params.get("c"), q.device):
             # a summary head before its first summary: reads nothing
-            outs.append(q.new_zeros(*qg.shape[:3], v.shape[-1], dtype=acc_dtype(q.dtype)))
+            outs.append(read_nothing(qg, k, v, (*qg.shape[:3], v.shape[-1])))
             continue
         K, V, drop, G = _group_keys(q, k, v, group, t, params)
         empty = group.parts == ("summary",)
@@ -212,8 +222,7 @@ def row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: st
                 e += 1
             P = starts[b]
             if P >= n_k:                                # an empty sequence
-                parts.append(q.new_zeros(e - b, q.shape[1], 1, v.shape[-1],
-                                         dtype=acc_dtype(q.dtype)))
+                parts.append(read_nothing(q[b:e], k, v, (e - b, q.shape[1], 1, v.shape[-1])))
             else:
                 parts.append(run(q[b:e], k[b:e, :, P:], v[b:e, :, P:], n_k - 1 - P))
             b = e

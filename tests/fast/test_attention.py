@@ -221,6 +221,24 @@ def test_rows_that_read_nothing_give_zero(pattern, params, backend):
             assert (got[0][0, head, torch.from_numpy(empty)] == 0).all()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_k", [1, 3])
+def test_a_query_that_reads_nothing_has_zero_gradients(n_k, backend):
+    """One query (the one-query step on the structured path) at a position where the
+    head reads nothing (fixed, interleaved, an odd layer: summaries only, before the
+    first; one head, since heads read distinct summary sub-blocks): the output is 0 and
+    q, k, v get zero gradients, not an output detached from them (whose backward would
+    raise)."""
+    q, k, v = (torch.randn(2, 1, m, 8, dtype=torch.float64, requires_grad=True)
+               for m in (1, n_k, n_k))
+    out = sparse_attention(q, k, v, "fixed", stride=6, c=2, combine="interleaved", layer=1,
+                           backend=backend)
+    out.sum().backward()
+    assert (out == 0).all()
+    for t in (q, k, v):
+        assert t.grad is not None and (t.grad == 0).all()
+
+
 @pytest.mark.parametrize("pattern,params", [
     ("longformer", {"window": 5}),
     ("longformer", {"window": 4, "dilation": 3, "global_tokens": (0, 17, 40)}),
