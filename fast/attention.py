@@ -296,8 +296,11 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     call is recomputed in float64 and says so (``fast.core.precision.PrecisionWarning``).
 
     attn_mask: None, or a bool tensor (True = may read) broadcastable to
-    (B, H, n_q, n_k), ANDed with the pattern at absolute positions (index = position);
-    backend "naive" only (others raise; "auto" takes the naive path).
+    (B, H, n_q, n_k), ANDed with the pattern and read as the tensors are indexed, as
+    SDPA reads it: entry [b, h, i, j] is query row i of q and key row j of k, padding or
+    not (with ``offsets``, key row j is position j - offsets[b] of its sequence, and the
+    mask is still read at j); backend "naive" only (others raise; "auto" takes the naive
+    path).
     lengths, offsets: a padded batch, on every backend -- (B,) integers: sequence b
     holds ``lengths[b]`` real tokens (default: all after its offset) after
     ``offsets[b]`` pad tokens (left padding; default 0), and its index i is position

@@ -307,20 +307,23 @@ def test_the_one_query_step_reads_only_its_keys(pattern, params, combine, reads)
 # attn_mask, dropout, is_causal, enable_gqa
 # ----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("offsets", [None, [0, 5]])
 @pytest.mark.parametrize("shape", [(2, 1, 1, 29), (1, 4, 3, 29), (3, 29), (2, 4, 3, 29)])
-def test_attn_mask_is_anded_with_the_pattern(shape):
+def test_attn_mask_is_anded_with_the_pattern(shape, offsets):
     """A boolean attn_mask of any shape that broadcasts to (B, H, n_q, n_k), on the naive
-    backend and through "auto"."""
+    backend and through "auto"; with left padding it is still read at the tensors'
+    indices, not at the shifted positions (``truth_masks`` ANDs it by index)."""
     B, H, n_q, n_k, d = 2, 4, 3, 29, 48
     params = {"stride": 6, "c": 2}
     g = torch.Generator().manual_seed(5)
     user = torch.rand(shape, generator=g) < 0.6
     q, k, v, go = inputs(B, H, 2, n_q, n_k, d, seed=6)
-    mask = truth_masks("fixed", B, H, n_q, n_k, "multihead", attn_mask=user.numpy(), **params)
+    mask = truth_masks("fixed", B, H, n_q, n_k, "multihead", attn_mask=user.numpy(),
+                       offsets=offsets, **params)
     want = truth(q, k, v, go, mask)
     for backend in ("naive", "auto"):
         got = run(_call("fixed", params, "multihead", 0, backend, attn_mask=user,
-                        enable_gqa=True), q, k, v, go)
+                        enable_gqa=True, offsets=offsets), q, k, v, go)
         _compare(got, want, 1e-10, f"{backend} attn_mask {shape}")
 
 

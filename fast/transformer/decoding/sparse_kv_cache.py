@@ -10,12 +10,15 @@ reads, nothing else. In a model whose attention calls ``fast.sparse_attention``:
 
     cache = SparseKVCache("strided", stride=32, n_heads=4, key_dim=48, capacity=1024)
     # the prompt, positions 0..p-1: the model's own attention, then keep its keys
-    y = sparse_attention(q, k, v, "strided", stride=32)          # (B, H, p, dv)
+    y = sparse_attention(q, k, v, "strided", stride=32)          # (B, H, p, d)
     cache.prefill(k, v)
     # every later position: append its key and value, attend its query
     y = cache.step(q, k, v)                                     # (B, H, 1, dv)
 
-(a whole nanoGPT-style model and its ``generate()``: docs/examples/tiny_gpt.py).
+(a whole nanoGPT-style model and its ``generate()``: docs/examples/tiny_gpt.py; that
+prompt step needs values as wide as keys, since ``sparse_attention`` takes k and v of
+one shape: a cache made with another ``value_dim`` is filled by ``prefill`` after the
+prompt's attention however the model computes it, or by ``step`` over the prompt).
 Position t reads exactly row t of
 ``reference.patterns.head_masks(pattern, capacity, n_heads, combine, layer, **params)``
 (``fast.backends.reads``), so the cached sampler is the re-run sampler
@@ -34,10 +37,11 @@ Decisions:
   ``step`` takes p >= 1 positions: p = 1 is the decoding step; p > 1 continues a
   sequence by several positions at once (a chunk of a long prompt, or a prompt
   without ``prefill``), computed as p one-position steps: exact, and a chunk costs
-  what its steps cost (one product over the whole chunk would need attention with
-  fewer queries than keys, which ``sparse_attention`` does not take). The fast way
-  to start a sequence is the model's own ``sparse_attention`` over the prompt, then
-  ``prefill``.
+  what its steps cost (the stores hold only what later rows read, not every key a
+  chunk's product would take). A caller that still holds every key computes a chunk
+  in one call, ``sparse_attention(q_chunk, k_all, v_all, ...)`` (fewer queries than
+  keys, aligned to the end). The fast way to start a sequence is the model's own
+  ``sparse_attention`` over the prompt, then ``prefill``.
 * **Sizes fixed at creation, dtype and device at the first tensors**: the stores
   are allocated for ``capacity`` positions when the first keys arrive, in their
   dtype (float64, float32, bfloat16 or float16), on their device, for their batch;
