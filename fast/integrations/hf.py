@@ -28,6 +28,13 @@ Decisions:
   after) becomes ``lengths=``, left padding (pads before, as ``generate()`` pads a
   batch of prompts) ``offsets=`` (``fast.backends.padding``). A row with pads inside
   it is refused: it has no reading as a sequence of positions.
+* **torch.compile**: a model on the adapter compiles whole (``fullgraph=True``). When
+  traced, the mask becomes both lengths and offsets whatever it holds (a graph cannot
+  branch on values; padding nothing changes no number), and the two checks that read
+  values on the host -- holes in the mask, position ids against the pattern's -- run
+  inside operators (``sparse_transformer::hf_refuse_holes``, ``::hf_refuse_positions``,
+  as ``fast.backends.host_checks`` does), so they raise eager's errors and break no
+  graph.
 * **Positions start at each sequence's first token.** The patterns are made of
   positions (row i reads j with (i - j) mod l == 0, ...), so under left padding the
   first real token of each row is position 0 for the pattern, as it is for the
@@ -50,11 +57,16 @@ Decisions:
   ``layer_idx``.
 * **Refused, by name**: non-causal attention (``is_causal=False``: encoders,
   cross-attention), a mask other than the plain causal one (sliding windows, chunked
-  attention, packed sequences, image-token overlays), a 4D ``attention_mask`` given to
+  attention, packed sequences, image-token overlays: refused by the attention of a
+  layer that receives it, since many models build every mask their config names
+  whether or not a layer uses it -- a ``Refusal``), a 4D ``attention_mask`` given to
   the model, keys of another length than the mask function was told (cross-attention),
-  ``output_attentions``, and the extras of other attention functions (``sliding_window``,
-  ``softcap``, attention sinks ``s_aux``, ``position_bias``, a paged ``cache``); any
-  other keyword with a value is refused rather than ignored.
+  ``output_attentions`` (asked for in the call or in the model's config), and the
+  extras of other attention functions (``sliding_window``, ``softcap``, attention
+  sinks ``s_aux``, ``position_bias``, a paged ``cache``); any other keyword with a
+  value is refused rather than ignored. So are names that transformers reads as its
+  own (a ``paged|`` prefix, a Hub kernel ``org/repo``, any name containing ``flash``):
+  under them the pattern would never run.
 """
 
 from __future__ import annotations
@@ -62,6 +74,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch._library.effects import EffectType
 
 try:
     from transformers import AttentionInterface, AttentionMaskInterface
@@ -109,6 +122,16 @@ class Padding:
     _checked: list = field(default_factory=list, repr=False)    # position_ids seen
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """What the mask function hands on for a mask the attention cannot serve (a sliding
+    window, a chunked or bidirectional mask): many models build every kind of mask
+    their config names, whether or not a layer uses it, so the refusal is raised by the
+    attention of a layer that receives it, not when the mask is made."""
+
+    message: str
+
+
 def register(name: str, pattern: str, *, combine: str = "merged", backend: str = "auto",
              **params) -> str:
     """Register ``pattern`` with transformers under ``name`` and return ``name``.
@@ -125,6 +148,11 @@ def register(name: str, pattern: str, *, combine: str = "merged", backend: str =
     ValueError (nothing is overwritten)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if any(ch in name for ch in "|/:@") or "flash" in name:
+        raise ValueError(f"name {name!r} would not reach this attention: transformers reads "
+                         f"a 'paged|' prefix, a Hub kernel 'org/repo[@rev][:fn]' and any name "
+                         f"containing 'flash' as implementations of its own. Allowed: a "
+                         f"name without '|', '/', ':', '@' or 'flash', e.g. 'sparse_strided'")
     if not isinstance(combine, str) or combine not in COMBINES:
         raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
     if backend not in BACKENDS:
@@ -144,8 +172,10 @@ def register(name: str, pattern: str, *, combine: str = "merged", backend: str =
         return name
     taken = set(AttentionInterface._global_mapping) | set(AttentionMaskInterface._global_mapping)
     if name in taken | {"eager"}:
-        raise ValueError(f"name {name!r} is one of transformers' own attention "
-                         f"implementations {sorted(taken | {'eager'})}; choose another name")
+        raise ValueError(f"name {name!r} is taken in transformers' attention interface "
+                         f"(by transformers itself, or by a registration made outside "
+                         f"fast.integrations.hf); taken: {sorted(taken | {'eager'})}. "
+                         f"Allowed: another name")
     AttentionInterface.register(name, _attention_function(name, spec))
     AttentionMaskInterface.register(name, _mask_function(name))
     _SPECS[name] = spec
@@ -172,9 +202,9 @@ def _mask_function(name: str):
         to build a dense mask, which is not built here."""
         if mask_function is not causal_mask_function or local_size is not None:
             what = getattr(mask_function, "__qualname__", repr(mask_function))
-            raise ValueError(
-                f"attention implementation {name!r} serves causal self-attention with a "
-                f"padding mask only; the model asked for the mask {what!r}"
+            return Refusal(
+                f"it serves causal self-attention with a padding mask only; the model "
+                f"asked for the mask {what!r}"
                 f"{f' with local_size={local_size}' if local_size is not None else ''} (a "
                 f"bidirectional, sliding-window or chunked mask, packed sequences, or an "
                 f"overlay). Allowed: the plain causal mask (causal_mask_function)")
@@ -202,20 +232,54 @@ def _padding(name: str, mask: torch.Tensor | None, B: int, n_k: int):
         raise ValueError(f"attention implementation {name!r} takes a 2D padding mask of "
                          f"shape (batch, keys) = ({B}, {n_k}) (1 = token, 0 = pad); got "
                          f"{got}")
+    if torch.compiler.is_compiling():
+        # traced: no value decides the graph's shape, so both are kept (an offset or a
+        # length that pads nothing changes no number), and the holes are looked for
+        # inside an operator, where the host read breaks no graph
+        m = mask.detach().to(torch.bool)                                # (B, n_k)
+        count, first, holes = _runs(m)
+        refuse_holes(m, holes, name)
+        return count, first
     m = mask.detach().to("cpu", torch.bool)                # one read on the host per pass
+    count, first, holes = _runs(m)
+    _refuse_holes(m, holes, name)
+    offsets = first if bool((first > 0).any()) else None
+    lengths = count if bool((first + count < n_k).any()) else None
+    return lengths, offsets
+
+
+def _runs(m: torch.Tensor):
+    """(count, first, holes), each (B,), of a bool padding mask m (B, n_k): the tokens of
+    each row, where its first one is (n_k if none), and whether its tokens are not one run."""
+    n_k = m.shape[1]
     count = m.sum(1)                                                    # (B,)
     first = torch.where(count > 0, m.to(torch.int8).argmax(1), n_k)     # (B,)
-    index = torch.arange(n_k)
+    index = torch.arange(n_k, device=m.device)
     run = (index >= first[:, None]) & (index < (first + count)[:, None])  # (B, n_k)
-    holes = (run != m).any(1)
+    return count, first, (run != m).any(1)
+
+
+def _refuse_holes(m: torch.Tensor, holes: torch.Tensor, name: str) -> None:
     if bool(holes.any()):
         b = int(holes.nonzero()[0, 0])
         raise ValueError(f"attention implementation {name!r} takes padding before or "
                          f"after each sequence (one run of 1s per row of the mask); row "
                          f"{b} is {m[b].int().tolist()}, with pads between tokens")
-    offsets = first if bool((first > 0).any()) else None
-    lengths = count if bool((first + count < n_k).any()) else None
-    return lengths, offsets
+
+
+@torch.library.custom_op("sparse_transformer::hf_refuse_holes", mutates_args=())
+def refuse_holes(m: torch.Tensor, holes: torch.Tensor, name: str) -> None:
+    """``_refuse_holes`` as one operator, kept in a compiled graph where it stands (its
+    host read breaks no graph; ``fast.backends.host_checks`` explains the pattern)."""
+    _refuse_holes(m, holes, name)
+
+
+@refuse_holes.register_fake
+def _(m, holes, name):
+    return None
+
+
+refuse_holes.register_effect(EffectType.ORDERED)
 
 
 # ---------------------------------------------------------------------------------------
@@ -238,6 +302,9 @@ def _attention_function(name: str, spec: dict):
                              f"is_causal={causal!r} (an encoder or cross-attention). "
                              f"Allowed: causal self-attention")
         _check_kwargs(where, kwargs)
+        _check_output_attentions(where, module, kwargs)
+        if isinstance(attention_mask, Refusal):
+            raise ValueError(f"{where}: {attention_mask.message}")
         if not isinstance(attention_mask, Padding):
             got = (f"a tensor of shape {tuple(attention_mask.shape)}"
                    if isinstance(attention_mask, torch.Tensor) else repr(attention_mask))
@@ -283,12 +350,24 @@ def _check_kwargs(where: str, kwargs: dict) -> None:
         if key in HARMLESS or key == "position_ids" or value is None or value is False:
             continue
         if key == "output_attentions":
-            raise ValueError(f"{where}: output_attentions=True, but sparse_attention "
-                             f"returns no attention weights. Allowed: output_attentions="
-                             f"False, or attn_implementation='eager' to see weights")
+            continue                                      # _check_output_attentions
         why = REFUSED.get(key, "it is not an argument of sparse attention, and is not "
                                "ignored")
         raise ValueError(f"{where}: got {key}={_short(value)}: {why}")
+
+
+def _check_output_attentions(where: str, module, kwargs: dict) -> None:
+    """Refuse output_attentions=True, asked for as transformers reads it: the keyword of
+    the call, else the model's config (``from_pretrained(..., output_attentions=True)``),
+    whose weights would otherwise come back as an empty tuple."""
+    asked = kwargs.get("output_attentions")
+    if asked is None:
+        asked = getattr(getattr(module, "config", None), "output_attentions", False)
+    if asked:
+        raise ValueError(f"{where}: output_attentions=True (in the call or the model's "
+                         f"config), but sparse_attention returns no attention weights. "
+                         f"Allowed: output_attentions=False, or attn_implementation='eager' "
+                         f"to see weights")
 
 
 def _short(value) -> str:
@@ -299,7 +378,9 @@ def _short(value) -> str:
 def _check_positions(where: str, position_ids, padding: Padding) -> None:
     """The model's position ids agree with the pattern's positions on the real query
     tokens (module docstring); checked once per forward pass."""
-    if position_ids is None or any(p is position_ids for p in padding._checked):
+    traced = torch.compiler.is_compiling()            # then every layer checks, in an op
+    if position_ids is None or (not traced and any(p is position_ids
+                                                   for p in padding._checked)):
         return
     per_row = padding.lengths if padding.lengths is not None else padding.offsets
     n_q, n_k = padding.q_length, padding.kv_length
@@ -315,6 +396,14 @@ def _check_positions(where: str, position_ids, padding: Padding) -> None:
     real = inside(index, padding.lengths, offsets, n_k)                     # (B, n_q) | None
     if real is not None:
         wrong = wrong & real
+    if traced:
+        refuse_positions(wrong, position_ids, want, where)
+        return
+    _refuse_positions(wrong, position_ids, want, where)
+    padding._checked.append(position_ids)
+
+
+def _refuse_positions(wrong, position_ids, want, where: str) -> None:
     if bool(wrong.any()):
         b, i = (int(x) for x in wrong.nonzero()[0])
         given, pos = (int(t.expand_as(wrong)[b, i]) for t in (position_ids, want))
@@ -323,4 +412,18 @@ def _check_positions(where: str, position_ids, padding: Padding) -> None:
             f"token at position {pos}: the pattern's positions start at each sequence's "
             f"first token (left padding shifts them, as generate() does). Allowed: "
             f"position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0), or none")
-    padding._checked.append(position_ids)
+
+
+@torch.library.custom_op("sparse_transformer::hf_refuse_positions", mutates_args=())
+def refuse_positions(wrong: torch.Tensor, position_ids: torch.Tensor, want: torch.Tensor,
+                     where: str) -> None:
+    """``_refuse_positions`` as one operator, kept in a compiled graph where it stands."""
+    _refuse_positions(wrong, position_ids, want, where)
+
+
+@refuse_positions.register_fake
+def _(wrong, position_ids, want, where):
+    return None
+
+
+refuse_positions.register_effect(EffectType.ORDERED)

@@ -19,6 +19,7 @@ Hub): Llama with grouped-query attention (4 query heads, 2 key/value heads) and 
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 
@@ -321,10 +322,16 @@ def test_register_checks_its_arguments():
     with pytest.raises(ValueError, match=r"'test_same' is registered already.*stride=4.*"
                                          r"stride=5"):
         hf.register("test_same", "strided", stride=5)
-    with pytest.raises(ValueError, match="one of transformers' own"):
+    with pytest.raises(ValueError, match="'sdpa' is taken in transformers' attention"):
         hf.register("sdpa", "full")
-    with pytest.raises(ValueError, match="one of transformers' own"):
+    with pytest.raises(ValueError, match="'eager' is taken in transformers' attention"):
         hf.register("eager", "full")
+    # names transformers rewrites or reads as its own: the pattern would never run
+    # ("paged|sdpa" would silently be transformers' sdpa)
+    for name in ("paged|sdpa", "paged|test_x", "me/sparse", "me/sparse@v1:fn", "flash_sparse",
+                 "my_flash"):
+        with pytest.raises(ValueError, match=r"would not reach this attention.*'paged\|'"):
+            hf.register(name, "full")
     with pytest.raises(ValueError, match="needs the parameter 'stride'"):
         hf.register("test_bad", "strided")
     with pytest.raises(ValueError, match="unknown pattern|pattern must be"):
@@ -369,8 +376,16 @@ def test_positions_that_disagree_with_the_padding_are_refused(strided_llama):
 
 
 def test_output_attentions_is_refused(strided_llama):
+    """Asked for in the call or in the config (as from_pretrained(...,
+    output_attentions=True) sets it), where transformers reads it too; the call's False
+    wins over the config's True, as in transformers."""
     with pytest.raises(ValueError, match="output_attentions=True.*'eager'"):
         strided_llama(tokens(1, N), output_attentions=True)
+    model = build(llama(output_attentions=True), hf.register("test_refuse", "strided",
+                                                             stride=6))
+    with pytest.raises(ValueError, match="output_attentions=True.*'eager'"):
+        model(tokens(1, N))
+    assert model(tokens(1, N), output_attentions=False).logits.shape == (1, N, VOCAB)
 
 
 def test_a_static_cache_is_refused(strided_llama):
@@ -384,13 +399,37 @@ def test_sliding_windows_are_refused():
                                 num_hidden_layers=1, num_attention_heads=2,
                                 num_key_value_heads=1, sliding_window=8),
                   hf.register("test_refuse_window", "strided", stride=6))
-    with pytest.raises(ValueError, match="sliding-window.*Allowed: the plain causal mask"):
+    with pytest.raises(ValueError, match="sliding_window=8: a sliding window is a pattern"):
         model(tokens(1, N))
+
+
+@pytest.mark.parametrize("config", ["qwen2_moe", "olmo3"])
+def test_a_sliding_mask_no_layer_uses_is_not_refused(config):
+    """Some models build a sliding-window mask whatever their layers are (Qwen2-MoE with
+    no sliding layer, Olmo3 with full-attention layers only): the refusal waits for a
+    layer that receives it, so these run, and "full" equals the model's own sdpa."""
+    from transformers import Olmo3Config, Qwen2MoeConfig
+    kw = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, bos_token_id=None,
+              eos_token_id=None, pad_token_id=None)
+    cfg = (Qwen2MoeConfig(**kw) if config == "qwen2_moe"
+           else Olmo3Config(layer_types=["full_attention"] * 2, **kw))
+    ids = tokens(2, N)
+    # float32: the MoE takes no float64; a copy of the config each, since from_config
+    # writes the implementation into the config it is given
+    model = build(copy.deepcopy(cfg), hf.register("test_unused_window", "full"))
+    want = build(copy.deepcopy(cfg), "sdpa")
+    assert model.config._attn_implementation == "test_unused_window"
+    want.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        err = (model(ids).logits - want(ids).logits).abs().max().item()
+    print(f"{config}: error {err:.2e} against sdpa")
+    assert err < 1e-5
 
 
 def test_cross_attention_is_refused():
     model = build(gpt2(add_cross_attention=True), hf.register("test_refuse_x", "full"))
-    with pytest.raises(ValueError, match="serves causal self-attention.*bidirectional"):
+    with pytest.raises(ValueError, match=r"is_causal=False \(an encoder or cross-attention\)"):
         model(tokens(1, N), encoder_hidden_states=torch.randn(1, 5, 48))
 
 
@@ -406,6 +445,10 @@ def test_the_attention_function_refuses_what_it_cannot_serve():
     padding = make_mask(batch_size=1, q_length=5, kv_length=5)
     with pytest.raises(ValueError, match="must come from the mask function.*got None"):
         attend(module, q, k, v, None)
+    # a mask it cannot serve is refused by the attention that receives it, not when made
+    window = make_mask(batch_size=1, q_length=5, kv_length=5, local_size=3)
+    with pytest.raises(ValueError, match="with local_size=3 .*Allowed: the plain causal"):
+        attend(module, q, k, v, window)
     with pytest.raises(ValueError, match="is_causal=False"):
         attend(module, q, k, v, padding, is_causal=False)
     module.is_causal = False                                  # a cross-attention module
@@ -421,6 +464,44 @@ def test_the_attention_function_refuses_what_it_cannot_serve():
     del module.layer_idx
     with pytest.raises(ValueError, match="interleaved.*layer_idx, which is None"):
         attend(module, q, k, v, padding)
+
+
+def test_a_model_compiles_whole_with_padding_and_positions():
+    """torch.compile(fullgraph=True) of a model on the adapter: no graph break, with no
+    mask, a left-padded batch (with its position ids) and a right-padded one; eager's
+    logits on the real tokens; a training step; and eager's errors for a mask with holes
+    and for positions that count from the pad (their host reads run inside operators)."""
+    torch._dynamo.reset()
+    model = build(llama(), hf.register("test_compiled", "strided", stride=6))
+    compiled = torch.compile(model, fullgraph=True)
+    ids = tokens(2, N)
+    left, right = torch.ones(2, N, dtype=torch.long), torch.ones(2, N, dtype=torch.long)
+    left[0, :4], right[1, 29:] = 0, 0
+    for mask in (None, left, right):
+        kw = {} if mask is None else dict(
+            attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+        with torch.no_grad():
+            want, got = model(ids, **kw).logits, compiled(ids, **kw).logits  # (B, N, V)
+        real = torch.ones(2, N, 1) if mask is None else mask[..., None]
+        err = ((got - want) * real).abs().max().item()
+        print(f"mask {None if mask is None else mask.sum(1).tolist()}: error {err:.2e}")
+        assert err < 1e-5
+    loss = compiled(ids, attention_mask=right, labels=ids).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    holes = torch.ones(2, N, dtype=torch.long)
+    holes[1, 10] = 0
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"row 1 is \[1, 1, .*pads between tokens"):
+            compiled(ids, attention_mask=holes)
+        with pytest.raises(ValueError, match=r"position_ids\[0, 4\] = 4, .*position 0"):
+            compiled(ids, attention_mask=left)
+    assert not torch._dynamo.utils.counters["graph_break"]
+    m = left.bool()
+    torch.library.opcheck(hf.refuse_holes, (m, torch.zeros(2, dtype=torch.bool), "x"))
+    index = torch.arange(N)[None, :].expand(2, N)
+    torch.library.opcheck(hf.refuse_positions, (torch.zeros(2, N, dtype=torch.bool), index,
+                                                index, "x"))
 
 
 @pytest.mark.slow
