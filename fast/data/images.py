@@ -1,7 +1,7 @@
 """Image data as byte sequences: bundled photographs, digits, CIFAR-10, local .npy.
 
-Child et al., 2019, section 7.2 (CIFAR-10 "represented as sequences of 3072
-bytes") and section 7.4 (ImageNet 64x64). Every loader returns a dict
+Child et al., 2019, section 7.1 (CIFAR-10 "represented as sequences of 3072
+bytes") and section 7.3 (ImageNet 64x64). Every loader returns a dict
 ``{"train", "val", "test"} -> uint8 array (N, H*W*C)``: each image flattened in
 raster order with channels interleaved, position p = (row * W + col) * C + ch
 (R, G, B for colour) -- the order that fast.transformer.network.model's (row, column, channel)

@@ -63,7 +63,7 @@ class ModelConfig:
     ff_mult: int = 4                 # feed-forward widening: 4, or 2 for the paper's
                                      # "half-size" network
     qk_half: bool = False            # "half-size query-key projections": q and k have
-                                     # width d/2 (sec. 7.2)
+                                     # width d/2 (sec. 7.1)
     dropout: float = 0.0             # dropout at the end of each residual branch only
                                      # (sec. 5.2), so recomputation is exact
     recompute: bool = False          # gradient checkpointing of every residual block (sec. 5.4)
@@ -304,7 +304,7 @@ PRESETS: dict[str, tuple[ModelConfig, TrainConfig]] = {
         TrainConfig(dataset="photos32", batch_size=8, max_iters=500, lr=1e-3, warmup_iters=50,
                     out_dir="runs/photos32"),
     ),
-    # Paper, CIFAR-10 (sec. 7.2): 128 layers, 2 heads, d=256, half-size ff and q/k,
+    # Paper, CIFAR-10 (sec. 7.1): 128 layers, 2 heads, d=256, half-size ff and q/k,
     # strided, dropout 0.25, lr 0.00035. Stride = one image row (32 px x 3 channels).
     "cifar10": (
         ModelConfig(vocab_size=256, n_ctx=3072, d_model=256, n_heads=2, n_layers=128,
@@ -315,7 +315,7 @@ PRESETS: dict[str, tuple[ModelConfig, TrainConfig]] = {
                     max_iters=300_000, lr=3.5e-4, warmup_iters=5000, eval_interval=5000,
                     eval_batches=64, checkpoint_interval=5000, out_dir="runs/cifar10"),
     ),
-    # Paper, Enwik8 (sec. 7.3): 30 layers, 8 heads, d=512, fixed l=128 c=32, context 12,288.
+    # Paper, Enwik8 (sec. 7.2): 30 layers, 8 heads, d=512, fixed l=128 c=32, context 12,288.
     "enwik8": (
         ModelConfig(vocab_size=256, n_ctx=12288, d_model=512, n_heads=8, n_layers=30,
                     pattern="fixed", combine="merged", stride=128, c=32, embedding="text",
@@ -324,7 +324,7 @@ PRESETS: dict[str, tuple[ModelConfig, TrainConfig]] = {
                     max_iters=80_000, lr=3.5e-4, warmup_iters=5000, eval_interval=5000,
                     eval_batches=64, checkpoint_interval=5000, out_dir="runs/enwik8"),
     ),
-    # Paper, ImageNet 64x64 (sec. 7.4): 48 layers, 16 heads, d=512, strided; full-size
+    # Paper, ImageNet 64x64 (sec. 7.3): 48 layers, 16 heads, d=512, strided; full-size
     # ff and q/k give the paper's 152M parameters (cifar10: 59M, enwik8: 95M, as Table 1).
     # Data: a local .npy of uint8 images (N, 64, 64, 3) (dataset "npy_images").
     "imagenet64": (
