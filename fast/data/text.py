@@ -3,8 +3,8 @@
 Child et al., 2019, section 7.2 (Enwik8: "We trained on the first 90 million
 tokens and reserved the last 10 million for validation and test"; the last 10
 million are cut here into 5 million for validation and 5 million for testing, the
-usual split of enwik8, since the paper does not say how). Every loader returns ``{"train", "val", "test"} -> uint8 (T,)``, one
-stream of bytes per split. Nothing is downloaded.
+usual split of enwik8, since the paper does not say how). Every loader returns
+``{"train", "val", "test"} -> uint8 (T,)``, one stream of bytes per split. Nothing is downloaded.
 
 stdlib: the bytes of every ``.py`` file under ``sysconfig.get_paths()["stdlib"]``
 (site-packages and dist-packages excluded), files in sorted order of their
