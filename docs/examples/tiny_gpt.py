@@ -18,7 +18,10 @@ pattern; logits to float32 rounding). Run as a script, it
 times the two samplers on a sequence of 1024 positions, in turns, and writes
 figures/data/kv_cache_generate.json::
 
-    PYTHONPATH=. python docs/examples/tiny_gpt.py            # --help for the options
+    PYTHONPATH=. python docs/examples/tiny_gpt.py --overwrite   # --help for the options
+
+(without ``--overwrite`` it refuses to replace an existing file, the committed one
+included; ``--out`` writes elsewhere).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import math
 import platform
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -236,11 +240,23 @@ def main(argv=None) -> int:
     from fast.core.files import write_json
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=1024, help="sequence length (block_size)")
-    parser.add_argument("--rounds", type=int, default=3, help="turns of each sampler")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op torch threads")
+    parser.add_argument("--n", type=int, default=1024,
+                        help="sequence length (block_size), at least 33: the warm-up draws "
+                             "32 tokens after a one-token prompt")
+    parser.add_argument("--rounds", type=int, default=3, help="turns of each sampler (>= 1)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op torch threads (>= 1)")
     parser.add_argument("--out", default="figures/data/kv_cache_generate.json")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace --out if it exists (the default --out is the committed "
+                             "measurement the README quotes)")
     args = parser.parse_args(argv)
+    for name, value, least in (("--n", args.n, 33), ("--rounds", args.rounds, 1),
+                               ("--threads", args.threads, 1)):
+        if value < least:
+            parser.error(f"{name} {value}: allowed: an integer >= {least}")
+    if Path(args.out).exists() and not args.overwrite:
+        parser.error(f"--out {args.out} exists; allowed: another --out, or --overwrite to "
+                     f"replace it")
     result = measure(args.n, args.rounds, args.threads)
     write_json(args.out, result, indent=1)
     print(f"wrote {args.out}")

@@ -103,3 +103,21 @@ def test_measurement_script(tmp_path):
     for record in data["patterns"].values():
         assert record["same_tokens"] is True and record["threads"] == 1
         assert set(record["min_s"]) == {"rerun", "cached"} and record["speedup"] > 0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--n", "-5"], "--n -5: allowed: an integer >= 33"),
+    (["--n", "32"], "--n 32: allowed"),
+    (["--rounds", "0"], "--rounds 0: allowed: an integer >= 1"),
+    (["--threads", "0"], "--threads 0: allowed"),
+    ([], "exists; allowed: another --out, or --overwrite"),
+])
+def test_measurement_script_refuses(argv, message, tmp_path, capsys):
+    """Bad sizes in one line, and an existing --out (the committed measurement, by
+    default) is not replaced without --overwrite; nothing is measured or written."""
+    out = tmp_path / "generate.json"
+    out.write_text("{}")
+    with pytest.raises(SystemExit) as exit_:
+        tiny_gpt.main([*argv, "--out", str(out)])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert out.read_text() == "{}"
