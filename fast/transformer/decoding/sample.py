@@ -23,7 +23,10 @@ compiled call per step, for float32 models on the CPU, and "torch" otherwise;
 Every argument is checked before any work starts
 (``fast.transformer.decoding.request.check_request``). Batches: ``num`` sequences
 are drawn ``batch_size`` at a time; by default all together, or as many as keep a
-GiB of keys and values (``request.BATCH_BYTES``) when that is fewer. ``python -m fast sample``
+GiB of keys and values (``request.BATCH_BYTES``) when that is fewer. Sample r draws
+its uniform numbers from a stream of its own, seeded from the generator by its index
+(``draw.row_generators``): a seed gives the same samples whatever the batch size,
+cache or engine. ``python -m fast sample``
 (``fast.commands.sample``) draws from a checkpoint and writes the samples.
 """
 
@@ -35,7 +38,7 @@ import torch
 from tqdm import tqdm
 
 from fast.transformer.decoding.decode import Decoder
-from fast.transformer.decoding.draw import draw
+from fast.transformer.decoding.draw import draw, row_generators
 from fast.transformer.decoding.request import check_request
 from fast.transformer.network.devices import autocast, resolve_precision
 
@@ -80,6 +83,7 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
     was_training = model.training
     model.eval()
     model.set_qk_fp32(True)
+    streams = row_generators(num, generator)                  # one per sample: batch-free
     bar = tqdm(total=num * (length - p), unit="tok", desc="sample", disable=not progress)
     start, cache_bytes, engines = time.perf_counter(), 0, set()
     steps = {"numba": 0, "torch": 0}
@@ -91,7 +95,8 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
             prefix = torch.full((rows.shape[0], int(req["start_token"])), cfg.vocab_size,
                                 dtype=torch.long, device=device)          # (b, 0 or 1)
             with autocast(precision, device):
-                decoder = _fill(model, rows, prefix, p, req, generator, bar)
+                decoder = _fill(model, rows, prefix, p, req,
+                                streams[r0:r0 + req["batch_size"]], bar)
                 if decoder is not None:
                     cache_bytes = max(cache_bytes, decoder.nbytes())
                     engines.add(decoder.engine)
@@ -110,8 +115,8 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
 
 def _fill(model, rows: torch.Tensor, prefix: torch.Tensor, p: int, req: dict, generator,
           bar) -> Decoder | None:
-    """Sample rows[:, p:] in place after the prompt rows[:, :p]; returns the decoder
-    (None: no cache, or nothing to draw)."""
+    """Sample rows[:, p:] in place after the prompt rows[:, :p], row b's draws from
+    ``generator[b]``; returns the decoder (None: no cache, or nothing to draw)."""
     length = rows.shape[1]
     if p == length:
         return None

@@ -63,6 +63,35 @@ def test_cached_sampler_draws_the_rerun_tokens(pattern, combine, image):
         assert len({tuple(r) for r in runs[True].tolist()}) == 3    # rows differ
 
 
+def test_a_seed_gives_the_same_samples_however_they_are_batched():
+    """Sample r draws from a stream of its own (draw.row_generators): batch sizes 1, 2, 3
+    and 5, with and without the cache, give the same five samples for one seed; another
+    seed gives others; a prefix of the samples is the samples of a smaller num."""
+    model = model_for("strided", "merged", image=True)
+    runs = [sample(model, 5, batch_size=b, cache=cache, temperature=1.3,
+                   generator=torch.Generator().manual_seed(7))
+            for b in (1, 2, 3, 5) for cache in (True, False)]
+    for tokens in runs[1:]:
+        assert torch.equal(tokens, runs[0])
+    assert len({tuple(r) for r in runs[0].tolist()}) == 5
+    other = sample(model, 5, temperature=1.3, generator=torch.Generator().manual_seed(8))
+    assert not torch.equal(other, runs[0])
+    three = sample(model, 3, batch_size=2, temperature=1.3,
+                   generator=torch.Generator().manual_seed(7))
+    assert torch.equal(three, runs[0][:3])
+
+
+def test_draw_takes_one_generator_per_row():
+    logits = torch.randn(3, 11, generator=torch.Generator().manual_seed(0))
+    rows = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
+    together = draw(logits, generator=rows)
+    alone = [draw(logits[b:b + 1], generator=[torch.Generator().manual_seed(s)])
+             for b, s in enumerate((1, 2, 3))]
+    assert torch.equal(together, torch.cat(alone))
+    with pytest.raises(ValueError, match="one generator per row: got 2 generators for 3"):
+        draw(logits, generator=rows[:2])
+
+
 def test_sampler_restores_state_and_reports_stats():
     model = model_for("fixed", "merged", True)
     model.train()
