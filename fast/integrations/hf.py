@@ -232,17 +232,14 @@ def _padding(name: str, mask: torch.Tensor | None, B: int, n_k: int):
         raise ValueError(f"attention implementation {name!r} takes a 2D padding mask of "
                          f"shape (batch, keys) = ({B}, {n_k}) (1 = token, 0 = pad); got "
                          f"{got}")
-    if torch.compiler.is_compiling():
-        # traced: no value decides the graph's shape, so both are kept (an offset or a
-        # length that pads nothing changes no number), and the holes are looked for
-        # inside an operator, where the host read breaks no graph
-        m = mask.detach().to(torch.bool)                                # (B, n_k)
-        count, first, holes = _runs(m)
-        refuse_holes(m, holes, name)
+    # traced, the holes are looked for inside an operator, where the host read breaks no
+    # graph; eager, the mask is read on the host once per pass
+    traced = torch.compiler.is_compiling()
+    m = mask.detach().to(torch.bool) if traced else mask.detach().to("cpu", torch.bool)
+    count, first, holes = _runs(m)                                      # (B,) each
+    (refuse_holes if traced else _refuse_holes)(m, holes, name)
+    if traced:      # no value may decide the graph: both kept (padding nothing is exact)
         return count, first
-    m = mask.detach().to("cpu", torch.bool)                # one read on the host per pass
-    count, first, holes = _runs(m)
-    _refuse_holes(m, holes, name)
     offsets = first if bool((first > 0).any()) else None
     lengths = count if bool((first + count < n_k).any()) else None
     return lengths, offsets
@@ -396,11 +393,9 @@ def _check_positions(where: str, position_ids, padding: Padding) -> None:
     real = inside(index, padding.lengths, offsets, n_k)                     # (B, n_q) | None
     if real is not None:
         wrong = wrong & real
-    if traced:
-        refuse_positions(wrong, position_ids, want, where)
-        return
-    _refuse_positions(wrong, position_ids, want, where)
-    padding._checked.append(position_ids)
+    (refuse_positions if traced else _refuse_positions)(wrong, position_ids, want, where)
+    if not traced:
+        padding._checked.append(position_ids)
 
 
 def _refuse_positions(wrong, position_ids, want, where: str) -> None:
