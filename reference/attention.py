@@ -37,6 +37,10 @@ def _check(q, k, v, mask, grad_out=None):
             raise ValueError(f"{name} must have shape (..., n, d), got shape {a.shape}")
         if a.shape[-2] == 0:
             raise ValueError(f"{name} is an empty sequence (n = 0); n must be >= 1")
+        if name != "grad_out" and a.shape[-1] == 0:  # refused like n = 0: nothing to attend with
+            width = "d_v" if name == "v" else "d"
+            raise ValueError(f"{name} has width {width} = 0 (shape {a.shape}); "
+                             f"{width} must be >= 1")
         a = a.astype(np.float64)
         if not np.all(np.isfinite(a)):
             raise ValueError(f"{name} holds non-finite values (NaN or inf); all must be finite")
@@ -49,11 +53,7 @@ def _check(q, k, v, mask, grad_out=None):
     mask = np.asarray(mask)
     if mask.dtype != np.bool_:
         raise ValueError(f"mask must be a bool array (True = may read), got dtype {mask.dtype}")
-    try:
-        full = np.broadcast_shapes(mask.shape, q.shape[:-1] + (k.shape[-2],))
-    except ValueError:
-        full = None
-    if full != q.shape[:-1] + (k.shape[-2],):
+    if not _broadcasts_to(mask.shape, q.shape[:-1] + (k.shape[-2],)):
         raise ValueError(
             f"mask of shape {mask.shape} does not broadcast to (..., n_q, n_k) = "
             f"{q.shape[:-1] + (k.shape[-2],)}"
@@ -64,6 +64,14 @@ def _check(q, k, v, mask, grad_out=None):
             f"got {out['grad_out'].shape}"
         )
     return q, k, v, mask, out.get("grad_out")
+
+
+def _broadcasts_to(shape: tuple, target: tuple) -> bool:
+    """True if an array of ``shape`` broadcasts to exactly ``target``."""
+    try:
+        return np.broadcast_shapes(shape, target) == target
+    except ValueError:  # NumPy's "shape mismatch": the callers say what was expected
+        return False
 
 
 def _scale(scale, d: int) -> float:
@@ -91,7 +99,13 @@ def _probabilities(q, k, mask, scale):
 
 def _dropout(keep, dropout_p, shape):
     """The factor keep / (1 - p) that dropout multiplies the weights by (None: no
-    dropout), checked: keep bool, broadcastable to ``shape``; 0 <= p < 1."""
+    dropout), checked: p a real number (not bool) with 0 <= p < 1; keep bool,
+    broadcastable to ``shape``."""
+    if isinstance(dropout_p, (bool, np.bool_)) \
+            or not isinstance(dropout_p, (int, float, np.integer, np.floating)) \
+            or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a real number in [0, 1), got {dropout_p!r} "
+                         f"({type(dropout_p).__name__})")
     if keep is None:
         if dropout_p:
             raise ValueError(f"dropout_p={dropout_p} needs keep, the mask of kept weights")
@@ -99,18 +113,17 @@ def _dropout(keep, dropout_p, shape):
     keep = np.asarray(keep)
     if keep.dtype != np.bool_:
         raise ValueError(f"keep must be a bool array (True = kept), got dtype {keep.dtype}")
-    if np.broadcast_shapes(keep.shape, shape) != shape:
-        raise ValueError(f"keep of shape {keep.shape} does not broadcast to {shape}")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p!r}")
+    if not _broadcasts_to(keep.shape, shape):
+        raise ValueError(f"keep of shape {keep.shape} does not broadcast to the weights' "
+                         f"shape (..., n_q, n_k) = {shape}")
     return keep / (1.0 - dropout_p)
 
 
 def attend(q, k, v, mask, scale=None, keep=None, dropout_p=0.0):
     """Attention of q over the keys each row may read.
 
-    q: (..., n_q, d), k: (..., n_k, d), v: (..., n_k, d_v), mask: bool,
-    broadcastable to (..., n_q, n_k). Returns ``(out, lse)``: out (..., n_q, d_v)
+    q: (..., n_q, d), k: (..., n_k, d), v: (..., n_k, d_v) with n_q, n_k, d, d_v >= 1;
+    mask: bool, broadcastable to (..., n_q, n_k). Returns ``(out, lse)``: out (..., n_q, d_v)
     and the natural-log log-sum-exp of the scaled scores of each row (..., n_q).
     ``scale`` defaults to 1 / sqrt(d). ``keep``, ``dropout_p``: dropout on the weights
     (module docstring).

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference.heads import summary_range
-from reference.params import FACTORIZED, check_params
+from reference.params import FACTORIZED, check_params, check_rank_for
 
 PARTS_COUNTED = ("A1", "A2", "merged")
 
@@ -24,7 +24,10 @@ def keys_per_query(pattern: str, n: int, part: str = "merged", stride: int | Non
 
     part: "A1" (strided local / fixed block), "A2" (strided column / fixed
     summary of the head of summary rank ``head``) or "merged" (their union).
-    ``full`` reads i + 1.
+    ``full`` reads i + 1; it is one part, not factorized, so its only part is
+    "merged" (the default). ``head`` chooses keys only for "fixed" (its summary
+    sub-block): for "full" and "strided", whose heads all read the same keys, it
+    must be 0, the default (``reference.params.check_rank_for``).
       strided  A1: min(i+1, l)        A2: floor(i/l) + 1   merged: min(i+1, l) + floor(i/l)
       fixed    A1: (i mod l) + 1      A2: summaries [lo, hi) of every j <= i
                merged: (i mod l) + 1 + floor(i/l) * c   (own block, earlier blocks' summaries)
@@ -33,7 +36,12 @@ def keys_per_query(pattern: str, n: int, part: str = "merged", stride: int | Non
         raise ValueError(f"part must be one of {PARTS_COUNTED}, got {part!r}")
     if pattern not in FACTORIZED:
         raise ValueError(f"pattern must be one of {FACTORIZED}, got {pattern!r}")
+    if pattern == "full" and part != "merged":
+        raise ValueError(f"pattern 'full' has one part (every j <= i), not the two heads A1, "
+                         f"A2 of a factorized pattern; got part={part!r} (allowed: 'merged', "
+                         f"the default)")
     params = check_params(pattern, n, 1, "merged", 0, {"stride": stride, "c": c})
+    check_rank_for(pattern, head)
     i = np.arange(n, dtype=np.int64)
     if pattern == "full":
         return i + 1

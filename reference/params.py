@@ -21,6 +21,9 @@ Decisions:
 * fixed: 1 <= c <= l, and when any head has summary rank > 0 (several heads
   read summaries, ``summary_rank``), l must be a multiple of c so that the l/c
   sub-blocks of length c tile each block (sec. 4.3);
+* a head's summary rank picks keys only in "fixed"; for every other pattern all
+  heads read the same keys, so a rank other than 0 is refused (``check_rank_for``),
+  not ignored;
 * ``check_params`` drops parameters given as ``None`` (unused keyword defaults),
   fills in the optional ones and reports unexpected and missing names.
 """
@@ -171,6 +174,24 @@ def summary_rank(head: int, combine: str) -> int:
     it lives here because the l % c rule of ``check_summary`` depends on it."""
     head = check_int("head index", head, 0)
     return head // 2 if check_combine(combine) == "multihead" else head
+
+
+def check_rank_for(pattern: str, rank) -> None:
+    """Refuse a summary rank that means nothing for ``pattern``.
+
+    The per-pattern masks and counts (``reference.patterns.factorized``,
+    ``reference.counts.keys_per_query``) take the summary rank of the head that
+    reads them. Only "fixed" has heads that read different keys (distinct summary
+    sub-blocks, sec. 4.3; ``check_summary`` checks its rank where the sub-block is
+    built); every head of every other pattern reads the same keys, so a rank other
+    than 0 (the default) would be silently ignored there, and is refused.
+    """
+    if pattern != "fixed" and (not is_int(rank) or rank != 0):
+        raise ValueError(
+            f"head (a summary rank) must be 0 for pattern {pattern!r}, whose heads all read "
+            f"the same keys; got head={rank!r} (allowed: 0, the default; only pattern "
+            f"'fixed' has heads that read different keys, its summary sub-blocks)"
+        )
 
 
 # ----------------------------------------------------------------------------

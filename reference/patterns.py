@@ -44,6 +44,7 @@ from reference.params import (
     check_n_global,
     check_n_random,
     check_params,
+    check_rank_for,
     check_seed,
     check_stride,
     check_summary,
@@ -184,8 +185,14 @@ def bigbird(n: int, window: int, n_random: int, n_global: int, seed: int = 0) ->
 def factorized(pattern: str, n: int, head: int = 0, **params) -> tuple[np.ndarray, ...]:
     """The masks of the parts of ``pattern`` (``reference.heads.PARTS``), in order:
     strided (local, column), fixed (block, summary) as read by the head of summary
-    rank ``head``; full, longformer and bigbird have one part: (mask,)."""
+    rank ``head``; full, longformer and bigbird have one part: (mask,).
+
+    ``head`` (a summary rank, ``reference.heads``) chooses keys only for "fixed";
+    the heads of the other patterns all read the same keys, so for them it must
+    be 0, the default (``reference.params.check_rank_for``).
+    """
     params = check_params(pattern, n, 1, "merged", 0, params)
+    check_rank_for(pattern, head)
     if pattern == "full":
         return (full(n),)
     if pattern == "strided":

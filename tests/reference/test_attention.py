@@ -12,6 +12,7 @@ out 0, lse -inf and zero gradients, never NaN.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -297,6 +298,9 @@ def _bad_cases():
         ("NaN in q", (nan, k, v, m), "q holds non-finite"),
         ("inf in v", (q, k, inf, m), "v holds non-finite"),
         ("n = 0", (q[:0], k[:0], v[:0], m[:0, :0]), "n = 0"),
+        # d = 0 was read as "no key": out 0 and lse -inf in every row
+        ("d = 0", (q[:, :0], k[:, :0], v, m), "q has width d = 0 .*d must be >= 1"),
+        ("d_v = 0", (q, k, v[:, :0], m), "v has width d_v = 0 .*d_v must be >= 1"),
         ("int mask", (q, k, v, m.astype(int)), "mask must be a bool array"),
         ("float mask", (q, k, v, m.astype(float)), "got dtype float64"),
         ("complex q", (q.astype(complex), k, v, m), "real numbers"),
@@ -332,3 +336,43 @@ def test_bad_scale_is_a_value_error(scale):
     q = np.ones((3, 2))
     with pytest.raises(ValueError, match="scale"):
         attend(q, q, q, np.tril(np.ones((3, 3), dtype=bool)), scale=scale)
+
+
+# ----------------------------------------------------------------------------
+# Dropout on the weights: keep (the kept weights) and dropout_p, checked.
+# ----------------------------------------------------------------------------
+
+def _both(q, k, v, m, **kw):
+    """attend and attend_backward on the same arguments (they share the checks)."""
+    attend(q, k, v, m, **kw)
+    attend_backward(q, k, v, m, np.ones(q.shape[:-1] + v.shape[-1:]), **kw)
+
+
+@pytest.mark.parametrize("shape", [(7, 6), (6, 7), (2, 3, 6, 6)])
+def test_keep_of_a_wrong_shape_is_named(shape):
+    # (7, 6) and (6, 7) used to raise NumPy's own "shape mismatch"
+    q, k, v = make_qkv(6, 4)
+    with pytest.raises(ValueError, match=f"keep of shape {re.escape(str(shape))} does not "
+                                         f"broadcast to the weights' shape .* = \\(6, 6\\)"):
+        _both(q, k, v, P.full(6), keep=np.ones(shape, bool), dropout_p=0.5)
+
+
+@pytest.mark.parametrize("p", ["0.5", True, False, np.True_, None, 0.5 + 0j, np.array(0.5),
+                               1.0, -0.1, float("nan")])
+@pytest.mark.parametrize("with_keep", [True, False])
+def test_dropout_p_must_be_a_real_number_in_0_1(p, with_keep):
+    # "0.5" used to raise TypeError from '<=', False was taken as p = 0
+    q, k, v = make_qkv(6, 4)
+    keep = np.ones((6, 6), bool) if with_keep else None
+    with pytest.raises(ValueError, match=r"dropout_p must be a real number in \[0, 1\), got"):
+        _both(q, k, v, P.full(6), keep=keep, dropout_p=p)
+
+
+def test_dropout_scales_the_kept_weights():
+    q, k, v = make_qkv(6, 4)
+    m = P.full(6)
+    rows = np.arange(6) % 2 == 0                                  # keep the even keys
+    want = (P.full(6) * rows) / m.sum(1, keepdims=True)           # q = 0: uniform weights
+    for p in (0, 0.25, np.float32(0.5)):
+        out, _ = attend(np.zeros_like(q), k, v, m, keep=rows[None, :], dropout_p=p)
+        np.testing.assert_allclose(out, want / (1 - float(p)) @ v, rtol=1e-12)

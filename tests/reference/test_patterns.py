@@ -351,6 +351,43 @@ def test_keys_per_query_matches_masks(n, l, c):
         keys_per_query("fixed", n, stride=l)
 
 
+@pytest.mark.parametrize("part", ["A1", "A2"])
+def test_keys_per_query_full_has_no_parts(part):
+    # full is one part; part="A2" used to return i + 1 as if it had a second head
+    with pytest.raises(ValueError, match=f"pattern 'full' has one part .* got part='{part}' "
+                                         r"\(allowed: 'merged'"):
+        keys_per_query("full", 5, part)
+
+
+@pytest.mark.parametrize("call,pattern,given", [
+    (lambda h: keys_per_query("strided", 9, "A2", stride=2, head=h), "strided", 7),
+    (lambda h: keys_per_query("full", 9, head=h), "full", 1),
+    (lambda h: P.factorized("strided", 9, h, stride=2), "strided", 7),
+    (lambda h: P.factorized("strided", 9, h, stride=2), "strided", -1),
+    (lambda h: P.factorized("strided", 9, h, stride=2), "strided", 0.0),
+    (lambda h: P.factorized("full", 9, h), "full", True),
+    (lambda h: P.factorized("longformer", 9, h, window=3), "longformer", 1),
+    (lambda h: P.factorized("bigbird", 9, h, window=3, n_random=1, n_global=1), "bigbird", 2),
+])
+def test_head_is_refused_where_every_head_reads_the_same_keys(call, pattern, given):
+    # the head (summary rank) used to be accepted and ignored outside "fixed"
+    with pytest.raises(ValueError, match=f"head \\(a summary rank\\) must be 0 for pattern "
+                                         f"'{pattern}'.* got head={given!r} \\(allowed: 0"):
+        call(given)
+    call(0)  # the default stays accepted
+
+
+def test_fixed_ranks_past_the_sub_blocks_wrap():
+    # fixed's heads read distinct sub-blocks, and rank r reads sub-block r mod (l / c),
+    # so any rank >= 0 means something there (reference.heads.summary_range)
+    n, l, c = 29, 6, 2
+    for rank in range(7):
+        got = keys_per_query("fixed", n, "A2", stride=l, c=c, head=rank)
+        np.testing.assert_array_equal(got, keys_per_query("fixed", n, "A2", stride=l, c=c,
+                                                          head=rank % (l // c)))
+        np.testing.assert_array_equal(got, P.factorized("fixed", n, rank, stride=l, c=c)[1].sum(1))
+
+
 def test_longformer_rejects_non_integer_global_tokens():
     with pytest.raises(ValueError, match="must be integers"):
         P.longformer(8, 2, 1, [1.5])
