@@ -73,6 +73,7 @@ def shape(text: str) -> tuple[int, int]:
 def parser() -> cli.Parser:
     """The parser of ``python -m fast bench``; measures nothing."""
     n = cli.integer(1, cli.MAX_SEQUENCE)
+    end = cli.power_of_two(1, cli.MAX_SEQUENCE)      # an end of a sweep of powers of two
     limit = cli.integer(0, cli.MAX_SEQUENCE)
     p = cli.Parser(PROG, description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu", type=cli.choice(("cpu", "cuda")))
@@ -81,8 +82,11 @@ def parser() -> cli.Parser:
                         "default on the CPU: a fresh process per point, minimum")
     p.add_argument("--quick", action="store_true",
                    help=f"n up to {QUICK_N_MAX}, no FlexAttention, short repetitions")
-    p.add_argument("--n-min", type=n, default=None, help=f"default {N_MIN}")
-    p.add_argument("--n-max", type=n, default=None, help=f"default {N_MAX}")
+    p.add_argument("--n-min", type=end, default=None,
+                   help=f"the sweep's smallest n, a power of two (the sweep measures n = "
+                        f"n-min, 2 n-min, ..., n-max, never outside them); default {N_MIN}")
+    p.add_argument("--n-max", type=end, default=None,
+                   help=f"the sweep's largest n, a power of two >= --n-min; default {N_MAX}")
     p.add_argument("--dtypes", nargs="+", type=cli.choice(DTYPES), default=None,
                    help="default: float16 bfloat16 on CUDA, float32 on the CPU")
     p.add_argument("--shapes", nargs="+", type=shape, default=None,
@@ -113,8 +117,11 @@ def parser() -> cli.Parser:
     p.add_argument("--only-long", action="store_true",
                    help="only the long sweep (with a 10-minute limit per command, run the "
                         "default sweep and this one separately)")
-    p.add_argument("--long-n-min", type=n, default=2**17)
-    p.add_argument("--long-n-max", type=n, default=2**20)
+    p.add_argument("--long-n-min", type=end, default=2**17,
+                   help="the long sweep's smallest n, a power of two; default 2^17")
+    p.add_argument("--long-n-max", type=end, default=2**20,
+                   help="the long sweep's largest n, a power of two >= --long-n-min; "
+                        "default 2^20")
     p.add_argument("--out", type=cli.writable_folder, default=None,
                    help="directory for data/bench_<device>.json and bench_<device>.png "
                         "(default: figures/)")

@@ -11,9 +11,9 @@ works everywhere. Written once here:
   the one line by ``parse_or_exit``; no abbreviated options; a value that starts
   with "-" (``--lr -1e-3``, ``--beta1 -inf``) is read as a value, so that the value's
   own check can say what is wrong with it;
-* value parsers for ``type=``: ``integer``, ``finite``, ``boolean``, ``choice``,
-  ``names`` (a comma list of choices), ``text``, ``words`` (arguments for another
-  program), ``int_tuple``, ``optional`` (``none``
+* value parsers for ``type=``: ``integer``, ``power_of_two``, ``finite``, ``boolean``,
+  ``choice``, ``names`` (a comma list of choices), ``text``, ``words`` (arguments for
+  another program), ``int_tuple``, ``optional`` (``none``
   -> None), ``device`` (a device of this machine), and for paths ``existing_file``,
   ``existing_path``, ``writable_folder`` and ``output_file`` (its folder exists or can
   be made, and is writable), each with bounds where it takes them;
@@ -165,6 +165,27 @@ def integer(lo: int | None = None, hi: int | None = MAX_INT):
         return value
 
     parse.__name__ = "integer"
+    return parse
+
+
+def power_of_two(lo: int = 1, hi: int = MAX_INT):
+    """An integer in [lo, hi] that is a power of two (1, 2, 4, ...); a value that is not
+    names the nearest powers of two."""
+    allowed = f"an integer {_range(lo, hi)} that is a power of two"
+    one = integer(lo, hi)
+
+    def parse(text: str) -> int:
+        try:
+            value = one(text)
+        except argparse.ArgumentTypeError:
+            raise _bad(text, allowed) from None
+        if value & (value - 1):
+            below = 1 << (value.bit_length() - 1)
+            near = ", ".join(str(p) for p in (below, 2 * below) if lo <= p <= hi)
+            raise _bad(text, allowed + (f" (the nearest: {near})" if near else ""))
+        return value
+
+    parse.__name__ = "power of two"
     return parse
 
 

@@ -26,6 +26,7 @@ import argparse
 import codecs
 import io
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -84,17 +85,33 @@ def check_output(out: str, inputs: list[str], overwrite: bool) -> None:
                              f"to replace it")
 
 
+PROMPT_ALLOWED = ("a non-empty text (backslash escapes such as \\n, \\x41 understood; \\x "
+                  "takes two hex digits, and a backslash of its own is written \\\\)")
+
+
 def prompt_bytes(text: str) -> bytes:
-    """``--prompt``: UTF-8 text with backslash escapes (``\\n``) -> its bytes."""
+    """``--prompt``: UTF-8 text with backslash escapes (``\\n``) -> its bytes; a malformed
+    escape (``\\x4``, a trailing backslash) is named with its place."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeError:                             # a lone surrogate: no bytes to give
+        raise argparse.ArgumentTypeError(f"got {text!r} (not encodable as UTF-8); allowed: "
+                                         f"{PROMPT_ALLOWED}") from None
     try:
         with warnings.catch_warnings():              # "\\j" stays a backslash and a j
             warnings.simplefilter("ignore", DeprecationWarning)
-            data = codecs.escape_decode(text.encode("utf-8", "surrogateescape"))[0]
-    except (ValueError, UnicodeError):
-        data = b""
+            data = codecs.escape_decode(raw)[0]
+    except ValueError as err:                        # the codec names a byte position
+        at = re.search(r"position (\d+)", str(err))
+        if at is None:                               # "Trailing \\ in string"
+            said = "it ends in a backslash that escapes nothing"
+        else:
+            i = len(raw[:int(at[1])].decode("utf-8", "surrogateescape"))   # character index
+            said = f"its escape {text[i:i + 4]!r} at character {i} is malformed"
+        raise argparse.ArgumentTypeError(f"got {text!r} ({said}); allowed: "
+                                         f"{PROMPT_ALLOWED}") from None
     if not data:
-        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: a non-empty text (backslash "
-                                         f"escapes such as \\n, \\x41 understood)")
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: {PROMPT_ALLOWED}")
     return data
 
 

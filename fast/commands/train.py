@@ -19,7 +19,9 @@ the configuration's own checks (``fast.transformer.config``). Any bad value ends
 command with one line saying what was given and what is allowed, exit status 2.
 Before the first step everything that can be known is checked
 (``fast.transformer.training.preflight.check_run``): a bad run is one line, exit
-status 2, and so is an out_dir another run holds. A run that stops early says why
+status 2, and so is an out_dir another run holds; a resume with another CPU thread
+count runs, and says in one line that its weights will match an uninterrupted run
+only to float rounding. A run that stops early says why
 in one line: a NaN or inf in the loss or weights, or a checkpoint that cannot be
 written (a full disk), exit status 1, the last good checkpoint intact; SIGTERM or
 Ctrl-C, after saving the step it was on, exit status 143 or 130 (``main``). The loop
@@ -33,12 +35,14 @@ import dataclasses
 import os
 import signal
 import sys
+import warnings
 
 from fast.commands import cli
 from fast.transformer.config import PRESETS, ModelConfig, TrainConfig, preset
 from fast.transformer.network.checkpoint import CheckpointWriteError
 from fast.transformer.training.output import OutputRefused
 from fast.transformer.training.preflight import check_run
+from fast.transformer.training.resume import ResumeWarning
 from fast.transformer.training.stop import RunStopped
 from fast.transformer.training.train import train
 
@@ -128,9 +132,16 @@ def main(argv: list[str] | None = None) -> dict:
     name, model_cfg, train_cfg = configs(sys.argv[1:] if argv is None else argv)
     try:
         try:
-            plan = check_run(model_cfg, train_cfg)           # every check before a step
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always", ResumeWarning)
+                plan = check_run(model_cfg, train_cfg)       # every check before a step
         except ValueError as err:
             cli.fail(COMMAND, err)
+        for w in said:                        # a resume's warning: one line; others as usual
+            if issubclass(w.category, ResumeWarning):
+                sys.stderr.write(f"{COMMAND}: warning: {' '.join(str(w.message).split())}\n")
+            else:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
         try:
             result = train(model_cfg, train_cfg, progress=True, plan=plan)
         except OutputRefused as err:

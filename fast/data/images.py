@@ -225,7 +225,8 @@ def cifar10(path) -> dict[str, np.ndarray]:
 
 def npy_images(path, image_shape=None) -> dict[str, np.ndarray]:
     """uint8 images (N, H, W, C) from ``path``/{train,val,test}.npy (test optional),
-    e.g. downsampled ImageNet 64x64 prepared by the user."""
+    e.g. downsampled ImageNet 64x64 prepared by the user. A split present holds at least
+    one image (an empty one is refused, naming its file)."""
     if path is None:
         raise ValueError("npy_images needs data_path: a folder with train.npy and val.npy")
     allowed = "a folder holding uint8 arrays (N, H, W, C) as train.npy, val.npy [, test.npy]"
@@ -243,10 +244,16 @@ def npy_images(path, image_shape=None) -> dict[str, np.ndarray]:
                              f"{allowed}") from err
         if x.dtype != np.uint8 or x.ndim != 4:
             raise ValueError(f"{file} must hold uint8 (N, H, W, C), got {x.dtype} {x.shape}")
+        if x.size == 0:                           # no image, or images of no pixel
+            raise ValueError(f"{file}: split {split!r} holds no image (an array of shape "
+                             f"{x.shape}); allowed: at least one image of at least one "
+                             f"pixel in each split"
+                             + (" (leave test.npy out for no test split)"
+                                if split == "test" else ""))
         if image_shape is not None and tuple(x.shape[1:]) != tuple(image_shape):
             raise ValueError(f"{file} holds images of shape {x.shape[1:]}, the model "
                              f"expects {tuple(image_shape)}")
-        out[split] = np.ascontiguousarray(x).reshape(len(x), -1)
+        out[split] = np.ascontiguousarray(x).reshape(len(x), -1)    # (N, H*W*C)
     return out
 
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass
 
 import torch
@@ -69,8 +68,14 @@ LONG_LIVED = SAME.with_(min_reps=3)            # the CPU sweep's one-process che
 
 
 def powers(lo: int, hi: int) -> tuple[int, ...]:
-    """The powers of 2 from lo to hi (both rounded down to a power of 2)."""
-    return tuple(2 ** e for e in range(int(math.log2(lo)), int(math.log2(hi)) + 1))
+    """The powers of 2 from lo to hi, both ends included; lo and hi must be powers of 2
+    with lo <= hi (an end rounded to one would measure n outside the range asked for)."""
+    for name, end in (("lo", lo), ("hi", hi)):
+        if not (isinstance(end, int) and end >= 1 and end & (end - 1) == 0):
+            raise ValueError(f"powers: {name}={end!r}; allowed: a power of 2 (1, 2, 4, ...)")
+    if lo > hi:
+        raise ValueError(f"powers: lo={lo} > hi={hi}; allowed: lo <= hi")
+    return tuple(2 ** e for e in range(lo.bit_length() - 1, hi.bit_length()))
 
 
 @dataclass(frozen=True)

@@ -176,8 +176,9 @@ class TrainConfig:
     out_dir: str = "runs/default"    # where ckpt.pt is written
     checkpoint_interval: int = 0     # write a checkpoint every this many steps; 0 = only at the end
     save_checkpoint: bool = True     # write ckpt.pt at the end (and every checkpoint_interval)
-    resume: bool = False             # continue from out_dir/ckpt.pt (same weights as an
-                                     # uninterrupted run)
+    resume: bool = False             # continue from out_dir/ckpt.pt (the same weights as
+                                     # an uninterrupted run with the same cpu_threads;
+                                     # another thread count: to float rounding, and said)
     overwrite: bool = False          # a fresh run replaces a checkpoint already in out_dir
                                      # (without it, or resume, such a run is refused)
 

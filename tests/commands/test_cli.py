@@ -28,6 +28,18 @@ def test_integer_and_its_bounds():
     rejects(cli.integer(), str(2**31), "<= 2147483647")
 
 
+def test_power_of_two_names_the_nearest():
+    p = cli.power_of_two(1, 4096)
+    assert [p(t) for t in ("1", "2", "1024", " 4096 ")] == [1, 2, 1024, 4096]
+    rejects(p, "1500", "allowed: an integer in [1, 4096] that is a power of two (the "
+                       "nearest: 1024, 2048)")
+    rejects(p, "3", "(the nearest: 2, 4)")
+    rejects(p, "4095", "(the nearest: 2048, 4096)")
+    for bad in ("0", "8192", "-4", "2.0", "x", ""):
+        rejects(p, bad, "allowed: an integer in [1, 4096] that is a power of two")
+    rejects(cli.power_of_two(1, 12), "10", "power of two (the nearest: 8)")
+
+
 def test_finite_numbers_only():
     p = cli.finite(0.0, 1.0, hi_open=True)
     assert p("0") == 0.0 and p("0.5") == 0.5 and p("1e-9") == 1e-9

@@ -97,7 +97,8 @@ def test_sample_refuses_a_corrupt_checkpoint_and_a_prompt_past_the_length(tmp_pa
     (["--length", "41"], "--length 41; allowed: 1 .. the model's n_ctx=40"),
     (["--top-k", "257"], "--top-k 257; allowed: 1 .. the model's vocab_size=256"),
     (["--prompt", ""], "argument --prompt: got ''; allowed: a non-empty text"),
-    (["--prompt", "\\x"], "argument --prompt: got '\\\\x'; allowed: a non-empty text"),
+    (["--prompt", "\\x"], "argument --prompt: got '\\\\x' (its escape '\\\\x' at character 0 is "
+                          "malformed); allowed: a non-empty text"),
     (["--prompt", "ab", "--prompt-file", "p.txt"], "both --prompt and --prompt-file given"),
     (["--prompt-file", "empty.txt"], "--prompt-file empty.txt is empty; allowed: a file"),
     (["--complete", "test"], "--complete/--prompt-length given to a text model; allowed:"),

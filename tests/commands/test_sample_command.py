@@ -4,6 +4,8 @@ sec. 7: samples and completions)."""
 
 from __future__ import annotations
 
+import argparse
+
 import matplotlib.image
 import pytest
 import torch
@@ -86,6 +88,28 @@ def test_cli_help_and_missing_checkpoint(tmp_path, capsys, monkeypatch):
     code, _, err = run_cli(["--checkpoint", str(tmp_path / "none.pt"), "--prompt-file",
                             str(tmp_path)], capsys)
     assert code == 2
+
+
+@pytest.mark.parametrize("prompt,said", [
+    ("abc\\x4", "got 'abc\\\\x4' (its escape '\\\\x4' at character 3 is malformed); allowed: a "
+                "non-empty text (backslash escapes such as \\n, \\x41 understood; \\x takes two "
+                "hex digits"),
+    ("é\\xzz!", "(its escape '\\\\xzz' at character 1 is malformed)"),     # characters, not bytes
+    ("abc\\", "got 'abc\\\\' (it ends in a backslash that escapes nothing); allowed: a "
+              "non-empty text"),
+    ("\ud800", "got '\\ud800' (not encodable as UTF-8); allowed: a non-empty text"),
+    ("", "got ''; allowed: a non-empty text"),
+])
+def test_a_bad_prompt_names_its_bad_escape(prompt, said, checkpoints, capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["python -m fast sample"])
+    with pytest.raises(argparse.ArgumentTypeError) as err:
+        sample_command.prompt_bytes(prompt)
+    assert said in str(err.value), err.value
+    code, out, err = run_cli(["--checkpoint", checkpoints[1], "--no-progress", "--prompt",
+                              prompt], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("python -m fast sample: argument --prompt: got ") and said in err, err
+    assert sample_command.prompt_bytes("a\\x41\\n\\j") == b"aA\n\\j"  # good escapes decode
 
 
 def test_text_prompt_escapes(checkpoints, tmp_path, capsys, monkeypatch):

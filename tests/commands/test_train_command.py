@@ -208,6 +208,32 @@ def test_command_lines_train_then_sample(tmp_path, monkeypatch, capsys):
         load_checkpoint(tmp_path / "junk.pt")
 
 
+def test_a_resume_says_what_it_would_not_do_and_what_it_changes(tmp_path, capsys):
+    """--stop_iter before the checkpoint's step: one line, exit 2, no step (it was exit 0,
+    "no step taken"); another --cpu_threads: the run goes on and says in one line that its
+    weights match an uninterrupted run only to float rounding; the same count says
+    nothing."""
+    argv = ["--preset", "digits", "--d_model", "16", "--n_layers", "1", "--batch_size", "4",
+            "--max_iters", "4", "--eval_batches", "1", "--precision", "fp32",
+            "--out_dir", str(tmp_path)]
+    assert cli.main(argv + ["--cpu_threads", "1", "--stop_iter", "2"])["step"] == 2
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as end:
+        cli.main(argv + ["--cpu_threads", "1", "--resume", "--stop_iter", "1"])
+    err = capsys.readouterr().err
+    assert end.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("python -m fast train: cannot resume ") and "with stop_iter=1: the " \
+        "checkpoint is at step 2, already past it; allowed: stop_iter >= 2" in err
+    assert cli.main(argv + ["--cpu_threads", "2", "--resume", "--stop_iter", "3"])["step"] == 3
+    said = [line for line in capsys.readouterr().err.splitlines()
+            if line.startswith("python -m fast train:")]
+    assert said == [f"python -m fast train: warning: {tmp_path / 'ckpt.pt'}: resumed with 2 CPU "
+                    f"threads where the run used 1: the weights will match an uninterrupted "
+                    f"run only to float rounding (bitwise with --cpu_threads 1)"], said
+    assert cli.main(argv + ["--cpu_threads", "2", "--resume"])["step"] == 4
+    assert "python -m fast train:" not in capsys.readouterr().err       # the same count: 2
+
+
 def test_cli_help_and_bad_option(capsys):
     with pytest.raises(SystemExit) as ok:
         cli.main(["--help"])

@@ -12,7 +12,9 @@ the models the figure scripts keep, in fp16 to be small) holds just the three.
 
 Versions. ``format`` counts changes of what a checkpoint holds. Format 2 added the
 version itself, and to training checkpoints the data fingerprint, the precision and
-the device; format 3 (this code) the model's ``output_init`` field. A file without
+the device; format 3 the model's ``output_init`` field; format 4 (this code), to
+training checkpoints, the CPU threads their steps used (``cpu_threads``: a resume
+with another count says so, ``fast.transformer.training.resume``). A file without
 ``format`` is format 1 (written before versions were kept; the weights-only files
 under figures/data/models are): its model loads as it always did, and a format-1
 *training* checkpoint is refused by ``--resume`` (it does not record the data,
@@ -27,6 +29,12 @@ mid-write never leaves a truncated checkpoint and a planted link is never follow
 
 Reading, in order, each failure a ValueError of one sentence:
 
+0. the file's first bytes (``unreadable_file``; nothing is unpickled): an empty file,
+   a file that is neither a zip archive (``torch.save``'s format) nor ``torch.save``'s
+   older pickle format (a text file, a web page saved instead of the file), or a plain
+   Python pickle is not a checkpoint, and says so; an archive whose end is missing (a
+   copy cut short, a full disk) is said to be damaged or truncated, as is a
+   ``torch.save`` file that the next step cannot read to its end;
 1. ``torch.load(weights_only=True)``: a checkpoint holds only tensors and plain
    Python values, and that unpickler builds nothing else. A file that holds
    anything else -- a pickle crafted to run code when opened, or a training
@@ -47,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import zipfile
 from pathlib import Path
 
 import torch
@@ -56,7 +65,7 @@ from fast.core.schema import Exact, ShapeError, Tensor, check
 from fast.transformer.config import ModelConfig, TrainConfig
 from fast.transformer.network.model import SparseTransformer
 
-FORMAT = 3                                                      # what this code writes
+FORMAT = 4                                                      # what this code writes
 # config -> {field: (the format that added it, its value in every older file)}
 ADDED = {"model_cfg": {"output_init": (3, "normal")}}
 REQUIRED = ("model", "model_cfg")                               # every checkpoint
@@ -96,12 +105,53 @@ def format_of(state: dict) -> int:
     return state.get("format", 1)
 
 
+ZIP_START = b"PK"                                               # a zip archive's first bytes
+# torch.save's older format: a pickle stream that opens with torch's magic number
+LEGACY_START = pickle.dumps(torch.serialization.MAGIC_NUMBER, protocol=2)
+PICKLE_START = b"\x80"                                          # pickle's PROTO opcode
+DAMAGED = ("copy it again from where it was written, or use an earlier checkpoint (a "
+           "copy cut short or a full disk leaves such a file)")
+
+
+def unreadable_file(path) -> str | None:
+    """Why ``path`` cannot be a checkpoint, from its bytes alone (step 0 of the module
+    docstring; nothing is unpickled), or None when it may be one."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(len(LEGACY_START))
+    archive = "a checkpoint archive (torch.save's zip format)"
+    if size == 0:
+        return f"{path} is not a readable checkpoint: it is empty (0 bytes), not {archive}"
+    if head.startswith(ZIP_START):
+        if not zipfile.is_zipfile(path):
+            return (f"{path} is not a readable checkpoint: it is damaged or truncated, "
+                    f"{size:,} bytes that begin as {archive} but end before the archive "
+                    f"does; {DAMAGED}")
+        with zipfile.ZipFile(path) as z:
+            if not any(name.endswith("/data.pkl") for name in z.namelist()):
+                return (f"{path} is not a readable checkpoint: it is a zip archive but not "
+                        f"{archive}, which holds a data.pkl")
+        return None
+    if head == LEGACY_START:
+        return None
+    if head.startswith(PICKLE_START):
+        return (f"{path} is not a readable checkpoint: it is a Python pickle, not {archive}; "
+                f"it was not read, so nothing in it was run")
+    return (f"{path} is not a readable checkpoint: it is not {archive}, its first bytes are "
+            f"{head[:16]!r}; allowed: a file written by torch.save, as python -m fast train "
+            f"writes its ckpt.pt")
+
+
 def load_checkpoint(path, map_location="cpu") -> dict:
-    """Read a checkpoint written here, safely (step 1 of the module docstring), with
-    its keys and format checked; clear errors when it is not one."""
+    """Read a checkpoint written here, safely (steps 0 and 1 of the module docstring),
+    with its keys and format checked; clear errors when it is not one."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} not found")
+    why = unreadable_file(path)
+    if why is not None:
+        raise ValueError(why)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
@@ -113,8 +163,11 @@ def load_checkpoint(path, map_location="cpu") -> dict:
             f"by this code's checkpoint format (or predates it); nothing in it was run. "
             f"Open it with torch.load(weights_only=False) only if you trust its "
             f"source") from err
-    except Exception as err:
-        raise ValueError(f"{path} is not a readable checkpoint: {err}") from err
+    except Exception as err:                # a torch.save file that does not read to its end
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{path} is not a readable checkpoint: it is damaged or truncated, "
+                         f"a torch.save file that cannot be read to its end ({first}); "
+                         f"{DAMAGED}") from err
     missing = sorted(set(REQUIRED) - set(state if isinstance(state, dict) else ()))
     if missing:
         raise ValueError(f"{path} is not a fast.transformer checkpoint: missing "

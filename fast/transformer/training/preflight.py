@@ -13,7 +13,9 @@ first evaluation, or when the checkpoint is written, costs the whole run. So
   there), and a checkpoint already in it is never overwritten by a fresh run unless
   ``overwrite=True``; with ``resume=True`` it must exist, be a safe, readable
   training checkpoint that this run -- its configs, world size, resolved precision
-  and device, and data -- continues exactly (``fast.transformer.training.resume``).
+  and device, and data -- continues exactly, with a ``stop_iter`` (if given) not
+  before its step (``fast.transformer.training.resume``; another CPU thread count is a
+  ``ResumeWarning``).
   The checkpoint found (or its absence) is remembered (``Plan.found``): the run
   takes the out_dir's lock and checks at every save that the file is still that one
   (``fast.transformer.training.output``).
@@ -55,6 +57,9 @@ class Plan:
     data: dict | None = None         # dataset.fingerprint(): what the run reads
     found: tuple | None = None       # fast.core.files.identity of the checkpoint seen
                                      # (None: there was none)
+    threads: int | None = None       # intra-op CPU threads the steps use: cpu_threads,
+                                     # or torch's count when that is None (None here:
+                                     # left as it is)
 
 
 def check_run(model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -78,8 +83,10 @@ def _check(model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset | No
                          f"{world} ranks")
     path = Path(train_cfg.out_dir) / "ckpt.pt"
     dataset = _check_data(model_cfg, train_cfg, dataset)
+    threads = (torch.get_num_threads() if train_cfg.cpu_threads is None
+               else train_cfg.cpu_threads)
     plan = Plan(device, precision, world, train_cfg.batch_size // world, dataset, path,
-                None, dataset.fingerprint())
+                None, dataset.fingerprint(), threads=threads)
     _check_output(model_cfg, train_cfg, plan)
     return plan
 
@@ -98,7 +105,7 @@ def _check_output(model_cfg, train_cfg, plan: Plan) -> None:
         plan.resume_state = load_checkpoint(path, map_location=plan.device)
         check_resumable(plan.resume_state, path, model_cfg=model_cfg, train_cfg=train_cfg,
                         world=plan.world, precision=plan.precision, device=plan.device,
-                        data=plan.data)
+                        data=plan.data, threads=plan.threads)
         if identity(path) != plan.found:
             raise ValueError(f"{path} changed while it was read; is another run writing "
                              f"out_dir {path.parent}?")

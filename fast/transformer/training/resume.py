@@ -20,6 +20,8 @@ key order:
                                              shape of every split the run read
     precision, device                     -- what "auto" resolved to ("fp16", "bf16",
                                              "fp32"; "cpu", "cuda")
+    cpu_threads                           -- the intra-op threads the steps that wrote
+                                             it used (torch.get_num_threads(); format 4)
     history                               -- {"train": the loss log, "evals": the evaluations}
 
 ``training_state`` assembles it, ``check_resumable`` says whether a run may continue
@@ -34,12 +36,27 @@ bytes is another run). Before any of it is used, every part of the state is chec
 against what this run would build (``fast.core.schema``): the weights against the
 model, the optimiser's moments against the parameters' shapes, the scheduler's,
 loss scaler's and RNG states against fresh ones, the step within [0, max_iters] and
-the history's lists; a state that does not fit is refused, naming the place.
+the history's lists; a state that does not fit is refused, naming the place. A
+``stop_iter`` before the checkpoint's step is refused too: the run cannot stop where
+it has already been (it took no step and said nothing of it). ``stop_iter`` at the
+checkpoint's step is allowed and takes no step (the same command run again), as is
+resuming a finished run.
+
+What a resume allows and says (``ResumeWarning``, one line): another CPU thread
+count. The count belongs to the machine, not the experiment -- refusing it would stop
+a run moved to another machine -- but on the CPU the order of a parallel reduction
+follows it, so the weights then match an uninterrupted run only to float rounding,
+not bitwise (bitwise equality holds for the same thread count: on CUDA the count
+does not enter the arithmetic, and nothing is said). A format-3 checkpoint, which
+does not record the count, is compared with its ``cpu_threads`` field when that was
+given. The other fields that do not move the weights (``stop_iter``, the
+evaluation, logging and checkpoint intervals, ``out_dir``) may change silently.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 
@@ -56,14 +73,25 @@ from fast.core.schema import (
     Tuple,
     check,
 )
-from fast.transformer.config import ModelConfig, TrainConfig
+from fast.transformer.config import MAX_THREADS, ModelConfig, TrainConfig
 from fast.transformer.network.checkpoint import check_weights, configs_from, format_of
 from fast.transformer.network.model import SparseTransformer
 from fast.transformer.training import seed as seeding
 from fast.transformer.training.optim import make_optimizer, make_scheduler
 
 TRAINING = ("optimizer", "scheduler", "scaler", "rng", "step", "data_position", "train_cfg",
-            "data", "precision", "device", "history")        # a checkpoint that can resume
+            "data", "precision", "device", "cpu_threads", "history")  # a checkpoint that
+                                                                        # can resume
+SINCE = {"cpu_threads": 4}           # a key of TRAINING -> the format that added it
+# The parts a resume compares with this run, checked first so that they can be compared
+# (the rest of the state is checked after: ``_check_state``).
+COMPARED = {"data_position": {"world_size": Int(1)}, "precision": str, "device": str,
+            "data": Map(Exact({"sha256": str, "shape": [Int(0)]}))}
+
+
+class ResumeWarning(UserWarning):
+    """A resume that continues the run, but not bitwise (module docstring); ``python -m
+    fast train`` prints it as one line."""
 
 # Fields that change which batches are drawn or how the weights move: a resumed run
 # must keep them, or it would silently stop being the run it continues. (precision
@@ -94,16 +122,21 @@ def training_state(*, model, optimizer, scheduler, scaler, step: int, world: int
         "model_cfg": dataclasses.asdict(model_cfg),
         "train_cfg": dataclasses.asdict(train_cfg),
         "data": data, "precision": precision, "device": torch.device(device).type,
+        "cpu_threads": torch.get_num_threads(),
         "history": {"train": history, "evals": evals}}
 
 
 def check_resumable(state: dict, path, *, model_cfg: ModelConfig, train_cfg: TrainConfig,
-                    world: int, precision: str, device, data: dict) -> None:
+                    world: int, precision: str, device, data: dict,
+                    threads: int | None = None) -> None:
     """ValueError unless ``state`` (read from ``path`` by ``load_checkpoint``) is a
     training checkpoint this run -- ``model_cfg``, ``train_cfg`` on ``world`` ranks, in
     ``precision`` on ``device``, reading ``data`` (a fingerprint) -- continues exactly,
-    and every part of it is shaped as this run would have written it."""
-    missing = [key for key in TRAINING if key not in state]
+    every part of it shaped as this run would have written it, and ``train_cfg.stop_iter``
+    (if given) not before its step. ``threads``: the CPU threads this run's steps will use;
+    another count than the saved run's, on the CPU, is a ``ResumeWarning``."""
+    missing = [key for key in TRAINING
+               if key not in state and format_of(state) >= SINCE.get(key, 0)]
     if missing:
         raise ValueError(f"cannot resume {path}: it holds no training state (missing "
                          f"{missing}); only checkpoints written by a training run resume")
@@ -116,6 +149,12 @@ def check_resumable(state: dict, path, *, model_cfg: ModelConfig, train_cfg: Tra
     if saved_train is None:
         raise ValueError(f"cannot resume {path}: its train_cfg is None; only checkpoints "
                          f"written by a training run resume")
+    try:                                 # what is compared below, shaped to be compared
+        for key, shape in COMPARED.items():
+            check(state[key], shape, key)
+    except ShapeError as err:
+        raise ValueError(f"cannot resume {path}: it is not a training state this run can "
+                         f"continue: {err}") from err
     changed = [f"{f.name}: {getattr(saved_cfg, f.name)!r} -> {getattr(model_cfg, f.name)!r}"
                for f in dataclasses.fields(ModelConfig)
                if getattr(saved_cfg, f.name) != getattr(model_cfg, f.name)]
@@ -123,8 +162,7 @@ def check_resumable(state: dict, path, *, model_cfg: ModelConfig, train_cfg: Tra
                 for name in TRAJECTORY_FIELDS
                 if getattr(saved_train, name) != getattr(train_cfg, name)]
     now = {"world size": world, "precision": precision, "device": torch.device(device).type}
-    saved = {"world size": state["data_position"].get("world_size")
-             if isinstance(state["data_position"], dict) else None,
+    saved = {"world size": state["data_position"]["world_size"],
              "precision": state["precision"], "device": state["device"]}
     changed += [f"{key}: {saved[key]!r} -> {now[key]!r}" for key in now if saved[key] != now[key]]
     changed += _data_changes(state["data"], data)
@@ -137,12 +175,23 @@ def check_resumable(state: dict, path, *, model_cfg: ModelConfig, train_cfg: Tra
         raise ValueError(f"cannot resume {path}: it is not a training state this run can "
                          f"continue: {err}") from err
     check_weights(state["model"], model_cfg, path)
+    step, stop = state["step"], train_cfg.stop_iter
+    if stop is not None and stop < step:
+        raise ValueError(f"cannot resume {path} with stop_iter={stop}: the checkpoint is at "
+                         f"step {step}, already past it; allowed: stop_iter >= {step} (at "
+                         f"{step} the run takes no step), or no stop_iter (the run goes on "
+                         f"to max_iters={train_cfg.max_iters})")
+    saved_threads = state.get("cpu_threads", saved_train.cpu_threads)
+    if (threads is not None and saved_threads is not None and threads != saved_threads
+            and torch.device(device).type == "cpu"):
+        warnings.warn(f"{path}: resumed with {threads} CPU threads where the run used "
+                      f"{saved_threads}: the weights will match an uninterrupted run only to "
+                      f"float rounding (bitwise with --cpu_threads {saved_threads})",
+                      ResumeWarning, stacklevel=2)
 
 
-def _data_changes(saved, now: dict) -> list[str]:
+def _data_changes(saved: dict, now: dict) -> list[str]:
     """The splits whose bytes differ from the ones the saved run read."""
-    if not isinstance(saved, dict):
-        return [f"data: {type(saved).__name__} -> the fingerprint of every split"]
     out = []
     for split in sorted(set(saved) | set(now)):
         a, b = saved.get(split), now.get(split)
@@ -164,6 +213,8 @@ def _check_state(state: dict, model_cfg: ModelConfig, train_cfg: TrainConfig, wo
         scheduler = make_scheduler(optimizer, train_cfg)
     step = state["step"]
     check(step, Int(0, train_cfg.max_iters), "step")
+    if "cpu_threads" in state:
+        check(state["cpu_threads"], Int(1, MAX_THREADS), "cpu_threads")
     check(state["data_position"], Exact({"step": Int(step, step),
                                          "seed": Int(train_cfg.seed, train_cfg.seed),
                                          "world_size": Int(world, world)}), "data_position")

@@ -24,7 +24,9 @@ random draw flows from ``train_cfg.seed`` (``fast.transformer.training.seed``): 
 weights, the dropout masks, and the batch of step t on rank r. A checkpoint
 (``fast.transformer.training.resume``) holds the model, optimiser, scheduler, loss
 scaler, every rank's RNG states and the step, so ``resume=True`` continues to the
-same weights as an uninterrupted run. Under torchrun every rank draws its own
+same weights as an uninterrupted run (bitwise with the same CPU thread count; a
+resume with another count is told that it matches only to float rounding:
+``fast.transformer.training.resume``). Under torchrun every rank draws its own
 batches (batch_size is split across ranks) and its own dropout masks
 (``seed.seed_rank``); only rank 0 writes checkpoints and shows progress.
 
@@ -98,8 +100,8 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, progress: bool = Tr
         plan = check_run(model_cfg, train_cfg, dataset)     # ValueError before any step
     rank, world, created_group = init_distributed(plan.device)
     threads = torch.get_num_threads()
-    if train_cfg.cpu_threads is not None:
-        torch.set_num_threads(train_cfg.cpu_threads)
+    if plan.threads is not None:
+        torch.set_num_threads(plan.threads)             # cpu_threads, or as it was
     try:
         with (RunOutput(plan, writes=train_cfg.save_checkpoint and rank == 0) as output,
               Signals() as signals):

@@ -353,6 +353,21 @@ def test_digits():
     assert ds.splits["train"].max() == 16
 
 
+def test_npy_an_empty_split_is_named_with_what_is_allowed(tmp_path):
+    np.save(tmp_path / "train.npy", np.zeros((2, 4, 4, 3), np.uint8))
+    for split, empty in (("val", (0, 4, 4, 3)), ("val", (2, 0, 4, 3)), ("test", (0, 4, 4, 3))):
+        np.save(tmp_path / "val.npy", np.zeros((2, 4, 4, 3), np.uint8))
+        np.save(tmp_path / f"{split}.npy", np.zeros(empty, np.uint8))
+        with pytest.raises(ValueError) as err:
+            load("npy_images", path=tmp_path, image_shape=(4, 4, 3))
+        print(err.value)
+        assert str(err.value).startswith(f"{tmp_path / f'{split}.npy'}: split {split!r} holds "
+                                         f"no image (an array of shape {empty}); allowed: "
+                                         f"at least one image"), err.value
+        assert ("leave test.npy out" in str(err.value)) == (split == "test")
+        (tmp_path / "test.npy").unlink(missing_ok=True)
+
+
 def test_npy_images(tmp_path):
     rng = np.random.default_rng(0)
     np.save(tmp_path / "train.npy", rng.integers(0, 256, (5, 4, 4, 3), dtype=np.uint8))

@@ -400,6 +400,54 @@ def test_a_sweep_refuses_what_it_cannot_measure():
             sweeps.Sweep(**bad)
 
 
+def test_powers_are_the_range_asked_for_never_rounded_outside_it():
+    assert sweeps.powers(1024, 4096) == (1024, 2048, 4096) and sweeps.powers(1, 1) == (1,)
+    for lo, hi, says in [(1500, 1800, "lo=1500; allowed: a power of 2"),
+                         (1024, 1000, "hi=1000; allowed: a power of 2"),
+                         (0, 4, "lo=0; allowed: a power of 2"),
+                         (4096, 2048, "lo=4096 > hi=2048; allowed: lo <= hi")]:
+        with pytest.raises(ValueError, match=says):
+            sweeps.powers(lo, hi)
+
+
+@pytest.mark.parametrize("argv", [["--n-min", "2048", "--n-max", "2048"],
+                                  ["--n-min", "512", "--n-max", "8192"],
+                                  ["--quick", "--n-min", "2048", "--n-max", "65536"],
+                                  ["--variants", "--same-process", "--n-min", "64",
+                                   "--n-max", "256"]])
+def test_the_sweep_measures_only_n_in_the_range_asked_for(argv):
+    args = bench_cli.parse_args(argv)
+    ns = bench_cli.sweep_from(args).ns
+    print(argv, "->", ns)
+    assert ns and all(args.n_min <= n <= args.n_max for n in ns)
+    assert ns[0] == args.n_min and ns[-1] == min(args.n_max, bench_cli.QUICK_N_MAX
+                                                 if args.quick else args.n_max)
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--n-min", "1500", "--n-max", "1800"], "argument --n-min: got '1500'; allowed: an "
+     "integer in [1, 16777216] that is a power of two (the nearest: 1024, 2048)"),
+    (["--n-min", "1000", "--n-max", "1000"], "argument --n-min: got '1000'; allowed: an "
+     "integer in [1, 16777216] that is a power of two (the nearest: 512, 1024)"),
+    (["--n-min", "2048", "--n-max", "5000"], "argument --n-max: got '5000'; allowed: an "
+     "integer in [1, 16777216] that is a power of two (the nearest: 4096, 8192)"),
+    (["--quick", "--n-min", "3000"], "argument --n-min: got '3000'; allowed: an integer in "
+     "[1, 16777216] that is a power of two"),
+    (["--same-process", "--long", "--long-n-min", "100000"], "argument --long-n-min: got "
+     "'100000'; allowed: an integer in [1, 16777216] that is a power of two"),
+    (["--n-min", "4096", "--n-max", "2048"], "--n-min 4096 with --n-max 2048; allowed: "
+     "--n-min <= --n-max"),
+])
+def test_bench_refuses_an_n_range_it_would_leave(argv, says, capsys):
+    """An end of the sweep that is not a power of two is refused in one line (it was
+    rounded down: --n-min 1500 --n-max 1800 measured n = 1024). Parsing only: nothing
+    is measured, whatever the outcome."""
+    with pytest.raises(SystemExit) as end:
+        bench_cli.parse_args(argv)
+    err = capsys.readouterr().err
+    assert end.value.code == 2 and err.count("\n") == 1 and says in err, err
+
+
 @pytest.mark.parametrize("argv,says", [
     (["--long"], "--long with the CPU's fresh process per point; allowed: --long with "
                  "--same-process or --device cuda"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from fast.transformer.network.checkpoint import FORMAT, load_checkpoint, load_mo
 from fast.transformer.network.model import SparseTransformer
 from fast.transformer.training import train as training
 from fast.transformer.training.preflight import check_run
+from fast.transformer.training.resume import ResumeWarning
 from tests.conftest import tiny_digits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -141,6 +143,11 @@ MALFORMED = [
     ("a weight of another shape", _weights("head.weight", lambda w: w[:-1]),
      r"does not hold the weights its model_cfg describes: model\['head.weight'\]"),
     ("a NaN weight", _weights("head.weight", lambda w: w * float("nan")), r"holds NaN or inf"),
+    ("a data fingerprint holding a tensor", _set(["data", "train", "shape", 0], torch.zeros(2)),
+     r"data\['train'\]\['shape'\]\[0\] is a torch.float32 tensor of shape \(2,\)"),
+    ("a precision that is a tensor", _set(["precision"], torch.zeros(2)), r"precision is a "),
+    ("a world size that is a tensor", _set(["data_position", "world_size"], torch.zeros(2)),
+     r"data_position\['world_size'\] is a "),
     ("a newer format", _set(["format"], FORMAT + 1),
      rf"format {FORMAT + 1}; allowed: formats 1 to {FORMAT}"),
     ("no format (format 1)", _delete(["format"]), r"format-1 checkpoint.*loads for sampling"),
@@ -207,6 +214,60 @@ def test_other_data_behind_the_same_path_is_refused(saved, tmp_path, digits, no_
     with pytest.raises(ValueError, match=r"data split 'train': sha256 \w+, shape \[1437, 64\] "
                                          r"-> sha256 \w+"):
         resume_from(saved, tmp_path, other)
+
+
+def test_a_stop_iter_before_the_checkpoint_is_refused(saved, tmp_path, digits, no_step):
+    """The run cannot stop where it has been (it took no step and said nothing of it);
+    at the checkpoint's step it takes no step (the same command again), past it, steps."""
+    with pytest.raises(ValueError) as err:
+        resume_from(saved, tmp_path, digits, stop_iter=1)
+    print(err.value)
+    assert "with stop_iter=1: the checkpoint is at step 2, already past it; allowed: " \
+           "stop_iter >= 2 (at 2 the run takes no step), or no stop_iter (the run goes on to " \
+           "max_iters=4)" in str(err.value)
+    for stop in (2, 3):
+        assert resume_from(saved, tmp_path, digits, stop_iter=stop).resume_state["step"] == 2
+
+
+def resume_warnings(state, tmp_path, digits, **kw) -> list[str]:
+    """The ResumeWarnings of a resume of ``state`` (every one, however often seen)."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        resume_from(state, tmp_path, digits, **kw)
+    return [str(w.message) for w in said if issubclass(w.category, ResumeWarning)]
+
+
+def test_another_thread_count_resumes_and_says_weights_match_only_to_rounding(
+        saved, tmp_path, digits, no_step):
+    """The count belongs to the machine: allowed, with one line; the same count (given, or
+    torch's own when cpu_threads is None) says nothing."""
+    assert saved["cpu_threads"] == torch.get_num_threads() == 1    # what the steps used
+    said = resume_warnings(saved, tmp_path, digits, cpu_threads=2)
+    print(said)
+    assert said == [f"{tmp_path / 'ckpt.pt'}: resumed with 2 CPU threads where the run used "
+                    f"1: the weights will match an uninterrupted run only to float rounding "
+                    f"(bitwise with --cpu_threads 1)"]
+    assert resume_warnings(saved, tmp_path, digits, cpu_threads=1) == []
+    assert resume_warnings(saved, tmp_path, digits, cpu_threads=None) == []   # torch's: 1
+
+
+def test_the_thread_count_is_recorded_and_a_format_3_file_compares_its_field(
+        saved, tmp_path, digits, no_step):
+    """Format 4 records the count (a format-4 state without it is refused, one with a
+    count out of range too); a format-3 file has only its cpu_threads field to compare,
+    when it was given."""
+    old = copy(saved)
+    old["format"] = 3
+    del old["cpu_threads"]
+    assert resume_warnings(old, tmp_path, digits, cpu_threads=2) == []       # unknown: None
+    old["train_cfg"]["cpu_threads"] = 1
+    assert "where the run used 1" in resume_warnings(old, tmp_path, digits, cpu_threads=2)[0]
+    for change, says in ((_delete(["cpu_threads"]), r"missing \['cpu_threads'\]"),
+                         (_set(["cpu_threads"], 0), r"cpu_threads is 0; expected an integer")):
+        state = copy(saved)
+        change(state)
+        with pytest.raises(ValueError, match=says):
+            resume_from(state, tmp_path, digits)
 
 
 def test_a_model_is_checked_against_its_file_before_it_is_built(tmp_path, monkeypatch):
