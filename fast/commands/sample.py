@@ -226,8 +226,10 @@ def prepare(args):
             warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
             model, model_cfg, train_cfg = load_model(args.checkpoint, resolve_device(args.device))
     except (ValueError, OSError, RuntimeError) as err:
-        raise cli.UsageError(f"--checkpoint {args.checkpoint} ({err}); allowed: a checkpoint "
-                             f"written by python -m fast train or a weights-only model") from err
+        said = str(err)                  # a message that says what is allowed keeps its own
+        allowed = "" if "allowed:" in said else ("; allowed: a checkpoint written by python "
+                                                 "-m fast train or a weights-only model")
+        raise cli.UsageError(f"--checkpoint {args.checkpoint} ({said}){allowed}") from err
     n_ctx, image = model_cfg.n_ctx, model_cfg.embedding == "image"
     length = n_ctx if args.length is None else args.length
     if length > n_ctx or (image and length != n_ctx):

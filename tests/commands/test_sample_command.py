@@ -88,6 +88,9 @@ def test_cli_help_and_missing_checkpoint(tmp_path, capsys, monkeypatch):
     code, _, err = run_cli(["--checkpoint", str(tmp_path / "none.pt"), "--prompt-file",
                             str(tmp_path)], capsys)
     assert code == 2
+    (tmp_path / "notes.pt").write_text("not a checkpoint\n")  # says what is allowed, once
+    code, _, err = run_cli(["--checkpoint", str(tmp_path / "notes.pt")], capsys)
+    assert code == 2 and "not a checkpoint archive" in err and err.count("allowed:") == 1
 
 
 @pytest.mark.parametrize("prompt,said", [

@@ -34,6 +34,9 @@ Decisions:
   "bigbird" (the sparse stores serve the paper's patterns full, strided, fixed).
 * **The position is the cache's**: ``prefill`` starts at position 0 (a cache that
   holds positions refuses it: ``reset`` first); ``step`` appends at ``position``.
+  It is one position for the whole batch: the cache takes no padding, so prompts of
+  different lengths need a cache each (or ``sparse_attention`` with ``lengths`` /
+  ``offsets``, which takes padded batches, over the whole prefix).
   ``step`` takes p >= 1 positions: p = 1 is the decoding step; p > 1 continues a
   sequence by several positions at once (a chunk of a long prompt, or a prompt
   without ``prefill``), computed as p one-position steps: exact, and a chunk costs
