@@ -135,6 +135,21 @@ def _check_data(model_cfg: ModelConfig, train_cfg: TrainConfig,
     if dataset.kind == "image" and model_cfg.embedding != "image":
         raise ValueError(f"dataset {dataset.name!r} holds images; use embedding='image' "
                          f"with image_shape={dataset.image_shape}")
+    if dataset.kind == "image":
+        # the batches begin with the start token, id = the data's vocabulary size; the model
+        # (and the sampler) take id vocab_size as the start token: they must be one id
+        if dataset.vocab_size != model_cfg.vocab_size:
+            raise ValueError(f"dataset {dataset.name!r} has {dataset.vocab_size} symbols and "
+                             f"its images begin with start token {dataset.vocab_size}, but the "
+                             f"model's start token is its vocab_size={model_cfg.vocab_size} "
+                             f"(training and sampling would begin differently); allowed: "
+                             f"vocab_size={dataset.vocab_size}")
+        if tuple(model_cfg.image_shape) != tuple(dataset.image_shape):
+            raise ValueError(f"dataset {dataset.name!r} holds images of shape (H, W, C) = "
+                             f"{tuple(dataset.image_shape)}, but the model's image_shape is "
+                             f"{tuple(model_cfg.image_shape)} (its row, column and channel "
+                             f"embeddings would describe another layout); allowed: "
+                             f"image_shape={tuple(dataset.image_shape)}")
     n = model_cfg.n_ctx
     for split in ("train", *train_cfg.eval_splits):
         if split not in dataset.splits:

@@ -358,3 +358,22 @@ def test_a_randomly_damaged_state_is_refused_in_one_sentence_or_resumes(data, sa
             return
         m, t = tiny(tmp, resume=True)
         training.train(m, t, progress=False, plan=plan)
+
+
+@pytest.mark.parametrize("change,message", [
+    # the batches begin with the data's start token (17), the sampler with the model's
+    (dict(vocab_size=32), r"start token 17, but the model's start token is its "
+                          r"vocab_size=32 .*allowed: vocab_size=17"),
+    (dict(vocab_size=16), r"has 17 symbols, more than the model's vocab_size=16"),
+    (dict(image_shape=(4, 16, 1)), r"images of shape \(H, W, C\) = \(8, 8, 1\), but the "
+                                   r"model's image_shape is \(4, 16, 1\)"),
+    (dict(image_shape=(2, 2, 16)), r"allowed: image_shape=\(8, 8, 1\)"),
+])
+def test_image_data_must_fit_the_models_start_token_and_layout(change, message, tmp_path,
+                                                                digits, no_step):
+    """An image model whose vocabulary or image shape differ from its data's is refused
+    before any step: training would feed one start token and sampling another, or the
+    row, column and channel embeddings would describe another layout."""
+    m, t = tiny(tmp_path, **change)
+    with pytest.raises(ValueError, match=message):
+        check_run(m, t, digits)
