@@ -185,6 +185,7 @@ class Decoder:
             raise ValueError(f"the prompt must hold 1..capacity={self.capacity} positions, "
                              f"got {p}")
         model = self.model
+        self.batch = idx.shape[0]                    # every step takes one token per row
         h = model.embed(idx)                                             # (B, p, d)
         for block, cache in zip(model.blocks, self.caches):
             x = block.ln1(h)
@@ -198,6 +199,25 @@ class Decoder:
             h = block.residual(h, block.attn.output(out))                # (B, p, d)
         return model.head(model.ln_f(h[:, -1])).float()                  # (B, vocab)
 
+    def _check_tokens(self, tokens) -> None:
+        """The same refusals on every engine: an integer tensor (B,), one token per row
+        of the prefill, and -- for tensors on the host, where reading them costs no
+        wait -- ids in [0, vocab_size] (vocab_size is the start token). On a GPU the ids
+        are not read (a wait per token)."""
+        if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point \
+                or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            got = tokens.dtype if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens must be an integer tensor (B,) of token ids, got {got}")
+        if tuple(tokens.shape) != (self.batch,):
+            raise ValueError(f"tokens must be ({self.batch},), one per sequence of the "
+                             f"prefill, got shape {tuple(tokens.shape)}")
+        if tokens.device.type == "cpu":
+            rows = self.cfg.vocab_size + 1
+            lo, hi = int(tokens.min()), int(tokens.max())
+            if lo < 0 or hi >= rows:
+                raise ValueError(f"token ids must lie in [0, {rows}), got values in "
+                                 f"[{lo}, {hi}]")
+
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Decode position t: tokens (B,) -> logits (B, vocab), float32, predicting t + 1."""
@@ -207,6 +227,7 @@ class Decoder:
                              f"not fit")
         if t == 0:
             raise ValueError("step continues a sequence: call prefill first")
+        self._check_tokens(tokens)
         autocast_on = _autocast_on(tokens.device)
         if self.cpu_step is not None:
             logits = None if autocast_on else self.cpu_step(tokens, t)  # (B, vocab)

@@ -279,13 +279,17 @@ def test_decoder_engines():
         == "torch"
     with pytest.raises(ValueError, match="engine must be one of .*'auto', 'numba', 'torch'"):
         Decoder(model, 10, engine="gpu")
-    dec = Decoder(model, 10, engine="numba")
-    dec.prefill(torch.full((2, 1), 13))
-    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 14\), got values in "
-                                         r"\[3, 99\]"):
-        dec.step(torch.tensor([3, 99]))
-    with pytest.raises(ValueError, match=r"tokens must be \(2,\), one per sequence"):
-        dec.step(torch.tensor([3]))
+    for engine in ("torch", "numba"):                  # the same refusals on both engines
+        dec = Decoder(model, 10, engine=engine)
+        dec.prefill(torch.full((2, 1), 13))
+        for bad, message in ((torch.tensor([3, 99]), r"token ids must lie in \[0, 14\), "
+                                                     r"got values in \[3, 99\]"),
+                             (torch.tensor([-1, 4]), r"got values in \[-1, 4\]"),
+                             (torch.tensor([3]), r"tokens must be \(2,\), one per sequence"),
+                             (torch.tensor([1.7, 2.9]), r"integer tensor .*torch.float32")):
+            with pytest.raises(ValueError, match=message):
+                dec.step(bad)
+        assert dec.t == 1
     with autocast("bf16", torch.device("cpu")), \
             pytest.raises(ValueError, match="engine 'numba' computes in float32"):
         dec.step(torch.tensor([3, 4]))
