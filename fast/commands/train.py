@@ -40,6 +40,7 @@ import warnings
 from fast.commands import cli
 from fast.transformer.config import PRESETS, ModelConfig, TrainConfig, preset
 from fast.transformer.network.checkpoint import CheckpointWriteError
+from fast.transformer.training.optim import ScheduleWarning
 from fast.transformer.training.output import OutputRefused
 from fast.transformer.training.preflight import check_run
 from fast.transformer.training.resume import ResumeWarning
@@ -134,11 +135,12 @@ def main(argv: list[str] | None = None) -> dict:
         try:
             with warnings.catch_warnings(record=True) as said:
                 warnings.simplefilter("always", ResumeWarning)
+                warnings.simplefilter("always", ScheduleWarning)
                 plan = check_run(model_cfg, train_cfg)       # every check before a step
         except ValueError as err:
             cli.fail(COMMAND, err)
-        for w in said:                        # a resume's warning: one line; others as usual
-            if issubclass(w.category, ResumeWarning):
+        for w in said:            # a resume's or schedule's warning: one line; others as usual
+            if issubclass(w.category, (ResumeWarning, ScheduleWarning)):
                 sys.stderr.write(f"{COMMAND}: warning: {' '.join(str(w.message).split())}\n")
             else:
                 warnings.showwarning(w.message, w.category, w.filename, w.lineno)

@@ -214,8 +214,8 @@ def test_a_resume_says_what_it_would_not_do_and_what_it_changes(tmp_path, capsys
     weights match an uninterrupted run only to float rounding; the same count says
     nothing."""
     argv = ["--preset", "digits", "--d_model", "16", "--n_layers", "1", "--batch_size", "4",
-            "--max_iters", "4", "--eval_batches", "1", "--precision", "fp32",
-            "--out_dir", str(tmp_path)]
+            "--max_iters", "4", "--warmup_iters", "1", "--eval_batches", "1", "--precision",
+            "fp32", "--out_dir", str(tmp_path)]
     assert cli.main(argv + ["--cpu_threads", "1", "--stop_iter", "2"])["step"] == 2
     capsys.readouterr()
     with pytest.raises(SystemExit) as end:
@@ -232,6 +232,19 @@ def test_a_resume_says_what_it_would_not_do_and_what_it_changes(tmp_path, capsys
                     f"run only to float rounding (bitwise with --cpu_threads 1)"], said
     assert cli.main(argv + ["--cpu_threads", "2", "--resume"])["step"] == 4
     assert "python -m fast train:" not in capsys.readouterr().err       # the same count: 2
+
+
+def test_a_warm_up_as_long_as_the_run_is_said_in_one_line(tmp_path, capsys):
+    argv = ["--preset", "digits", "--d_model", "16", "--n_layers", "1", "--batch_size", "4",
+            "--max_iters", "2", "--warmup_iters", "4", "--eval_batches", "1", "--precision",
+            "fp32", "--out_dir", str(tmp_path)]
+    assert cli.main(argv)["step"] == 2
+    said = [line for line in capsys.readouterr().err.splitlines()
+            if line.startswith("python -m fast train:")]
+    assert said == ["python -m fast train: warning: warmup_iters=4 is not below max_iters=2: "
+                    "the learning rate climbs to 0.5 of its peak lr=0.002 at the last step and "
+                    "its cosine decay never starts (warmup_iters < max_iters gives the whole "
+                    "schedule)"], said
 
 
 def test_cli_help_and_bad_option(capsys):

@@ -10,6 +10,7 @@ weight matrices and embeddings only.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -23,6 +24,24 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+class ScheduleWarning(UserWarning):
+    """A schedule that runs, but not as its settings suggest: a warm-up as long as the
+    run or longer never reaches the peak rate, and its cosine decay never starts
+    (``check_schedule``); ``python -m fast train`` prints it as one line."""
+
+
+def check_schedule(cfg: TrainConfig) -> None:
+    """A ``ScheduleWarning`` when warmup_iters >= max_iters (runs that short are legal:
+    tests and smoke runs take a few steps of a preset)."""
+    if cfg.warmup_iters >= cfg.max_iters:
+        top = lr_factor(cfg.max_iters - 1, cfg)
+        warnings.warn(f"warmup_iters={cfg.warmup_iters} is not below max_iters="
+                      f"{cfg.max_iters}: the learning rate climbs to {top:.3g} of its peak "
+                      f"lr={cfg.lr:g} at the last step and its cosine decay never starts "
+                      f"(warmup_iters < max_iters gives the whole schedule)",
+                      ScheduleWarning, stacklevel=3)
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:

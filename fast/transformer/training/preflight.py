@@ -6,9 +6,13 @@ first evaluation, or when the checkpoint is written, costs the whole run. So
 ``fast.transformer.training.train`` calls it first:
 
 * the device and precision exist on this machine, and the batch divides over the ranks;
-* the data: it loads, fits the model (vocabulary, images or text, sequence length),
-  its training split holds a sequence, and every split in ``eval_splits`` exists and
-  gives at least one evaluation batch; its fingerprint is taken;
+* the data: it loads, fits the model (vocabulary -- for images the same one, since the
+  batches begin with the data's start token and sampling with the model's --, images
+  or text, the images' shape, sequence length), its training split holds a sequence,
+  and every split in ``eval_splits`` exists and gives at least one evaluation batch;
+  its fingerprint is taken;
+* the schedule: a warm-up not shorter than the run is a ``ScheduleWarning``
+  (``fast.transformer.training.optim``);
 * the output: ``out_dir`` can be made and written to (a file is created and removed
   there), and a checkpoint already in it is never overwritten by a fresh run unless
   ``overwrite=True``; with ``resume=True`` it must exist, be a safe, readable
@@ -41,6 +45,7 @@ from fast.transformer.config import ModelConfig, TrainConfig
 from fast.transformer.network.checkpoint import load_checkpoint
 from fast.transformer.network.devices import resolve_device, resolve_precision
 from fast.transformer.training.distributed import world_size
+from fast.transformer.training.optim import check_schedule
 from fast.transformer.training.resume import check_resumable
 
 
@@ -83,6 +88,7 @@ def _check(model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset | No
                          f"{world} ranks")
     path = Path(train_cfg.out_dir) / "ckpt.pt"
     dataset = _check_data(model_cfg, train_cfg, dataset)
+    check_schedule(train_cfg)
     threads = (torch.get_num_threads() if train_cfg.cpu_threads is None
                else train_cfg.cpu_threads)
     plan = Plan(device, precision, world, train_cfg.batch_size // world, dataset, path,

@@ -84,7 +84,10 @@ def train(model_cfg: ModelConfig, train_cfg: TrainConfig, *, progress: bool = Tr
 
       model          the trained SparseTransformer (unwrapped from DDP), train mode
       history        {"step", "loss", "bits", "lr"}: training loss (nats) and
-                     bits per byte/dim every log_interval steps (this rank's batch)
+                     bits per byte/dim every log_interval steps (this rank's batch);
+                     "lr" at step s is lr * lr_factor(s + 1), the rate of the next
+                     step (``scheduler.get_last_lr()`` after step s, which itself took
+                     lr * lr_factor(s); ``fast.transformer.training.optim``)
       evals          [{"step": s, "<split>": bits, ...}] every eval_interval and at the end
       final          {"<split>": bits} of the last evaluation
       time_per_iter  mean seconds per optimiser step (steps after the first of this

@@ -28,6 +28,7 @@ from fast.transformer.config import preset
 from fast.transformer.network.checkpoint import FORMAT, load_checkpoint, load_model
 from fast.transformer.network.model import SparseTransformer
 from fast.transformer.training import train as training
+from fast.transformer.training.optim import ScheduleWarning
 from fast.transformer.training.preflight import check_run
 from fast.transformer.training.resume import ResumeWarning
 from tests.conftest import tiny_digits
@@ -376,4 +377,18 @@ def test_image_data_must_fit_the_models_start_token_and_layout(change, message, 
     row, column and channel embeddings would describe another layout."""
     m, t = tiny(tmp_path, **change)
     with pytest.raises(ValueError, match=message):
+        check_run(m, t, digits)
+
+
+def test_a_warm_up_as_long_as_the_run_is_said(tmp_path, digits, no_step):
+    """warmup_iters >= max_iters runs (smoke runs take a few steps of a preset) but says
+    that the peak rate is never reached and the decay never starts; a shorter warm-up
+    says nothing."""
+    m, t = tiny(tmp_path, max_iters=10, warmup_iters=30)
+    with pytest.warns(ScheduleWarning, match=r"warmup_iters=30 is not below max_iters=10: "
+                                             r"the learning rate climbs to 0.333 of its peak"):
+        check_run(m, t, digits)
+    m, t = tiny(tmp_path, max_iters=10, warmup_iters=9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScheduleWarning)
         check_run(m, t, digits)

@@ -384,8 +384,8 @@ def test_a_second_writer_of_an_out_dir_is_refused_naming_the_first(tmp_path, dig
                                                 rf"run \(pid {os.getpid()} on "):
             training.train(m, t, progress=False, dataset=digits)
         argv = ["--preset", "digits", "--d_model", "16", "--n_heads", "2", "--n_layers", "1",
-                "--max_iters", "2", "--eval_batches", "1", "--device", "cpu",
-                "--out_dir", str(tmp_path)]
+                "--max_iters", "2", "--warmup_iters", "1", "--eval_batches", "1",
+                "--device", "cpu", "--out_dir", str(tmp_path)]
         with pytest.raises(SystemExit) as exit_:
             train_command.main(argv)
         err = capsys.readouterr().err
