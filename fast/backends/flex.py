@@ -34,6 +34,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 from fast.backends.padding import check_padding
 from fast.core.checks import check_finite as reject_non_finite
+from fast.core.checks import check_scale
 from fast.core.nonfinite import attention_reach, quarantine
 from fast.layout import block_layout
 from fast.layout.heads import head_table
@@ -159,6 +160,11 @@ def _cached_block_mask(pattern, n, n_heads, combine, layer, device, items):
     return block_mask(pattern, n, n_heads, combine, layer, device=device, **dict(items))
 
 
+# What torch 2.13.0's compiled FlexAttention takes on the CPU (float64 fails inside
+# the compiler with an internal error)
+CPU_COMPILED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def flex_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, *,
                           stride=None, c=None, combine: str = "merged", layer: int = 0,
                           scale=None, compile: bool = True, check_finite: bool | None = None,
@@ -167,7 +173,9 @@ def flex_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pat
     """FlexAttention with the pattern's BlockMask: q (B, H, n_q, d), k (B, Hkv, n_k, d),
     v (B, Hkv, n_k, d_v) -> output (B, H, n_q, d_v). Rows that read nothing give 0.
 
-    As ``fast.sparse_attention``: the queries are the last n_q <= n_k positions; with
+    As ``fast.sparse_attention``: one dtype for q, k, v (compiled on the CPU: float32,
+    float16 or bfloat16; eager: any), ``scale`` a finite real number or None
+    (1 / sqrt(d)); the queries are the last n_q <= n_k positions; with
     ``enable_gqa`` k and v may have Hkv heads dividing H (FlexAttention's own
     ``enable_gqa``); ``lengths`` and ``offsets`` pad a batch (``fast.backends.padding``:
     each sequence at its own positions, padded keys unread, padded query rows 0), through
@@ -197,6 +205,12 @@ def flex_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pat
         raise ValueError(f"q (B, H, n_q, d), k (B, Hkv, n_k, d) and v (B, Hkv, n_k, d_v) "
                          f"need n_q <= n_k and Hkv = H (or, with enable_gqa=True, dividing "
                          f"H); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if compile and q.device.type == "cpu" and q.dtype not in CPU_COMPILED_DTYPES:
+        raise ValueError(f"compiled FlexAttention on the CPU takes {CPU_COMPILED_DTYPES}, got "
+                         f"{q.dtype}; allowed: one of those, or compile=False (eager)")
+    scale = check_scale(scale, d)
     # checked params hold only ints and tuples of ints (global_tokens), so they can
     # key the cache whatever the caller passed (lists, NumPy arrays, NumPy ints)
     params = check_params(pattern, n, n_heads, combine, layer,

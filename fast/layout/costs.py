@@ -49,15 +49,17 @@ def tile_flops(pattern: str, B: int, n: int, n_heads: int, d: int, params: dict,
 
 
 def _key(params: dict) -> tuple:
-    """``params`` as a hashable key (lists and ranges as tuples)."""
-    return tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple, range)) else v)
-                        for k, v in params.items()))
+    """``params`` as a hashable key (lists and ranges as tuples), each value with its
+    type, so that a value equal to a valid one (True == 1, 64.0 == 64) never finds the
+    valid one's entry and skips the checks ``block_layout`` makes."""
+    return tuple(sorted((k, type(v).__name__, tuple(v) if isinstance(v, (list, tuple, range))
+                         else v) for k, v in params.items()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None, typed=True)     # typed: n, block_size as above
 def _counts(pattern, n, n_heads, params_key, block_size, order) -> tuple[float, float]:
     """(tiles per head, causal density) of one layout."""
-    p = dict(params_key)
+    p = {k: v for k, _, v in params_key}
     combine, layer = p.pop("combine", "merged"), p.pop("layer", 0)
     lay = block_layout(pattern, n, n_heads=n_heads, combine=combine, layer=layer,
                        block_size=block_size, order=order, **p)

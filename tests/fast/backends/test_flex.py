@@ -170,6 +170,21 @@ def test_bad_qkv_shape():
         flex_sparse_attention(q, q[:, :, :5], q[:, :, :5], "full", compile=False)
 
 
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.5", True])
+def test_bad_scale_and_dtypes(scale):
+    """A scale that sparse_attention refuses is refused here too (NaN and inf came back
+    as an all-NaN output); mixed dtypes are refused (eager returned float32); compiled
+    float64 on the CPU is refused before the compiler fails inside."""
+    q = torch.zeros(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="scale must be a finite real number or None"):
+        flex_sparse_attention(q, q, q, "full", scale=scale, compile=False)
+    with pytest.raises(ValueError, match="one dtype, got torch.float32, torch.float64"):
+        flex_sparse_attention(q, q.double(), q, "full", compile=False)
+    with pytest.raises(ValueError, match=r"compiled FlexAttention on the CPU takes .*got "
+                                         r"torch.float64; allowed: .*compile=False"):
+        flex_sparse_attention(q.double(), q.double(), q.double(), "full")
+
+
 @pytest.mark.parametrize("pattern,combine,params,H,Hkv", [
     ("strided", "multihead", dict(stride=7), 4, 2),
     ("fixed", "merged", dict(stride=8, c=2), 4, 1),

@@ -343,3 +343,15 @@ def test_diagonal_blocks_are_causal():
 def test_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         block_layout(**kwargs)
+
+
+def test_costs_cache_never_lets_an_invalid_argument_through():
+    """Layout costs are cached; an argument equal to a valid one (True == 1, 64.0 == 64)
+    is still refused after the valid one was cached, not answered from its entry."""
+    from fast.layout.costs import layout_tiles
+    assert layout_tiles("strided", 64, 1, {"stride": 1}, block_size=1) > 0
+    assert layout_tiles("strided", 64, 1, {"stride": 8}) > 0
+    for n, params, block in ((64.0, {"stride": 8}, 64), (64, {"stride": True}, 1),
+                             (64, {"stride": 1}, True)):
+        with pytest.raises(ValueError, match="must be an integer"):
+            layout_tiles("strided", n, 1, params, block_size=block)
