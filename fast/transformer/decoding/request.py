@@ -83,6 +83,8 @@ def check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision
     if prompt is None:                       # text without a start token: one newline byte
         text = cfg.embedding == "text" and not start_token and cfg.vocab_size > ord("\n")
         prompt = torch.full((num, int(text)), ord("\n"), dtype=torch.long)
+    if isinstance(prompt, (list, tuple)) and len(prompt) == 0:
+        prompt = torch.zeros(0, dtype=torch.long)        # no prompt: the start token alone
     prompt = torch.as_tensor(np.asarray(prompt) if isinstance(prompt, (list, tuple)) else prompt)
     if prompt.dtype in (torch.bool,) or prompt.is_floating_point() or prompt.is_complex():
         raise ValueError(f"prompt must hold integer token ids, got dtype {prompt.dtype}")

@@ -14,7 +14,9 @@ Two ways to compute each next distribution, one flag:
   ``cache="dense"`` keeps and reads every key (the usual cache; a baseline);
 * ``cache=False``: re-run the whole model on the prefix for every token -- the
   reference the tests compare the caches with. With the same generator all
-  three draw the same tokens.
+  three draw the same tokens in float32 and float64; under bfloat16 or float16
+  autocast they round their logits differently, and near-ties may draw differently
+  (docs/design.md, section 9).
 
 A cached step runs on one of the decoder's engines (``engine``): "numba", one
 compiled call per step, for float32 models on the CPU, and "torch" otherwise;
@@ -68,7 +70,12 @@ def sample(model, num: int = 4, *, length: int | None = None, prompt=None,
     dict to fill with seconds, tokens drawn, the cache's bytes, the decoder's engine
     and the steps each engine ran. engine: "auto", "numba" or "torch" (``Decoder``).
     """
-    model = getattr(model, "module", model)
+    model = getattr(model, "module", model)                      # DistributedDataParallel
+    model = getattr(model, "_orig_mod", model)                   # torch.compile's wrapper
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got "
+                         f"{type(generator).__name__} (a seed: torch.Generator()."
+                         f"manual_seed(seed))")
     cfg = model.cfg
     req = check_request(cfg, num, length, prompt, temperature, top_k, top_p, precision,
                         start_token, cache, batch_size, threads, engine)

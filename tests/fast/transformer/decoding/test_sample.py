@@ -182,3 +182,17 @@ def test_text_sampling_continues_a_prompt():
     assert model.training and not model.blocks[0].attn.qk_fp32     # state restored
     with pytest.raises(ValueError, match="length must be"):
         sampling.sample(model, 1, length=25)
+
+
+def test_sample_takes_what_a_user_would_pass():
+    """A compiled model (torch.compile's wrapper) samples as the model does; an empty
+    prompt with the start token is no prompt; a seed where a generator belongs is named."""
+    model = model_for("strided", "merged", image=True)
+    want = sample(model, 2, generator=torch.Generator().manual_seed(3))
+    got = sample(torch.compile(model), 2, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(got, want)
+    assert torch.equal(sample(model, 2, prompt=[], start_token=True,
+                              generator=torch.Generator().manual_seed(3)), want)
+    with pytest.raises(ValueError, match=r"generator must be a torch.Generator or None, got "
+                                         r"int \(a seed: torch.Generator\(\).manual_seed"):
+        sample(model, 2, generator=42)
