@@ -223,7 +223,8 @@ class SparseTransformer(nn.Module):
     """The Sparse Transformer: ``model(idx) -> logits``.
 
     idx: LongTensor (B, n) with 1 <= n <= cfg.n_ctx and values in [0, vocab_size]
-    (vocab_size is the start token). Returns logits (B, n, vocab_size); position
+    (vocab_size is the start token; the values are checked on the CPU, outside
+    torch.compile, where reading them costs no wait). Returns logits (B, n, vocab_size); position
     i predicts the token that follows idx[:, :i+1]. With ``return_attention=True``
     returns ``(logits, [weights per block])``, each (B, H, n, n) (float32, or float64
     for a float64 model), from the explicit masked path (figures only; no
@@ -275,6 +276,16 @@ class SparseTransformer(nn.Module):
         n = idx.shape[1]
         if not 1 <= n <= cfg.n_ctx:
             raise ValueError(f"sequence length must be in [1, n_ctx={cfg.n_ctx}], got {n}")
+        if idx.shape[0] == 0:
+            raise ValueError(f"idx must hold at least one sequence (B >= 1), got shape "
+                             f"{tuple(idx.shape)}")
+        if idx.device.type == "cpu" and not torch.compiler.is_compiling():
+            # the ids are read where that costs no wait (not on a GPU, not in a traced graph)
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi > cfg.vocab_size:
+                raise ValueError(f"token ids must lie in [0, vocab_size={cfg.vocab_size}] "
+                                 f"({cfg.vocab_size} is the start token), got values in "
+                                 f"[{lo}, {hi}]")
         h = self.embed(idx)                                              # (B, n, d)
         weights = []
         for block in self.blocks:

@@ -200,3 +200,23 @@ def test_paper_presets_have_table1_parameter_counts(name, millions):
     got = model.num_params() / 1e6
     print(name, got)
     assert abs(got / millions - 1) < 0.02
+
+
+@pytest.mark.parametrize("idx,words", [
+    (torch.tensor([[1, 2, 99]]), r"token ids must lie in \[0, vocab_size=\d+\] .*got values "
+                                 r"in \[1, 99\]"),
+    (torch.tensor([[-1, 2, 3]]), r"got values in \[-1, 3\]"),
+    (torch.zeros(0, 5, dtype=torch.long), r"at least one sequence \(B >= 1\), got shape "
+                                          r"\(0, 5\)"),
+    (torch.zeros(1, 0, dtype=torch.long), r"sequence length must be in \[1, n_ctx=19\], "
+                                          r"got 0"),
+    (torch.zeros(1, 3), r"idx must be a LongTensor"),
+])
+def test_bad_idx_is_named(idx, words):
+    """Ids outside the embedding (a -1 would silently read the start token's row), an
+    empty batch or sequence, a float tensor: one clear ValueError each."""
+    model = SparseTransformer(tiny())
+    with pytest.raises(ValueError, match=words):
+        model(idx)
+    top = torch.tensor([[model.cfg.vocab_size, 0]])                       # the start token
+    assert model(top).shape == (1, 2, model.cfg.vocab_size)
