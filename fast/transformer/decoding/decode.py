@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from fast.transformer.decoding.kv_cache import CACHES
 from fast.transformer.decoding.sparse_kv_cache import SparseKVCache
 from fast.transformer.network.block import Norm, feed_forward, residual, split_heads
-from fast.transformer.network.model import Block, SparseTransformer
+from fast.transformer.network.model import Block, SparseTransformer, check_token_ids
 
 ENGINES = ("auto", "numba", "torch")
 
@@ -201,9 +201,8 @@ class Decoder:
 
     def _check_tokens(self, tokens) -> None:
         """The same refusals on every engine: an integer tensor (B,), one token per row
-        of the prefill, and -- for tensors on the host, where reading them costs no
-        wait -- ids in [0, vocab_size] (vocab_size is the start token). On a GPU the ids
-        are not read (a wait per token)."""
+        of the prefill, and ids in [0, vocab_size] where reading them costs no wait
+        (``check_token_ids``, the model's own check)."""
         if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point \
                 or tokens.dtype.is_complex or tokens.dtype == torch.bool:
             got = tokens.dtype if isinstance(tokens, torch.Tensor) else type(tokens).__name__
@@ -211,12 +210,7 @@ class Decoder:
         if tuple(tokens.shape) != (self.batch,):
             raise ValueError(f"tokens must be ({self.batch},), one per sequence of the "
                              f"prefill, got shape {tuple(tokens.shape)}")
-        if tokens.device.type == "cpu":
-            rows = self.cfg.vocab_size + 1
-            lo, hi = int(tokens.min()), int(tokens.max())
-            if lo < 0 or hi >= rows:
-                raise ValueError(f"token ids must lie in [0, {rows}), got values in "
-                                 f"[{lo}, {hi}]")
+        check_token_ids(tokens, self.cfg.vocab_size)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -219,6 +219,18 @@ class Block(nn.Module):
         return residual(h, self.drop(a), self.ln2, self.ff, self.drop)
 
 
+def check_token_ids(ids: torch.Tensor, vocab_size: int) -> None:
+    """ValueError unless every id lies in [0, vocab_size] (vocab_size is the start
+    token: the embedding's last row), read only where that costs no wait -- on the CPU,
+    outside torch.compile (on a GPU, or traced, nothing is read)."""
+    if ids.device.type != "cpu" or torch.compiler.is_compiling() or ids.numel() == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi > vocab_size:
+        raise ValueError(f"token ids must lie in [0, {vocab_size + 1}), got values in "
+                         f"[{lo}, {hi}] ({vocab_size} is the start token)")
+
+
 class SparseTransformer(nn.Module):
     """The Sparse Transformer: ``model(idx) -> logits``.
 
@@ -279,13 +291,7 @@ class SparseTransformer(nn.Module):
         if idx.shape[0] == 0:
             raise ValueError(f"idx must hold at least one sequence (B >= 1), got shape "
                              f"{tuple(idx.shape)}")
-        if idx.device.type == "cpu" and not torch.compiler.is_compiling():
-            # the ids are read where that costs no wait (not on a GPU, not in a traced graph)
-            lo, hi = int(idx.min()), int(idx.max())
-            if lo < 0 or hi > cfg.vocab_size:
-                raise ValueError(f"token ids must lie in [0, vocab_size={cfg.vocab_size}] "
-                                 f"({cfg.vocab_size} is the start token), got values in "
-                                 f"[{lo}, {hi}]")
+        check_token_ids(idx, cfg.vocab_size)
         h = self.embed(idx)                                              # (B, n, d)
         weights = []
         for block in self.blocks:
