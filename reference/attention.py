@@ -21,6 +21,8 @@ mask can be checked exactly.
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 
@@ -77,9 +79,9 @@ def _broadcasts_to(shape: tuple, target: tuple) -> bool:
 def _scale(scale, d: int) -> float:
     if scale is None:
         return 1.0 / np.sqrt(d)
-    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.number)) \
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, numbers.Real) \
             or not np.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale!r}")
+        raise ValueError(f"scale must be finite, a real number or None, got {scale!r}")
     return float(scale)
 
 

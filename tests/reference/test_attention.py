@@ -331,7 +331,7 @@ def test_bad_scale_and_grad_out():
         attend_backward(q, k, v, m, np.full((6, 4), np.nan))
 
 
-@pytest.mark.parametrize("scale", ["a", True, float("nan")])
+@pytest.mark.parametrize("scale", ["a", True, float("nan"), np.complex128(0.5), 0.5j])
 def test_bad_scale_is_a_value_error(scale):
     q = np.ones((3, 2))
     with pytest.raises(ValueError, match="scale"):

@@ -29,12 +29,15 @@ mid-write never leaves a truncated checkpoint and a planted link is never follow
 
 Reading, in order, each failure a ValueError of one sentence:
 
-0. the file's first bytes (``unreadable_file``; nothing is unpickled): an empty file,
+0. the file's bytes (``unreadable_file``; nothing is unpickled): an empty file,
    a file that is neither a zip archive (``torch.save``'s format) nor ``torch.save``'s
    older pickle format (a text file, a web page saved instead of the file), or a plain
    Python pickle is not a checkpoint, and says so; an archive whose end is missing (a
    copy cut short, a full disk) is said to be damaged or truncated, as is a
-   ``torch.save`` file that the next step cannot read to its end;
+   ``torch.save`` file that the next step cannot read to its end; an archive with a
+   record whose bytes do not match the CRC-32 the archive keeps for it (bytes zeroed or
+   flipped inside: ``torch.load`` reads them as weights without a word) is said to be
+   damaged, and which record;
 1. ``torch.load(weights_only=True)``: a checkpoint holds only tensors and plain
    Python values, and that unpickler builds nothing else. A file that holds
    anything else -- a pickle crafted to run code when opened, or a training
@@ -113,6 +116,23 @@ DAMAGED = ("copy it again from where it was written, or use an earlier checkpoin
            "copy cut short or a full disk leaves such a file)")
 
 
+def _failed_checksum(z: zipfile.ZipFile) -> str | None:
+    """The first record of ``z`` whose bytes do not match the CRC-32 the archive keeps
+    for it, or None. torch.save writes a checksum per record and torch.load does not
+    check them, so bytes changed inside a record (zeroed by a failing disk, flipped in a
+    copy) would load as weights. A record written with no checksum (0) is not checked."""
+    for info in z.infolist():
+        if info.CRC == 0:
+            continue
+        try:
+            with z.open(info) as f:                   # ZipExtFile checks the CRC at the end
+                while f.read(1 << 24):
+                    pass
+        except zipfile.BadZipFile:
+            return info.filename
+    return None
+
+
 def unreadable_file(path) -> str | None:
     """Why ``path`` cannot be a checkpoint, from its bytes alone (step 0 of the module
     docstring; nothing is unpickled), or None when it may be one."""
@@ -132,6 +152,10 @@ def unreadable_file(path) -> str | None:
             if not any(name.endswith("/data.pkl") for name in z.namelist()):
                 return (f"{path} is not a readable checkpoint: it is a zip archive but not "
                         f"{archive}, which holds a data.pkl")
+            bad = _failed_checksum(z)
+        if bad is not None:
+            return (f"{path} is not a readable checkpoint: it is damaged, its record {bad!r} "
+                    f"does not match the checksum the archive keeps for it; {DAMAGED}")
         return None
     if head == LEGACY_START:
         return None

@@ -113,3 +113,29 @@ def test_torch_save_older_format_reads_and_cut_short_is_damaged(good, tmp_path):
     cut.write_bytes(buf.getvalue()[:-30])
     said = refusal(cut)
     assert f"{DAMAGED}, a torch.save file that cannot be read to its end" in said and TO_DO in said
+
+
+def test_bytes_changed_inside_a_record_are_caught_by_its_checksum(good, tmp_path):
+    """torch.load reads zeroed or flipped weight bytes without a word (shown first); the
+    archive's CRC-32 of each record catches them, and the refusal names the record."""
+    path, data = good
+    with zipfile.ZipFile(path) as z:
+        record = max((info for info in z.infolist() if "/data/" in info.filename),
+                     key=lambda info: info.file_size)                  # the largest tensor
+    with open(path, "rb") as f:                     # the data begins after the local header
+        f.seek(record.header_offset + 26)
+        name_len, extra_len = (int.from_bytes(f.read(2), "little") for _ in range(2))
+    start = record.header_offset + 30 + name_len + extra_len
+    for change in ("zeroed", "flipped"):
+        broken = bytearray(data)
+        piece = slice(start + 8, start + 40)
+        broken[piece] = bytes(32) if change == "zeroed" else bytes(b ^ 0x10 for b in
+                                                                    broken[piece])
+        bad = tmp_path / f"{change}.pt"
+        bad.write_bytes(bytes(broken))
+        loaded = torch.load(bad, weights_only=True)["model"]    # torch does not notice
+        assert any(not torch.equal(loaded[k], v)
+                   for k, v in torch.load(path, weights_only=True)["model"].items())
+        said = refusal(bad)
+        assert f"it is damaged, its record {record.filename!r} does not match the " \
+               f"checksum" in said and TO_DO in said
