@@ -15,7 +15,7 @@ empty-row rule: a row that reads nothing in every piece gets out 0, lse -inf
 Two forms, one formula: ``merge_into`` (two pieces, written in place: the
 structured backend's path) and ``merge`` (a list of pieces, built on
 ``merge_into``). The Triton forward kernel does the same merge in registers
-(``fast.kernels.triton_kernels``, ACCUMULATE); ``merge`` is its readable twin,
+(``fast.kernels.triton_kernels``, ``LOAD_PREV``); ``merge`` is its readable twin,
 which the tests compare it with.
 """
 

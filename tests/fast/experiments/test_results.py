@@ -201,3 +201,14 @@ def test_fig2_depth_section_of_a_run_still_training_says_so():
     lines = results.fig2_depth_section({"train": {"24": {}, "6": {}}})
     assert lines == ["Figure 2 against depth, `python -m fast fig2 --depth`: models of 6, 24 "
                      "layers trained, not measured yet (run it again to measure them)."]
+
+
+def test_the_readme_holds_every_line_the_committed_results_print(capsys):
+    """README.md's result tables are ``python -m fast results``'s output over the committed
+    figures/data: a line that changed there (a re-run, a new column) and not in the README
+    is stale prose of numbers."""
+    assert results_command.main([]) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    readme = set((ROOT / "README.md").read_text().splitlines())
+    stale = [line for line in printed if line not in readme]
+    assert len(printed) > 50 and not stale, stale
