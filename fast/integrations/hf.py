@@ -405,8 +405,9 @@ def _refuse_positions(wrong, position_ids, want, where: str) -> None:
         raise ValueError(
             f"{where}: position_ids[{b}, {i}] = {given}, but the sparse pattern puts that "
             f"token at position {pos}: the pattern's positions start at each sequence's "
-            f"first token (left padding shifts them, as generate() does). Allowed: "
-            f"position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0), or none")
+            f"first token (left padding shifts them, as generate() does; a model given "
+            f"no position_ids numbers every row from its first slot, pads included). "
+            f"Allowed: position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)")
 
 
 @torch.library.custom_op("sparse_transformer::hf_refuse_positions", mutates_args=())

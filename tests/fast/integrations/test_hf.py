@@ -371,8 +371,11 @@ def test_positions_that_disagree_with_the_padding_are_refused(strided_llama):
     pattern's from the first token -- refused, saying what to pass."""
     ids, mask = tokens(2, N), torch.ones(2, N, dtype=torch.long)
     mask[0, :3] = 0
-    with pytest.raises(ValueError, match=r"position_ids\[0, 3\] = 3, .*position 0.*cumsum"):
+    with pytest.raises(ValueError, match=r"position_ids\[0, 3\] = 3, .*position 0.*cumsum") \
+            as err:
         strided_llama(ids, attention_mask=mask)
+    assert "no position_ids numbers every row from its first slot" in str(err.value)
+    assert not str(err.value).endswith("or none")         # none is what was passed
 
 
 def test_output_attentions_is_refused(strided_llama):
