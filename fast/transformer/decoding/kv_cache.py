@@ -72,6 +72,22 @@ class LayerCache:
         """Bytes held by the stored keys and values."""
         return sum(kv.nbytes for kv in self.stores.values())
 
+    # -- views into the stores, and what pickling keeps ----------------------
+    VIEWS: tuple[str, ...] = ()         # attributes that are views into ``stores``
+
+    def _make_views(self) -> None:
+        """Set the ``VIEWS`` attributes from the stores (allocated or not yet)."""
+
+    def __getstate__(self) -> dict:
+        """The state without the views: pickle writes a view as a tensor of its own, so
+        an unpickled cache would append to its stores and read stale copies.
+        ``__setstate__`` makes the views again (deepcopy goes through both too)."""
+        return {k: v for k, v in self.__dict__.items() if k not in self.VIEWS}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._make_views()
+
     def plan_groups(self) -> list[tuple]:
         """For ``fast.transformer.decoding.cpu_step``: per group of heads, (the heads as a list,
         the key of their store in ``stores``, a signature: caches whose groups share
@@ -118,6 +134,12 @@ class LayerCache:
 class DenseCache(LayerCache):
     """Every key and value of the layer; a step reads all t + 1 and masks the row."""
 
+    VIEWS = ("kt", "v")
+
+    def _make_views(self) -> None:
+        if self.stores:
+            self.kt, self.v = self._views(self.stores["all"])
+
     def append(self, t: int, kv: torch.Tensor) -> None:
         """Store position t: kv (B, H, 1, dk + dv), the key then the value."""
         self.extend(kv, start=t)
@@ -126,7 +148,7 @@ class DenseCache(LayerCache):
         """Store positions start.. start+p-1 at once: kv (B, H, p, dk + dv)."""
         if not self.stores:
             self.stores["all"] = self._empty(kv, self.kv_heads, self.capacity)
-            self.kt, self.v = self._views(self.stores["all"])
+            self._make_views()
         self.stores["all"].narrow(2, start, kv.shape[2]).copy_(kv)
 
     def _drop(self, t: int, masks: dict | None) -> torch.Tensor | None:
@@ -178,6 +200,12 @@ class SparseCache(LayerCache):
     """Only the keys row t can read, grouped by head (``fast.backends.reads.head_groups``):
     one store per group (``Group.store``), read in the pieces of ``step_pieces``."""
 
+    VIEWS = ("views",)
+
+    def _make_views(self) -> None:
+        self.views = {g: (store.view(-1, *store.shape[2:]), *self._views(store))
+                      for g, store in self.stores.items()}       # (B Hg, rows, w), K^T, V
+
     def __init__(self, capacity: int, n_heads: int, key_width: int, pattern: str, combine: str,
                  layer: int, params: dict, qk_fp32: bool = True, kv_heads: int | None = None):
         super().__init__(capacity, n_heads, key_width, pattern, combine, layer, params, qk_fp32,
@@ -189,7 +217,7 @@ class SparseCache(LayerCache):
         self.whole = len(self.groups) == 1                    # one group: every head
         self.writes = [self._summary_writes(g) for g in self.groups]
         self.drops = [{} for _ in self.groups]                # residue -> ~summary_mask
-        self.views: dict = {}                                 # group -> (flat, K^T, V) views
+        self.views: dict = {}                  # group -> (flat, K^T, V) views: _make_views
         self.kinds = [g.store() for g in self.groups]         # each group's store
         # only a head that reads the fixed summaries alone has rows that read nothing
         self.empty = [g.parts == ("summary",) for g in self.groups]
@@ -241,8 +269,7 @@ class SparseCache(LayerCache):
         for g, group in enumerate(self.groups):
             heads = len(range(self.n_heads)[group.heads]) // self.share
             self.stores[g] = self._empty(kv, heads, rows[group.store()])
-            B, Hg, n, w = self.stores[g].shape
-            self.views[g] = (self.stores[g].view(B * Hg, n, w), *self._views(self.stores[g]))
+        self._make_views()
         self.device = str(kv.device)
 
     def _summary_row(self, g: int, t: int):

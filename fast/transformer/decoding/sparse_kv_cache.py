@@ -50,6 +50,8 @@ Decisions:
   dtype (float64, float32, bfloat16 or float16), on their device, for their batch;
   later tensors must match, and a position past ``capacity`` is refused.
   ``reset`` forgets the sequence and the stores (the next tensors choose again).
+  A copy (``copy.deepcopy``, ``pickle``) taken mid-sequence steps on by itself from
+  the same position: its views into its stores are made again, not copied apart.
 * **Precision**: q.k, the softmax and the weighted sum run in float32 (float64 for
   float64 input) whatever the input dtype, with autocast off for them (sec. 5.6:
   float16 q.k can overflow); the output has q's dtype. A row that reads nothing

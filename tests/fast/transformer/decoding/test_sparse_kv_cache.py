@@ -16,6 +16,9 @@ project's decoder holding these caches.
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -241,6 +244,30 @@ def test_what_the_cache_keeps():
             sizes[pattern, mode] = cache.nbytes()
     assert sizes["fixed", "sparse"] == H * (-(-n // l) * c + l) * per_key
     assert sizes["fixed", "dense"] == sizes["strided", "sparse"] == H * n * per_key
+
+
+@pytest.mark.parametrize("copy_of", ["pickle", "deepcopy"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("pattern,params,combine,H", [CASES[2], CASES[6], CASES[8]])
+def test_a_copied_cache_goes_on_exactly(pattern, params, combine, H, mode, copy_of):
+    """A cache copied mid-sequence (handed to another process, kept beside a branch) steps
+    on exactly, and apart from the original: its steps read what its own steps wrote
+    (pickle used to write the views into the stores as tensors of their own)."""
+    layer = layers(combine)[-1]
+    q, k, v = qkv(1, H, N, D, seed=7)
+    want = truth(q, k, v, P.head_masks(pattern, N, H, combine, layer, **params))
+    cache = SparseKVCache(pattern, n_heads=H, key_dim=D, capacity=N, combine=combine,
+                          layer=layer, mode=mode, **params)
+    empty = copy.deepcopy(cache)                               # nothing allocated yet
+    cache.prefill(k[:, :, :10], v[:, :, :10])
+    copied = pickle.loads(pickle.dumps(cache)) if copy_of == "pickle" else copy.deepcopy(cache)
+    for c in (copied, cache, empty):
+        if c is empty:
+            c.prefill(k[:, :, :10], v[:, :, :10])
+        got = torch.cat([c.step(q[:, :, t:t + 1], k[:, :, t:t + 1], v[:, :, t:t + 1])
+                         for t in range(10, N)], dim=2)
+        err = (got - want[:, :, 10:]).abs().max().item()
+        assert err < 1e-10, (copy_of, err)
 
 
 def test_position_and_reset():
