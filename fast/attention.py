@@ -49,11 +49,13 @@ Backends (one flag, the slow and the fast path side by side):
                -> flash attention over the transposed grid, bands and gathered
                summaries, merged through their log-sum-exp (``fast.backends.structured``);
                one query (n_q = 1) -> the one-query step (``fast.backends.row``): the keys
-               its row reads, gathered, O(keys read);
+               its row reads, gathered, O(keys read) (eager only: it reads values and
+               positions on the host, so a traced call takes the operator);
 * "triton"     the block-sparse Triton kernel (``fast.kernels.triton_attention``);
 * "auto"       the fastest exact path that honours the call's arguments: attn_mask or
                dropout -> "naive"; full -> causal SDPA everywhere; one query of a
-               full, strided or fixed pattern -> the one-query step. On CUDA, with
+               full, strided or fixed pattern -> the one-query step (traced: as any
+               other call, below). On CUDA, with
                Triton importable (and not in its interpreter mode) and a
                float16/bfloat16/float32 input, every other pattern -> "triton" (the
                structured path's CUDA fallback is exact but not fast). Else strided and
@@ -72,9 +74,12 @@ the checks that read values on the host (``sparse_transformer::check_inputs``,
 ``fast.backends.host_checks``: the finite check and the padding values). "full" and
 the naive path are plain PyTorch (SDPA), which the compiler traces and fuses. Not yet
 without a break: ``check_finite=False`` with a backward on a pattern other than "full"
-(its NaN quarantine finds what a row reads through ``torch.autograd.grad``), the
-one-query step (decoding: ``fast.SparseKVCache``), a Triton ``Variant`` built by the
+(its NaN quarantine finds what a row reads through ``torch.autograd.grad``),
+``fast.SparseKVCache``'s steps (decoding), a Triton ``Variant`` built by the
 caller, and a naive call big enough that its memory guard reads /proc/meminfo.
+An argument error found while tracing (a bad stride, a refused keyword) is raised
+by dynamo under ``fullgraph=True`` as ``torch._dynamo.exc.Unsupported`` ("Observed
+exception"), eager's message in its text; errors of values (NaN, padding) are eager's.
 
 The paths with queries shorter than the keys (n_q < n_k, n_q > 1) compute every one of
 the n_k rows on the structured and Triton backends (q padded in front with zero rows):
@@ -210,8 +215,9 @@ def resolve_backend(backend, pattern: str, device: torch.device,
     n_q = n if n_q is None else n_q
     if attn_mask or dropout:
         return "naive"
-    if pattern == "full" or (n_q == 1 and pattern in FACTORIZED):
-        return "structured"
+    if pattern == "full" or (n_q == 1 and pattern in FACTORIZED
+                             and not torch.compiler.is_compiling()):
+        return "structured"                   # traced, one query is an ordinary call
     if (device.type == "cuda" and dtype != torch.float64 and _triton_available()
             and not _triton_interpreted()):
         return "triton"
@@ -353,15 +359,17 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
                 B, H, n_q, n_k, q.dtype, q.device, B if lengths is not None or offsets
                 is not None else 1, naive_backend.mask_heads(pattern, combine, H), False):
         which = "structured"                  # the crossover's path cannot hold this call
-    # the one-query step looks for NaN and inf only in q and in what its row reads
-    row = which == "structured" and n_q == 1 and pattern in FACTORIZED
+    # the one-query step looks for NaN and inf only in q and in what its row reads; it
+    # reads values and positions on the host, so a traced call takes the operator instead
+    row = (which == "structured" and n_q == 1 and pattern in FACTORIZED
+           and not torch.compiler.is_compiling())
     values = (lengths is not None and (host_l or check_finite),
               offsets is not None and (host_o or check_finite))
     if (check_finite and not row) or any(values):      # the host reads, in one operator
         host_checks.check(q, k, v, bool(check_finite) and not row, lengths, offsets, *values)
     lengths, offsets = to_device(lengths, offsets, q.device)       # checked where given
-    run = functools.partial(_run, which, pattern, combine, layer, params, variant,
-                            attn_mask, lengths, offsets, check_finite)
+    run = functools.partial(_run, "row" if row else which, pattern, combine, layer, params,
+                            variant, attn_mask, lengths, offsets, check_finite)
     dtype, fold = q.dtype, None if which == "triton" else fold_dtype(scale, q.dtype)
     if fold is not None:          # see fold_dtype: q * scale in the dtype it fits, scale 1
         q, k, v = q.to(fold) * scale, k.to(fold), v.to(fold)            # (B, H, n, d)
@@ -380,7 +388,8 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
 
 def _run(which, pattern, combine, layer, params, variant, attn_mask, lengths, offsets,
          check_finite, q, k, v, *, scale, dropout_p):
-    """The chosen backend on checked inputs."""
+    """The chosen backend on checked inputs ("row": the structured backend's one-query
+    step)."""
     if which == "naive":
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
                                       scale=scale, attn_mask=attn_mask, lengths=lengths,
@@ -397,11 +406,11 @@ def _run(which, pattern, combine, layer, params, variant, attn_mask, lengths, of
         full = lambda q, k, v: attend(q, k, v, pattern, combine=combine, layer=layer,
                                       scale=scale, params=params, variant=variant)
         return padded_run(full, q, k, v, lengths, offsets)
-    # "structured"
-    if q.shape[2] == 1:                   # the one-query step: only the keys its row reads
+    if which == "row":                    # the one-query step: only the keys its row reads
         return row_attention(q, k, v, pattern, combine=combine, layer=layer, scale=scale,
                              params=params, lengths=lengths, offsets=offsets,
                              check_finite=check_finite)
+    # "structured"
     full = lambda q, k, v: structured_attention(q, k, v, pattern, combine=combine,
                                                 layer=layer, scale=scale, **params)
     return padded_run(full, q, k, v, lengths, offsets)

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 
 import torch
 
@@ -93,30 +92,47 @@ def crossovers() -> dict:
     return DEFAULT
 
 
-def crossover(table: dict, pattern: str, stride: int | None, backward: bool) -> int | None:
-    """X for ``pattern`` at the measured stride nearest ``stride`` (log2 distance; ties to
-    the smaller), for the forward+backward ("fb") or forward ("fwd") pass; None when the
-    pattern has no measured crossover."""
-    strides = table.get(pattern)
-    if not strides or stride is None:
+def measured(table: dict, pattern: str, backward: bool) -> tuple[tuple[int, int], ...]:
+    """((stride, X), ...) of ``pattern`` in ``table`` for the forward+backward ("fb") or
+    forward ("fwd") pass, by increasing stride; () when it has none."""
+    what = "fb" if backward else "fwd"
+    return tuple(sorted((int(s), e[what]) for s, e in table.get(pattern, {}).items()))
+
+
+def nearest(pairs: tuple[tuple[int, int], ...], stride: int | None) -> int | None:
+    """X at the measured stride nearest ``stride`` in log2 distance, ties to the smaller;
+    None when nothing is measured. Between neighbours a < b, ``stride`` is nearer a
+    (or as near) iff stride^2 <= a b: integer comparisons, so that a stride that
+    torch.compile traces as a symbol guards on them instead of breaking the graph."""
+    if not pairs or stride is None:
         return None
-    near = min(strides, key=lambda s: (abs(math.log2(int(s)) - math.log2(stride)), int(s)))
-    return strides[near]["fb" if backward else "fwd"]
+    for (a, X), (b, _) in zip(pairs, pairs[1:]):
+        if stride * stride <= a * b:
+            return X
+    return pairs[-1][1]
+
+
+def crossover(table: dict, pattern: str, stride: int | None, backward: bool) -> int | None:
+    """X for ``pattern`` at the measured stride nearest ``stride`` (``nearest``) for the
+    forward+backward ("fb") or forward ("fwd") pass; None when the pattern has no
+    measured crossover."""
+    return nearest(measured(table, pattern, backward), stride)
 
 
 @torch.compiler.assume_constant_result
-def in_force(pattern: str, stride: int | None, backward: bool) -> int | None:
-    """``crossover`` of the crossovers in force (``crossovers()``). Under torch.compile a
-    constant, computed when the call is traced: the file it may read is no graph break."""
-    return crossover(crossovers(), pattern, stride, backward)
+def in_force(pattern: str, backward: bool) -> tuple[tuple[int, int], ...]:
+    """``measured`` of the crossovers in force (``crossovers()``). Under torch.compile a
+    constant, computed when the call is traced: the file it may read is no graph break
+    (the stride, which may be traced as a symbol, is not an argument)."""
+    return measured(crossovers(), pattern, backward)
 
 
 def prefer_naive(pattern: str, n_q: int, n_k: int, stride: int | None, backward: bool,
                  table: dict | None = None) -> bool:
     """Whether auto takes the naive path over the structured one for this call on the
     CPU (module docstring); ``table``: the crossovers (None: ``crossovers()``)."""
-    X = in_force(pattern, stride, backward) if table is None else crossover(
-        table, pattern, stride, backward)
+    pairs = in_force(pattern, backward) if table is None else measured(table, pattern, backward)
+    X = nearest(pairs, stride)
     if X is None:
         return False
     return n_q * n_q < X * n_k

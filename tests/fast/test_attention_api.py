@@ -581,6 +581,18 @@ def test_auto_follows_the_record(monkeypatch, tmp_path):
         auto.crossovers.cache_clear()
 
 
+@pytest.mark.parametrize("strides", [(16, 32, 64, 128, 256), (16, 64), (8,), (3, 5, 100)])
+def test_the_nearest_measured_stride_is_nearest_in_log2_ties_to_the_smaller(strides):
+    """``auto.nearest`` decides in integers (a traced stride guards on them); it is the
+    log2 rule the module docstring states, at every stride up to 4096."""
+    pairs = tuple((s, 10 * s) for s in strides)
+    for stride in range(1, 4097):
+        want = min(strides, key=lambda s: (abs(np.log2(s) - np.log2(stride)), s))
+        assert auto.nearest(pairs, stride) == 10 * want, stride
+    assert auto.nearest(((16, 1), (64, 2)), 32) == 1                     # the tie: smaller
+    assert auto.nearest((), 32) is None and auto.nearest(pairs, None) is None
+
+
 def test_the_committed_defaults_are_the_committed_record(tmp_path):
     """``fast.backends.auto.DEFAULT`` is the crossovers of figures/data/auto_cpu.json as
     committed (git's HEAD): a ``make bench`` that rewrites the file on a user's machine

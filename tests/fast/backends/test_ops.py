@@ -144,6 +144,45 @@ def test_compiled_equals_reference(pattern, combine, params, padding):
         assert err < 1e-10, name
 
 
+@pytest.mark.parametrize("backend", ["auto", "structured", "naive"])
+def test_compiled_with_a_traced_stride_equals_reference(backend):
+    """A stride passed as an argument under dynamic=True (or one that changes between
+    calls) is traced as a symbol: every backend still compiles whole -- auto picks its
+    crossover by integer comparisons that guard (``fast.backends.auto.nearest``) -- and
+    each stride's call equals the float64 reference, forward and backward."""
+    q, k, v, go = inputs(1, 2, 2, 37, 37, 48, seed=6)
+    torch._dynamo.reset()
+    attend = torch.compile(lambda q, k, v, stride: sparse_attention(
+        q, k, v, "strided", stride=stride, backend=backend), backend="aot_eager",
+        fullgraph=True, dynamic=True)
+    for stride in (8, 16, 5):
+        want = truth(q, k, v, go, truth_masks("strided", 1, 2, 37, 37, stride=stride))
+        got = run(lambda q, k, v, s=stride: attend(q, k, v, s), q, k, v, go)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+            err = (a - b).abs().max().item()
+            print(f"{backend} stride {stride} {name}: error {err:.2e}")
+            assert err < 1e-10, name
+
+
+@pytest.mark.parametrize("backend", ["auto", "structured"])
+@pytest.mark.parametrize("pattern,params", [("strided", {"stride": 5}),
+                                            ("fixed", {"stride": 8, "c": 2})])
+@pytest.mark.parametrize("n_k", [1, 37])
+def test_compiled_one_query_equals_reference(backend, pattern, params, n_k):
+    """One query -- a sequence of one position, or the last of 37 -- compiles whole: a
+    traced call takes the operator (the eager one-query step reads values and positions
+    on the host), and equals the float64 reference, forward and backward."""
+    q, k, v, go = inputs(2, 4, 2, 1, n_k, 48, seed=7)
+    want = truth(q, k, v, go, truth_masks(pattern, 2, 4, 1, n_k, **params))
+    attend = _compiled(lambda q, k, v: sparse_attention(
+        q, k, v, pattern, backend=backend, enable_gqa=True, **params))
+    got = run(attend, q, k, v, go)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        err = (a - b).abs().max().item()
+        print(f"{backend} {pattern} n_k={n_k} {name}: error {err:.2e}")
+        assert err < 1e-10, name
+
+
 @pytest.mark.parametrize("score", [4e4, 3.6e7])
 def test_compiled_recomputes_in_float64_as_eager(score):
     """Tied large scores in float32 (|lse| beyond EXACT_LSE): the operator decides on the
