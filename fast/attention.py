@@ -131,7 +131,7 @@ from fast.backends.row import row_attention
 from fast.backends.structured import structured_attention
 from fast.core.checks import check_scale, check_tensors
 from fast.core.nonfinite import attention_reach, causal_reach, quarantine
-from fast.core.precision import fold_dtype
+from fast.core.precision import autocast_inputs, fold_dtype
 from reference.params import FACTORIZED, PARAMS, check_params
 
 BACKENDS = ("auto", "structured", "naive", "triton")
@@ -332,7 +332,20 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     variant: the Triton kernel variant (a name in ``fast.kernels.variants.VARIANTS`` or a
     ``Variant``; None: the default), for the "triton" backend only.
     Any other keyword must be a parameter of some pattern; others raise a TypeError.
+
+    Under autocast (``torch.autocast`` on q's device) it does what SDPA does: q, k and v,
+    unless float64, are cast to the autocast dtype, and the output is in it; every
+    backend then computes alike (``fast.core.precision.autocast_inputs``).
     """
+    (q, k, v), device = autocast_inputs(q, k, v)
+    if device is not None:                 # cast as SDPA casts; inside, autocast is off
+        with torch.autocast(device, enabled=False):
+            return sparse_attention(q, k, v, pattern, stride=stride, c=c, combine=combine,
+                                    layer=layer, scale=scale, attn_mask=attn_mask,
+                                    lengths=lengths, offsets=offsets, dropout_p=dropout_p,
+                                    is_causal=is_causal, enable_gqa=enable_gqa,
+                                    backend=backend, check_finite=check_finite,
+                                    variant=variant, **pattern_params)
     _check_keywords(pattern_params)
     if check_finite is None:
         check_finite = q.device.type == "cpu" if isinstance(q, torch.Tensor) else True

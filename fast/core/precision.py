@@ -4,6 +4,11 @@ Child et al., 2019, section 5.6 (mixed-precision training: activations and
 gradients in half precision, weights in single). Every fast path keeps its running sums
 (log-sum-exp, merged outputs, gradient buffers) in float32, and in float64 when
 the inputs are float64 (the exact checks against ``reference/`` need it).
+
+Under autocast an attention call takes scaled_dot_product_attention's rule
+(``autocast_inputs``): its floating inputs other than float64 are cast to the autocast
+dtype of their device, the call runs in that dtype (with autocast off inside, so that
+every backend computes alike: the sums still in float32), and its output is in it.
 """
 
 from __future__ import annotations
@@ -33,3 +38,20 @@ def fold_dtype(scale: float, dtype: torch.dtype) -> torch.dtype | None:
     if info.tiny <= scale <= info.max:
         return None
     return torch.float64 if abs(scale) > info.max else acc
+
+
+def autocast_inputs(*tensors) -> tuple[tuple, str | None]:
+    """SDPA's autocast rule for one attention call: when autocast is on for the first
+    tensor's device, (the tensors, each floating one but float64 cast to the autocast
+    dtype, that device type); else (the tensors unchanged, None). Anything that is not
+    a tensor passes through, for the caller's checks to name."""
+    first = tensors[0]
+    if not isinstance(first, torch.Tensor):
+        return tensors, None
+    device = first.device.type
+    if not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)):
+        return tensors, None
+    low = torch.get_autocast_dtype(device)
+    cast = tuple(t.to(low) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                 and t.dtype != torch.float64 else t for t in tensors)
+    return cast, device

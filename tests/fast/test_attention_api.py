@@ -27,6 +27,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fast import attention as fast_attention
@@ -257,6 +258,32 @@ def test_low_precision_flash_rule(pattern, params, combine, dtype, backend):
             print(f"{dtype} {pattern} n_q={n_q} {name}: err_fast {err_fast:.3e}  "
                   f"err_ref_low {err_low:.3e}")
             assert err_fast <= 2 * err_low + floor, name
+
+
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+@pytest.mark.parametrize("n_k", [20, 300])                     # both sides of auto's switch
+def test_under_autocast_every_backend_casts_as_sdpa_does(backend, n_k):
+    """Under torch.autocast, float32 inputs are cast to the autocast dtype as SDPA casts
+    them: the output is bfloat16 and the same bits as the call on bfloat16 inputs, on
+    every backend (the naive path's SDPA used to run in bfloat16 and the structured
+    path in float32, so a layer's precision jumped at auto's crossover); the gradients
+    reach the float32 inputs; float64 is not cast."""
+    q, k, v, go = inputs(1, 4, 2, n_k, n_k, 48, seed=3, dtype=torch.float32)
+    call = _call("strided", {"stride": 8}, "merged", 0, backend, enable_gqa=True)
+
+    def autocast(a, b, c):                  # the forward under autocast, the backward not
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert F.scaled_dot_product_attention(a, a, a).dtype == torch.bfloat16  # the rule
+            return call(a, b, c)
+
+    got = run(autocast, q, k, v, go.bfloat16())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        wide = call(q.double(), k.double(), v.double())
+    want = run(call, *(t.bfloat16() for t in (q, k, v, go)))
+    assert got[0].dtype == torch.bfloat16 and torch.equal(got[0], want[0])
+    for a, b in zip(got[1:], want[1:]):                       # grads: cast back, unrounded
+        assert a.dtype == torch.float32 and torch.equal(a, b.float())
+    assert wide.dtype == torch.float64
 
 
 # ----------------------------------------------------------------------------
