@@ -261,14 +261,15 @@ def test_low_precision_flash_rule(pattern, params, combine, dtype, backend):
 
 
 @pytest.mark.parametrize("backend", ["auto", *BACKENDS])
-@pytest.mark.parametrize("n_k", [20, 300])                     # both sides of auto's switch
-def test_under_autocast_every_backend_casts_as_sdpa_does(backend, n_k):
+@pytest.mark.parametrize("n_q,n_k", [(20, 20), (300, 300), (1, 300)])   # auto's both sides
+def test_under_autocast_every_backend_casts_as_sdpa_does(backend, n_q, n_k):
     """Under torch.autocast, float32 inputs are cast to the autocast dtype as SDPA casts
     them: the output is bfloat16 and the same bits as the call on bfloat16 inputs, on
     every backend (the naive path's SDPA used to run in bfloat16 and the structured
-    path in float32, so a layer's precision jumped at auto's crossover); the gradients
-    reach the float32 inputs; float64 is not cast."""
-    q, k, v, go = inputs(1, 4, 2, n_k, n_k, 48, seed=3, dtype=torch.float32)
+    path in float32, so a layer's precision jumped at auto's crossover; the one-query
+    step's float32 products were autocast to bfloat16); the gradients reach the float32
+    inputs; float64 is not cast."""
+    q, k, v, go = inputs(1, 4, 2, n_q, n_k, 48, seed=3, dtype=torch.float32)
     call = _call("strided", {"stride": 8}, "merged", 0, backend, enable_gqa=True)
 
     def autocast(a, b, c):                  # the forward under autocast, the backward not
