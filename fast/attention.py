@@ -94,12 +94,13 @@ uniform attention over the positions a row reads), and every backend gives the
 reference's answer. The rule (``fast.core.precision.fold_dtype``): scores are
 scale * (q . k); the kernels apply a scale that is a positive normal number of the
 accumulation dtype (float32 for float32, bfloat16 and float16 inputs; float64 for
-float64); any other scale (<= 0, below the smallest normal number, or beyond
-float32's range) is folded into q first -- q * scale in the accumulation dtype
-(float64 beyond float32's range), with q, k, v in that dtype, scale 1 -- and the
-output is rounded back once. So float16 never overflows in q * scale, and the fused
-CPU kernel, which returns NaN for a scale <= 0 or one that rounds to 0 (torch
-2.13.0), never sees one. The Triton kernels take the scale as it is
+float64), up to ``fast.core.precision.wide_scale`` (for float32 about 1.8e19, beyond
+which scale * (q . k) overflows float32); any other scale (<= 0, below the smallest
+normal number, or beyond that) is folded into q first -- q * scale in the
+accumulation dtype (float64 beyond the float32 limit), with q, k, v in that dtype,
+scale 1 -- and the output is rounded back once. So float16 never overflows in
+q * scale, and the fused CPU kernel, which returns NaN for a scale <= 0 or one that
+rounds to 0 (torch 2.13.0), never sees one. The Triton kernels take the scale as it is
 (``fast.kernels.launch.fold_scale`` says how). Large scales are exact too: the
 structured backend recomputes a float32 call in float64 when its log-sum-exp
 outgrows float32 (``fast.backends.structured.EXACT_LSE``).

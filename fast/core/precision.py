@@ -13,6 +13,8 @@ every backend computes alike: the sums still in float32), and its output is in i
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -30,14 +32,24 @@ def fold_dtype(scale: float, dtype: torch.dtype) -> torch.dtype | None:
     """Where the score scale goes. None: the kernels apply it, which they do exactly
     for a positive normal number of the accumulation dtype (the fused CPU kernel
     keeps the scale in that dtype and returns NaN for a scale <= 0 or one that rounds
-    to 0; torch 2.13.0). Otherwise the dtype in which to fold it into q instead
-    (q * scale, then scale 1) and run the call: the accumulation dtype, or float64
-    for a scale beyond float32's range."""
+    to 0; torch 2.13.0) up to ``wide_scale``. Otherwise the dtype in which to fold it
+    into q instead (q * scale, then scale 1) and run the call: the accumulation dtype,
+    or float64 for a float32 call whose scale is beyond ``wide_scale``."""
     acc = acc_dtype(dtype)
-    info = torch.finfo(acc)
-    if info.tiny <= scale <= info.max:
+    info, wide = torch.finfo(acc), wide_scale(acc)
+    if info.tiny <= scale <= wide:
         return None
-    return torch.float64 if abs(scale) > info.max else acc
+    return torch.float64 if abs(scale) > wide else acc
+
+
+def wide_scale(acc: torch.dtype) -> float:
+    """The largest scale a float32 call computes in float32: the square root of
+    float32's largest number (about 1.8e19), beyond which scale * (q . k) overflows
+    float32 for a q . k that float32 holds easily (at scale 1e38, any |q . k| > 3.4):
+    inf scores, NaN rows. A float64 call has no wider dtype: its limit is float64's
+    largest number."""
+    info = torch.finfo(acc)
+    return math.sqrt(info.max) if acc == torch.float32 else info.max
 
 
 def autocast_inputs(*tensors) -> tuple[tuple, str | None]:

@@ -8,6 +8,7 @@ Every fast path is compared with ``reference/`` (NumPy, float64) on odd sizes.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -90,7 +91,7 @@ def _plain(q, k, v, go, mask, scale, dtype):
     return [out.detach(), q.grad, k.grad, v.grad]
 
 
-SCALES = [0.0, -1e6, 1e-30, 1e-46, 5e-324, 1e4, 1e6, 1e10, 1e39]
+SCALES = [0.0, -1e6, 1e-30, 1e-46, 5e-324, 1e4, 1e6, 1e10, 1e20, 3e38, -3e38, 1e39]
 
 
 @pytest.mark.parametrize("scale", SCALES)
@@ -110,13 +111,15 @@ def test_any_finite_scale_gives_the_reference(pattern, params, combine, H, backe
     backward forms rowsum(dO * O) as the kernels do (about eps * |scale| |dO| |v| |k|).
     Before: float32 gradient errors of 0.06 at scale 1e4, 11 at 1e6, 8e4 at 1e10 (the
     float32 log-sum-exp holds ulp(|lse|) of the weights); NaN for 0 < scale < 1.4e-45
-    (the kernel's float32 scale rounded to 0)."""
+    (the kernel's float32 scale rounded to 0); NaN for float32 calls at scales from
+    about 1.8e19 to float32's largest (scale * q . k overflowed float32)."""
     n, d = 37, 48
     q, k, v, go = _rand(1, H, n, d, seed=8, dtype=dtype)
     mask = patterns.head_masks(pattern, n, H, combine, 0, **params)
     want = _truth(q, k, v, go, mask, scale)
     got = _grads(q, k, v, go, pattern, combine, backend, scale=scale, **params)
-    inside = torch.float64 if dtype == torch.float64 or abs(scale) > 3e38 else torch.float32
+    wide = math.sqrt(torch.finfo(torch.float32).max)      # beyond: float32 calls fold to 64
+    inside = torch.float64 if dtype == torch.float64 or abs(scale) > wide else torch.float32
     plain = _plain(q, k, v, go, mask, scale, inside)
     low, eps64 = torch.finfo(dtype), torch.finfo(torch.float64).eps
     rounding = 16 * torch.finfo(inside).eps + low.eps    # a few roundings inside, one at the end
