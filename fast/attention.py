@@ -127,7 +127,7 @@ import torch
 from fast.backends import auto, host_checks
 from fast.backends import naive as naive_backend
 from fast.backends.naive import naive_sparse_attention
-from fast.backends.padding import as_padding, padded_run, to_device
+from fast.backends.padding import as_padding, padded_run, to_device, zero_outside
 from fast.backends.row import row_attention
 from fast.backends.structured import structured_attention
 from fast.core.checks import check_scale, check_tensors
@@ -389,6 +389,7 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
         q, k, v = q.to(fold) * scale, k.to(fold), v.to(fold)            # (B, H, n, d)
         scale = 1.0
     if not check_finite and which in ("naive", "structured") and not row:
+        q = zero_outside(q, lengths, offsets, n_k)        # padded rows output 0, NaN or not
         simple = (pattern == "full" and n_q == n_k and k.shape[1] == H and attn_mask is None
                   and lengths is None and offsets is None)
         reach = causal_reach if simple else attention_reach(

@@ -145,6 +145,19 @@ def inside(index: torch.Tensor, lengths: torch.Tensor | None,
     return (pos >= 0) & (pos < length)                                   # (B, m)
 
 
+def zero_outside(q: torch.Tensor, lengths: torch.Tensor | None,
+                 offsets: torch.Tensor | None, n_k: int) -> torch.Tensor:
+    """q (B, H, n_q, d), queries aligned to the end of n_k keys, with its rows outside
+    their sequences set to 0 (where, so their gradient is 0): a padded query row outputs
+    0 whatever it holds, a NaN included when the finite check is off (without it,
+    ``fast.core.nonfinite`` would give that row NaN as a row of a sequence)."""
+    n_q = q.shape[2]
+    rows = inside(torch.arange(n_k - n_q, n_k, device=q.device), lengths, offsets, n_k)
+    if rows is None:
+        return q
+    return torch.where(rows[:, None, :, None], q, q.new_zeros(()))      # (B, H, n_q, d)
+
+
 def padded_run(run, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                lengths: torch.Tensor | None, offsets: torch.Tensor | None) -> torch.Tensor:
     """``run(q, k, v)`` -- a path that attends queries aligned to the end of the key axis

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import torch
 
+from fast.backends.padding import zero_outside
 from fast.backends.reads import head_groups, step_pieces, store_positions, summary_mask
 from fast.core.checks import check_finite as reject_non_finite
 from fast.core.nonfinite import attention_reach, quarantine
@@ -211,6 +212,14 @@ def row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: st
     B, n_k = q.shape[0], k.shape[2]
     run = lambda qq, kk, vv, t: step(qq, kk, vv, t, pattern, combine, layer, scale, params,
                                      check_finite)
+    inside = None
+    if lengths is not None:                  # the query outside its sequence outputs 0 ...
+        start = 0 if offsets is None else offsets
+        inside = (n_k - 1 - start < lengths).view(B, 1, 1, 1)
+        # ... and reads zeros: its sequence's keys are read by no one else, so nothing in
+        # them (a NaN under check_finite=False) reaches its output or any gradient
+        q = zero_outside(q, lengths, offsets, n_k)
+        k, v = (torch.where(inside, t, t.new_zeros(())) for t in (k, v))
     if offsets is None:
         out = run(q, k, v, n_k - 1)
     else:
@@ -227,8 +236,6 @@ def row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: st
                 parts.append(run(q[b:e], k[b:e, :, P:], v[b:e, :, P:], n_k - 1 - P))
             b = e
         out = parts[0] if len(parts) == 1 else torch.cat(parts)           # (B, H, 1, dv)
-    if lengths is not None:                  # the query outside its sequence outputs 0
-        start = 0 if offsets is None else offsets
-        inside = (n_k - 1 - start < lengths).view(B, 1, 1, 1)
+    if inside is not None:
         out = torch.where(inside, out, out.new_zeros(()))
     return out.to(q.dtype)

@@ -11,6 +11,10 @@ non-finite value read as NaN:
 * every other row, and every gradient no such row touches, is exactly what it is
   without the non-finite values -- a NaN never reaches a row that does not read it.
 
+A padded batch's rows outside their sequences are no rows of it: a padded query row
+outputs 0 with zero gradients whatever it holds, and a padded key is read by no row
+(``fast.backends.padding.zero_outside``).
+
 This is the float64 reference's answer (``reference.attention``, which refuses
 non-finite input; with it the formula gives NaN exactly in those rows) in every
 dtype, and stricter than IEEE arithmetic in one corner: a score of -inf from an

@@ -476,6 +476,30 @@ def test_a_nan_reaches_only_the_rows_that_read_it(backend):
         assert torch.equal(got[0][~rows], clean[~rows])
 
 
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+@pytest.mark.parametrize("n_q", [1, 6])                       # the one-query step, and not
+def test_a_nan_in_padding_reaches_nothing(backend, n_q):
+    """With check_finite=False and right padding, a NaN in a padded query row, key or
+    value changes nothing: padded rows output 0 with zero gradients, every number equals
+    the call with a finite value there. (The one-query step gave NaN gradients to q, k
+    and v of its padded row, and the naive path NaN to a padded query holding a NaN.)"""
+    B, H, Hkv, n_k, d = 2, 4, 2, 11, 8
+    lengths = [n_k, n_k - 3]                                   # sequence 1: 3 padded rows
+    q, k, v, go = inputs(B, H, Hkv, n_q, n_k, d, seed=10)
+    fn = _call("strided", {"stride": 4}, "merged", 0, backend, enable_gqa=True,
+               lengths=lengths, check_finite=False)
+    clean = run(fn, q, k, v, go)
+    for which, at in (("q", (1, 2, n_q - 1, 0)), ("k", (1, 1, n_k - 1, 3)),
+                      ("v", (1, 0, n_k - 2, 1))):
+        bad = {"q": q, "k": k, "v": v}
+        bad[which] = bad[which].clone()
+        bad[which][at] = float("nan")
+        got = run(fn, bad["q"], bad["k"], bad["v"], go)
+        for name, a, b in zip(("out", "dq", "dk", "dv"), got, clean):
+            assert torch.equal(a, b), (which, name)
+    assert torch.equal(clean[0][1, :, n_q - 1], torch.zeros(H, d))   # a padded row: 0
+
+
 # ----------------------------------------------------------------------------
 # The naive path's size guard
 # ----------------------------------------------------------------------------
