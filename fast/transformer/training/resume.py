@@ -31,8 +31,9 @@ What a resume compares, and refuses in one sentence naming each field that diffe
 (``n_layers: 2 -> 3; precision: fp16 -> bf16``): the model config; the trajectory
 fields of the training config (``TRAJECTORY_FIELDS``); the world size; the resolved
 precision (an fp16 run with a loss scaler never continues in bf16 without one) and
-device type; and the data, split by split (the same ``--data_path`` holding other
-bytes is another run). Before any of it is used, every part of the state is checked
+device type; and the data, split by split, by its bytes (the same ``--data_path``
+holding other bytes is another run; the same bytes at another path, a dataset moved
+to another disk, are the same run). Before any of it is used, every part of the state is checked
 against what this run would build (``fast.core.schema``): the weights against the
 model, the optimiser's moments against the parameters' shapes, the scheduler's,
 loss scaler's and RNG states against fresh ones, the step within [0, max_iters] and
@@ -96,7 +97,9 @@ class ResumeWarning(UserWarning):
 # Fields that change which batches are drawn or how the weights move: a resumed run
 # must keep them, or it would silently stop being the run it continues. (precision
 # and device are compared as resolved, not as the words "auto".)
-TRAJECTORY_FIELDS = ("dataset", "data_path", "data_max_bytes", "batch_size", "max_iters",
+# Not data_path: where the data lies is no part of the run (a dataset moved to another
+# disk resumes); its bytes are, compared split by split through their fingerprint.
+TRAJECTORY_FIELDS = ("dataset", "data_max_bytes", "batch_size", "max_iters",
                      "lr", "min_lr_frac", "warmup_iters", "weight_decay", "beta1", "beta2",
                      "grad_clip", "seed")
 

@@ -217,6 +217,15 @@ def test_other_data_behind_the_same_path_is_refused(saved, tmp_path, digits, no_
         resume_from(saved, tmp_path, other)
 
 
+def test_the_same_data_at_another_path_resumes(saved, tmp_path, digits, no_step):
+    """Where the data lies is no part of the run: a dataset moved to another disk (its
+    bytes compared by their fingerprint, as above) resumes; before, the path's text was
+    compared and such a run could not be continued."""
+    moved = copy(saved)
+    moved["train_cfg"]["data_path"] = "/an/older/disk/digits"
+    assert resume_from(moved, tmp_path, digits).resume_state["step"] == 2
+
+
 def test_a_stop_iter_before_the_checkpoint_is_refused(saved, tmp_path, digits, no_step):
     """The run cannot stop where it has been (it took no step and said nothing of it);
     at the checkpoint's step it takes no step (the same command again), past it, steps."""
