@@ -14,11 +14,12 @@ first evaluation, or when the checkpoint is written, costs the whole run. So
 * the schedule: a warm-up not shorter than the run is a ``ScheduleWarning``
   (``fast.transformer.training.optim``);
 * the output: ``out_dir`` can be made and written to (a file is created and removed
-  there), and a checkpoint already in it is never overwritten by a fresh run unless
-  ``overwrite=True``; with ``resume=True`` it must exist, be a safe, readable
-  training checkpoint that this run -- its configs, world size, resolved precision
-  and device, and data -- continues exactly, with a ``stop_iter`` (if given) not
-  before its step (``fast.transformer.training.resume``; another CPU thread count is a
+  there), never over or inside ``data_path`` (the run's input), and a checkpoint
+  already in it is never overwritten by a fresh run unless ``overwrite=True``; with
+  ``resume=True`` it must exist, be a safe, readable training checkpoint that this
+  run -- its configs, world size, resolved precision and device, and data --
+  continues exactly, with a ``stop_iter`` (if given) not before its step
+  (``fast.transformer.training.resume``; another CPU thread count is a
   ``ResumeWarning``).
   The checkpoint found (or its absence) is remembered (``Plan.found``): the run
   takes the out_dir's lock and checks at every save that the file is still that one
@@ -104,6 +105,14 @@ def _check_output(model_cfg, train_cfg, plan: Plan) -> None:
         raise ValueError(f"{path} is a folder, where the checkpoint file would go; choose "
                          f"another --out_dir")
     plan.found = identity(path)
+    data = train_cfg.data_path
+    if train_cfg.save_checkpoint and data is not None and os.path.lexists(data):
+        inside = Path(data).is_dir() and Path(os.path.realpath(path)).is_relative_to(
+            os.path.realpath(data))
+        if inside or (os.path.lexists(path) and os.path.samefile(path, data)):
+            raise ValueError(f"the checkpoint {path} would be written "
+                             f"{'inside' if inside else 'over'} --data_path {data}, the run's "
+                             f"input; choose an --out_dir outside the data")
     if train_cfg.resume:
         if not path.is_file():
             raise ValueError(f"cannot resume: there is no checkpoint {path}; run without "

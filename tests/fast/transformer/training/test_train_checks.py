@@ -137,3 +137,24 @@ def test_train_config_checks_every_number_type():
                        ("data_max_bytes", 0), ("out_dir", " ")):
         with pytest.raises(ValueError, match=field):
             TrainConfig(**{field: bad})
+
+
+@pytest.mark.parametrize("where", ["the data file", "inside the data folder"])
+def test_the_checkpoint_is_never_written_over_or_inside_the_data(tmp_path, digits, no_step,
+                                                                 where):
+    """--data_path is the run's input: a checkpoint path that is that file, or lies inside
+    that folder, is refused before anything is written, --overwrite or not (a fresh
+    run with --overwrite replaced a data file named out_dir/ckpt.pt with a checkpoint)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    data = run / "ckpt.pt" if where == "the data file" else run
+    if where == "the data file":
+        data.write_bytes(b"data that must survive")
+    m, t = tiny(run, overwrite=True)
+    t = dataclasses.replace(t, dataset="npy_images", data_path=str(data))
+    with pytest.raises(ValueError, match=f"would be written (over|inside) --data_path {data}"):
+        training.train(m, t, progress=False, dataset=digits)
+    if where == "the data file":
+        assert data.read_bytes() == b"data that must survive"
+    else:
+        assert not (run / "ckpt.pt").exists()
