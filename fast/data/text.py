@@ -94,8 +94,24 @@ def _ranges(sizes: tuple, max_bytes: int | None) -> list[tuple[int, int]]:
 
 
 def _fewer(path, held: int, sizes: tuple) -> ValueError:
+    smaller = (f"; for a smaller file give the splits' sizes from Python, fast.data.load("
+               f"'enwik8', path=..., enwik8_sizes=(train, val, test)) (the command lines read "
+               f"the paper's {ENWIK8_SIZES})" if sizes == ENWIK8_SIZES else "")
     return ValueError(f"{path} holds {held} bytes, fewer than the split sizes {sizes} need "
-                      f"({sum(sizes)}); enwik8 is 100,000,000 bytes")
+                      f"({sum(sizes)}); enwik8 is 100,000,000 bytes{smaller}")
+
+
+# Archives other than zip, by their first bytes (tar: "ustar" at byte 257): a raw file
+# is read as it is, so one of these would be read as text, its header included.
+ARCHIVES = ((0, b"\x1f\x8b", "gzip"), (0, b"BZh", "bzip2"), (0, b"\xfd7zXZ\x00", "xz"),
+            (0, b"7z\xbc\xaf\x27\x1c", "7z"), (0, b"\x28\xb5\x2f\xfd", "zstd"),
+            (257, b"ustar", "tar"))
+
+
+def _archive(head: bytes) -> str | None:
+    """The kind of archive a file's first 262 bytes begin, or None."""
+    return next((kind for at, magic, kind in ARCHIVES
+                 if head[at:at + len(magic)] == magic), None)
 
 
 def _read_raw(path: Path, ranges, sizes) -> list[bytes]:
@@ -152,7 +168,12 @@ def _read_enwik8(path, sizes: tuple, max_bytes: int | None) -> list[bytes]:
     sizes are checked before anything is read."""
     path = regular_file(path, "enwik8 file", ENWIK8_ALLOWED)
     with open(path, "rb") as f:
-        magic = f.read(4)
+        head = f.read(262)
+    magic = head[:4]
+    kind = _archive(head)
+    if kind is not None:
+        raise ValueError(f"{path} is a {kind} archive, which would be read as raw text; "
+                         f"allowed: {ENWIK8_ALLOWED} (unpack it first)")
     try:
         if zipfile.is_zipfile(path) or magic == b"PK\x03\x04":
             return _read_zip(path, _ranges(sizes, max_bytes), sizes)

@@ -175,13 +175,43 @@ def test_enwik8_errors(tmp_path):
         load("enwik8", path=tmp_path / "enwik8")
     short = tmp_path / "short"
     short.write_bytes(b"x" * 100)
-    with pytest.raises(ValueError, match="fewer than the split sizes"):
+    with pytest.raises(ValueError, match="fewer than the split sizes") as err:
         load("enwik8", path=short)                          # default 90M/5M/5M
+    assert "enwik8_sizes=(train, val, test)" in str(err.value)   # the way to a small copy
     bad_zip = tmp_path / "bad.zip"
     with zipfile.ZipFile(bad_zip, "w") as z:
         z.writestr("other", b"x" * 100)
     with pytest.raises(ValueError, match="member named 'enwik8'"):
         load("enwik8", path=bad_zip, enwik8_sizes=(10, 10, 10))
+
+
+def test_enwik8_in_another_archive_is_refused_not_read_as_text(tmp_path):
+    """A raw file is read as it is: a tar, gzip, bzip2 or xz of enwik8 would have been
+    read as text, its header included, every split shifted. Refused, by kind."""
+    import bz2
+    import gzip
+    import io
+    import lzma
+    import tarfile
+    payload = b"<mediawiki " + bytes(range(256)) * 4
+    packed = {"gzip": gzip.compress(payload), "bzip2": bz2.compress(payload),
+              "xz": lzma.compress(payload)}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("enwik8")
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    packed["tar"] = buf.getvalue()
+    for kind, data in packed.items():
+        path = tmp_path / f"enwik8.{kind}"
+        path.write_bytes(data)
+        with pytest.raises(ValueError, match=f"is a {kind} archive, which would be read as "
+                                             f"raw text; allowed: the enwik8 zip"):
+            load("enwik8", path=path, enwik8_sizes=(10, 10, 10))
+    raw = tmp_path / "enwik8"
+    raw.write_bytes(payload)                                  # the raw file still reads
+    assert bytes(load("enwik8", path=raw, enwik8_sizes=(10, 10, 10)).splits["train"]) == \
+        payload[:10]
 
 
 def test_enwik8_reads_only_the_bytes_it_uses(tmp_path):
