@@ -36,6 +36,7 @@ a result can be traced to the data it was measured on.
 
 from __future__ import annotations
 
+import codecs
 import functools
 import pickle
 from pathlib import Path
@@ -46,8 +47,10 @@ from fast.core.files import kind, regular_file
 
 try:
     from numpy._core.multiarray import _reconstruct  # NumPy 2
+    from numpy._core.numeric import _frombuffer
 except ImportError:                                          # NumPy 1
     from numpy.core.multiarray import _reconstruct
+    from numpy.core.numeric import _frombuffer
 
 PHOTO_SPLITS = {
     "train": ["skimage:astronaut.png", "skimage:rocket.jpg", "skimage:hubble_deep_field.jpg",
@@ -153,10 +156,17 @@ CIFAR_TEST = "test_batch"
 # three globals: numpy.core.multiarray._reconstruct(numpy.ndarray, (0,), "b") makes an
 # empty array, numpy.dtype("u1", ...) its dtype, and the array's __setstate__ fills it
 # from a byte string. (NumPy 2 moved numpy.core to numpy._core; a batch re-pickled by
-# it names the new module, the same function.) Nothing else is ever looked up.
-CIFAR_GLOBALS = {("numpy.core.multiarray", "_reconstruct"),
-                 ("numpy._core.multiarray", "_reconstruct"),
-                 ("numpy", "ndarray"), ("numpy", "dtype")}
+# it names the new module, the same function.) A batch re-pickled by Python 3 is read
+# too: protocol 2 writes its byte strings as _codecs.encode(text, "latin1"), and
+# protocol 5 its arrays as numpy's _frombuffer(bytes, dtype, shape, order); both only
+# build values (a codec is looked up among Python's own encodings). Nothing else is
+# ever looked up.
+CIFAR_GLOBALS = {("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+                 ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+                 ("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+                 ("_codecs", "encode"): codecs.encode,
+                 ("numpy.core.numeric", "_frombuffer"): _frombuffer,
+                 ("numpy._core.numeric", "_frombuffer"): _frombuffer}
 
 
 class _CifarUnpickler(pickle.Unpickler):
@@ -167,7 +177,7 @@ class _CifarUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if (module, name) not in CIFAR_GLOBALS:
             raise pickle.UnpicklingError(f"it asks for {module}.{name}")
-        return _reconstruct if name == "_reconstruct" else getattr(np, name)
+        return CIFAR_GLOBALS[module, name]
 
 
 def _cifar_batch(path: Path) -> np.ndarray:
