@@ -129,7 +129,10 @@ def main(argv: list[str] | None = None) -> dict:
     run refused before its first step (out_dir held by another run, a checkpoint in
     the way), exit status 2; a run stopped on a NaN or inf, or on a checkpoint that
     cannot be written, exit status 1 (the last checkpoint kept intact); on SIGTERM or
-    SIGINT, after saving the step it was on, 128 + the signal's number (143, 130)."""
+    SIGINT, after saving the step it was on, 128 + the signal's number (143, 130).
+    (A Ctrl-C in the first seconds, while Python still imports PyTorch and before this
+    function runs, ends with Python's own KeyboardInterrupt traceback: nothing was
+    written then.)"""
     name, model_cfg, train_cfg = configs(sys.argv[1:] if argv is None else argv)
     try:
         try:

@@ -147,6 +147,8 @@ def digits() -> dict[str, np.ndarray]:
 # Local files.
 # ----------------------------------------------------------------------------
 
+NPY_MAGIC = b"\x93NUMPY"                 # the first bytes of every .npy file
+
 CIFAR_TRAIN = [f"data_batch_{i}" for i in range(1, 6)]
 CIFAR_TEST = "test_batch"
 
@@ -247,10 +249,17 @@ def npy_images(path, image_shape=None) -> dict[str, np.ndarray]:
         if split == "test" and kind(file) == "missing":
             continue
         regular_file(file, "npy_images file", allowed)
+        with open(file, "rb") as f:
+            head = f.read(6)
+        if head != NPY_MAGIC:                     # NumPy would call it a pickle
+            raise ValueError(f"{file} is not a .npy file: its first bytes are {head!r}, not "
+                             f"{NPY_MAGIC!r}; allowed: {allowed}")
         try:                                      # the header only: the array is mapped
             x = np.load(file, mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError, EOFError, pickle.UnpicklingError) as err:
-            raise ValueError(f"{file} is not a readable .npy array ({err}); allowed: "
+            why = ("it holds Python objects (dtype object), which are never unpickled here"
+                   if "allow_pickle" in str(err) else str(err))
+            raise ValueError(f"{file} is not a readable .npy array ({why}); allowed: "
                              f"{allowed}") from err
         if x.dtype != np.uint8 or x.ndim != 4:
             raise ValueError(f"{file} must hold uint8 (N, H, W, C), got {x.dtype} {x.shape}")

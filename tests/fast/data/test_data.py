@@ -288,8 +288,15 @@ def test_a_folder_fifo_or_device_given_as_a_file_is_named(tmp_path):
 def test_npy_errors_name_the_file(tmp_path):
     np.save(tmp_path / "train.npy", np.zeros((2, 4, 4, 3), np.uint8))
     (tmp_path / "val.npy").write_bytes(b"not an array at all")
-    with pytest.raises(ValueError, match=f"{tmp_path / 'val.npy'} is not a readable .npy"):
+    with pytest.raises(ValueError, match=f"{tmp_path / 'val.npy'} is not a .npy file: its "
+                                         f"first bytes are b'not an'") as err:
         load("npy_images", path=tmp_path, image_shape=(4, 4, 3))
+    assert "pickle" not in str(err.value)       # NumPy's advice to unpickle is not passed on
+    np.save(tmp_path / "val.npy", np.array([[None]], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="val.npy is not a readable .npy array .*Python "
+                                         "objects") as err:
+        load("npy_images", path=tmp_path, image_shape=(4, 4, 3))
+    assert "allow_pickle" not in str(err.value)
     (tmp_path / "val.npy").write_bytes((tmp_path / "train.npy").read_bytes()[:-10])  # cut
     with pytest.raises(ValueError, match=f"{tmp_path / 'val.npy'} is not a readable .npy"):
         load("npy_images", path=tmp_path, image_shape=(4, 4, 3))
