@@ -91,8 +91,11 @@ def check_summary(stride, c, head: int = 0) -> int:
         raise ValueError(
             f"fixed pattern with several heads splits each block of l={stride} into "
             f"l/c distinct summary sub-blocks, so l must be a multiple of c; "
-            f"got l={stride}, c={c} (allowed: c dividing l, e.g. c in "
-            f"{[d for d in range(1, min(stride, 64) + 1) if stride % d == 0]})"
+            f"got l={stride}, c={c} and a head of summary rank {head} (every head has a "
+            f"rank, h, or h // 2 under multihead, whether or not it reads summaries in "
+            f"this layer) (allowed: c dividing l, e.g. c in "
+            f"{[d for d in range(1, min(stride, 64) + 1) if stride % d == 0]}, or one "
+            f"head: two under multihead)"
         )
     return c
 

@@ -69,7 +69,9 @@ def test_summary_checks():
         R.check_summary(4, 5)
     with pytest.raises(ValueError, match="summary width c must be an integer >= 1, got 0"):
         R.check_summary(4, 0)
-    with pytest.raises(ValueError, match=r"multiple of c; got l=6, c=4 .*\[1, 2, 3, 6\]"):
+    with pytest.raises(ValueError, match=r"multiple of c; got l=6, c=4 and a head of summary "
+                                         r"rank 1 \(every head has a rank, h, or h // 2 under "
+                                         r"multihead, .*\[1, 2, 3, 6\]"):
         R.check_summary(6, 4, 1)
     with pytest.raises(ValueError, match="head index"):
         R.check_summary(6, 3, -1)
