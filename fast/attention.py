@@ -103,7 +103,11 @@ q * scale, and the fused CPU kernel, which returns NaN for a scale <= 0 or one t
 rounds to 0 (torch 2.13.0), never sees one. The Triton kernels take the scale as it is
 (``fast.kernels.launch.fold_scale`` says how). Large scales are exact too: the
 structured backend recomputes a float32 call in float64 when its log-sum-exp
-outgrows float32 (``fast.backends.structured.EXACT_LSE``).
+outgrows float32 (``fast.backends.structured.EXACT_LSE``). A float64 call has no
+wider dtype to go to: the structured backward's weights carry the rounding of the
+scores' log-sum-exp, a relative error of about |score| x 2^-52, so at huge scores
+its gradients keep fewer digits than the naive path's single softmax (use
+backend="naive" for exact checks there).
 
 Non-finite q, k or v (NaN, inf) are rejected by ``check_finite``, in one read-only
 pass, since a NaN would otherwise surface far from its cause -- by default on the
