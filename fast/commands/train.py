@@ -38,6 +38,7 @@ import sys
 import warnings
 
 from fast.commands import cli
+from fast.data.dataset import LOCAL, TEXT
 from fast.transformer.config import PRESETS, ModelConfig, TrainConfig, preset
 from fast.transformer.network.checkpoint import CheckpointWriteError
 from fast.transformer.training.optim import ScheduleWarning
@@ -108,9 +109,25 @@ def configs(argv: list[str]) -> tuple[str, ModelConfig, TrainConfig]:
     on bad input, one line on stderr and exit status 2."""
     try:
         name, overrides = parse_args(argv)
-        return (name, *preset(name, **overrides))
+        model_cfg, train_cfg = preset(name, **overrides)
+        _check_preset_data_fields(name, overrides, train_cfg)
+        return name, model_cfg, train_cfg
     except ValueError as err:                  # UsageError, or a config's own check
         cli.fail(COMMAND, err)
+
+
+def _check_preset_data_fields(name: str, overrides: dict, train_cfg: TrainConfig) -> None:
+    """A data option that the preset set and that another --dataset does not read is
+    refused here, naming the preset, rather than later as if it had been given (the
+    loader refuses it too: ``fast.data.load``)."""
+    dataset = train_cfg.dataset
+    unread = {"data_max_bytes": dataset not in TEXT, "data_path": dataset not in LOCAL}
+    for field, refused in unread.items():
+        if refused and getattr(train_cfg, field) is not None and field not in overrides:
+            raise cli.UsageError(
+                f"preset {name!r} sets {field}={getattr(train_cfg, field)!r}, which dataset "
+                f"{dataset!r} does not read; allowed: --{field} none with --dataset "
+                f"{dataset}, or a preset for it")
 
 
 def summary(name: str, result: dict) -> str:

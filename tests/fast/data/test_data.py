@@ -319,6 +319,20 @@ def test_options_a_dataset_does_not_read_are_refused(tmp_path, capsys):
     assert "data_path" in err and "bundled" in err
 
 
+def test_a_data_option_the_preset_set_is_blamed_on_the_preset(tmp_path, capsys):
+    """--preset quick_text --dataset cifar10: the byte cap is the preset's, not the
+    command line's; the one line says so and how to clear it (it read as if given)."""
+    from fast.commands import train as train_command
+    with pytest.raises(SystemExit) as exit_:
+        train_command.main(["--preset", "quick_text", "--dataset", "cifar10", "--data_path",
+                            str(tmp_path), "--out_dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "preset 'quick_text' sets data_max_bytes=4000000, which dataset 'cifar10' does " \
+           "not read; allowed: --data_max_bytes none with --dataset cifar10" in err
+    assert not (tmp_path / "run").exists()
+
+
 # ----------------------------------------------------------------------------
 # Python's standard library, split by file.
 # ----------------------------------------------------------------------------
