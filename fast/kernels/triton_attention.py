@@ -42,6 +42,7 @@ from fast.kernels.launch import interpreted
 from fast.kernels.variants import VARIANTS, Variant, resolve
 from fast.layout import LayoutPart, block_layout
 from fast.layout.from_masks import parts_from_masks
+from reference.params import check_params
 
 __all__ = [
     "GPU_DTYPES", "MAX_HEAD_DIM", "VARIANTS", "Variant", "attend", "attention_lse",
@@ -435,9 +436,8 @@ def triton_sparse_attention(q, k, v, pattern: str, *, stride=None, c=None,
     default, ``fast.kernels.variants.DEFAULT``).
     """
     scale = _check_inputs(q, k, v, scale, enable_gqa)
-    params = dict(pattern_params)
-    if stride is not None:
-        params["stride"] = stride
-    if c is not None:
-        params["c"] = c
+    # the pattern, layer and parameters as every path checks them (before the layout
+    # cache, whose key would let 4.0 find the entry of 4 and skip the check)
+    params = check_params(pattern, k.shape[2], q.shape[1], combine, layer,
+                          {"stride": stride, "c": c, **pattern_params})
     return _run(q, k, v, pattern, combine, layer, params, scale, block_size, order, variant)

@@ -21,15 +21,24 @@ def parts_from_masks(masks, block: int, names=None) -> list[LayoutPart]:
     """Natural-order layout parts from dense bool masks, one part per mask.
 
     masks: a list of (H, n, n) bool arrays/tensors (True = query i reads key j),
-    pairwise disjoint (their union is what the attention reads). Positions are
+    pairwise disjoint (their union is what the attention reads; a pair in two masks
+    is refused, naming it). Positions are
     listed (no slot map): a part is checked like any other when it is moved to a
     device (``LayoutPart.to``).
     """
-    parts = []
+    parts, union = [], None
     for p, m in enumerate(masks):
         m = (m if torch.is_tensor(m) else torch.from_numpy(np.array(m, dtype=bool))).bool().cpu()
         if m.dim() == 2:
             m = m[None]
+        name = names[p] if names is not None else f"mask{p}"
+        both = None if union is None or union.shape[1:] != m.shape[1:] else union & m
+        if both is not None and bool(both.any()):                      # (H, n, n)
+            h, i, j = (int(x) for x in torch.nonzero(both)[0])
+            raise ValueError(f"the masks must be pairwise disjoint (the attention reads their "
+                             f"union, and a pair in two parts would be read twice); {name} and "
+                             f"an earlier mask both hold head {h}, query {i}, key {j}")
+        union = m if both is None else union | m
         hh, n, _ = m.shape
         nb = -(-n // block)
         size = nb * block
@@ -54,7 +63,6 @@ def parts_from_masks(masks, block: int, names=None) -> list[LayoutPart]:
             mid[part_idx] = inv
         kv_count, kv_index, kv_mask = tables(h, qb, kb, mid, hh, nb)
         q_count, q_index, q_mask = tables(h, kb, qb, mid, hh, nb)
-        name = names[p] if names is not None else f"mask{p}"
         parts.append(LayoutPart(name, block, pos.expand(hh, size).clone(),
                                 pos.expand(hh, size).clone(), kv_count,
                                 DenseLUT(kv_index, kv_mask), q_count, DenseLUT(q_index, q_mask),

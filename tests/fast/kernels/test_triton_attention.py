@@ -202,6 +202,33 @@ def test_bad_inputs_raise_value_error():
         T.triton_sparse_attention(q, q, q, "full", block_size=24)
 
 
+def test_the_pattern_is_checked_as_everywhere_whatever_the_layout_cache_holds():
+    """The kernels' own entry checks the layer and the parameters as sparse_attention and
+    reference/ do, before the layout cache (whose key let 4.0 find the entry of 4 and
+    took any layer), and takes global tokens as any iterable."""
+    q = torch.randn(1, 1, 20, 16, generator=torch.Generator().manual_seed(0))
+    T.triton_sparse_attention(q, q, q, "strided", stride=4)              # cached: stride 4
+    for bad, says in (({"stride": 4.0}, "stride l must be an integer >= 1, got 4.0"),
+                      ({"stride": 4, "layer": -1}, "layer must be an integer >= 0, got -1"),
+                      ({"stride": 4, "layer": "x", "combine": "interleaved"},
+                       "layer must be an integer >= 0, got 'x'")):
+        with pytest.raises(ValueError, match=says):
+            T.triton_sparse_attention(q, q, q, "strided", **bad)
+    a = T.triton_sparse_attention(q, q, q, "longformer", window=3, global_tokens={3, 7})
+    b = T.triton_sparse_attention(q, q, q, "longformer", window=3, global_tokens=[7, 3])
+    assert torch.equal(a, b)
+
+
+def test_parts_from_overlapping_masks_are_refused():
+    """Parts must be disjoint (their union is what is read): a pair in two masks would be
+    read twice, silently; refused, naming the pair."""
+    full = P.head_masks("full", 20, 1)
+    with pytest.raises(ValueError, match="pairwise disjoint .* mask1 and an earlier mask "
+                                         "both hold head 0, query 3, key 1"):
+        T.parts_from_masks([full, np.tril(np.ones((20, 20), bool))[None] & ~full
+                            | (np.arange(20)[:, None] == 3) & (np.arange(20) == 1)], BLOCK)
+
+
 BAD_QKV = [
     # (what is wrong, q, k, v)
     ("not a tensor", np.zeros((1, 2, 20, 16)), None, None),
