@@ -27,8 +27,9 @@ COMMAND = "python -m fast gpu-check"
 def parser() -> cli.Parser:
     """The parser of ``python -m fast gpu-check``; runs nothing."""
     p = cli.Parser(COMMAND, description=cli.about(__doc__))
-    p.add_argument("--out", type=cli.writable_folder, default="gpu-results",
-                   help="folder for every log and result (default gpu-results)")
+    p.add_argument("--out", type=cli.text, default="gpu-results",
+                   help="folder for every log and result (default gpu-results; made, and "
+                        "checked writable, only when the parts run, never by --dry-run)")
     p.add_argument("--parts", nargs="+", type=cli.choice(PART_NAMES), default=list(PART_NAMES),
                    help="the parts to run, in the order of the list above (default: all)")
     p.add_argument("--minutes", type=cli.finite(0.0, 10**4, lo_open=True), default=None,

@@ -586,7 +586,7 @@ def variant_report(data: dict) -> list[str]:
     if w.get("default"):
         lines.append(f"default: {w['default']} -- to make it the default, set "
                      f"DEFAULT = {w['default']!r} in fast/kernels/variants.py "
-                     f"(docs/gpu.md, Part 2)")
+                     f"(docs/gpu.md, 'A GPU session', step 3)")
     else:
         lines.append("default: none (no variant was measured at every entry)")
     return lines

@@ -100,6 +100,10 @@ def _check_inputs(q, k, v, scale, enable_gqa: bool = False, parts: bool = False)
     """The checks of a public entry: q, k, v (``fast.core.checks``, the kernel's dtypes),
     the kernel's limits and the scale; returns the scale. ``parts``: an entry on
     already-built parts, which are laid out for q's n and heads: q, k, v of one shape."""
+    if (isinstance(q, torch.Tensor) and q.device.type == "cpu" and interpreted()
+            and q.is_floating_point() and q.dtype != torch.float32):   # no GPU dtype here
+        raise ValueError(f"the Triton interpreter (TRITON_INTERPRET=1) runs float32 only, "
+                         f"got {q.dtype}")
     check_tensors(q, k, v, dtypes=GPU_DTYPES, finite=False, enable_gqa=enable_gqa)
     if parts and q.shape != k.shape:
         raise ValueError(f"attention on already-built layout parts takes q, k, v of one shape "

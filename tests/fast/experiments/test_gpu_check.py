@@ -126,19 +126,20 @@ def test_the_driver_logs_each_part_goes_on_after_a_failure_and_keeps_to_its_time
 
 def test_gpu_check_prints_its_plan_anywhere_and_refuses_to_run_without_cuda(tmp_path, capsys,
                                                                          monkeypatch):
-    assert command.main(["--dry-run", "--out", str(tmp_path), "--parts", "variants",
-                         "train-time"]) == 0
+    assert command.main(["--dry-run", "--out", str(tmp_path / "a" / "b"), "--parts",
+                         "variants", "train-time"]) == 0
+    assert not (tmp_path / "a").exists()                    # a dry run makes no folder
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("variants     ~ 8.0 min  python -m fast bench --device cuda "
                                  "--variants --out ")
     assert printed[1].startswith("train-time") and printed[-1] == "estimated 12 min in all"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as end:
-        command.main(["--out", str(tmp_path)])
+        command.main(["--out", str(tmp_path / "c")])
     err = capsys.readouterr().err
     assert end.value.code == 2 and err.count("\n") == 1
     assert "no CUDA device here" in err and "allowed: a machine with CUDA, or --dry-run" in err
-    assert list(tmp_path.iterdir()) == []                              # nothing run or written
+    assert list(tmp_path.iterdir()) == []                 # nothing run or written, no folder
 
 
 @pytest.mark.parametrize("argv,says", [
