@@ -22,9 +22,8 @@ def parts_from_masks(masks, block: int, names=None) -> list[LayoutPart]:
 
     masks: a list of (H, n, n) bool arrays/tensors (True = query i reads key j),
     pairwise disjoint (their union is what the attention reads; a pair in two masks
-    is refused, naming it). Positions are
-    listed (no slot map): a part is checked like any other when it is moved to a
-    device (``LayoutPart.to``).
+    is refused, naming it). Positions are listed (no slot map): a part is checked
+    like any other when it is moved to a device (``LayoutPart.to``).
     """
     parts, union = [], None
     for p, m in enumerate(masks):
