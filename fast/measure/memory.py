@@ -226,8 +226,10 @@ def graph_saved(output: torch.Tensor, parameters=()) -> list[tuple[str, str, tup
     "input" or "result1"). Parameters (``parameters``) and storages already listed
     are left out, as in ``count_saved``, and so are 0-d tensors (a number such as
     the 1.702 of the GeLU, which a node keeps as a wrapped scalar, not a saved
-    tensor); a region run under ``torch.utils.checkpoint``
-    shows only what the checkpoint keeps. The graph must not have run backward yet.
+    tensor). Not for a graph with regions under ``torch.utils.checkpoint``
+    (non-reentrant): reading a tensor such a region saved recomputes the region, so the
+    list would show what it makes when recomputed, not what it keeps; ``count_saved``
+    measures those. The graph must not have run backward yet.
     """
     params = {k[0] for k in map(_storage_key, parameters) if k is not None}
     nodes, stack, seen = [], [output.grad_fn], set()

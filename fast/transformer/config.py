@@ -66,7 +66,8 @@ class ModelConfig:
                                      # width d/2 (sec. 7.1)
     dropout: float = 0.0             # dropout at the end of each residual branch only
                                      # (sec. 5.2), so recomputation is exact
-    recompute: bool = False          # gradient checkpointing of every residual block (sec. 5.4)
+    recompute: bool = False          # gradient checkpointing of every residual block
+                                     # whenever autograd records, train or eval (sec. 5.4)
     attention_impl: str = "sparse"   # "sparse": fast.sparse_attention; "masked": explicit
                                      # (n, n) masked softmax (slow, for checks/figures)
     attention_backend: str = "auto"  # passed to fast.sparse_attention(backend=...)

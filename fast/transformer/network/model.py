@@ -298,7 +298,7 @@ class SparseTransformer(nn.Module):
             if return_attention:
                 h, w = block(h, return_attention=True)
                 weights.append(w)
-            elif cfg.recompute and self.training and torch.is_grad_enabled():
+            elif cfg.recompute and torch.is_grad_enabled():      # train or eval mode
                 # Keep only the block input; recompute attention and ff in backward.
                 h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False,
                                                       preserve_rng_state=True)
