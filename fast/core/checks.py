@@ -81,12 +81,18 @@ def check_tensors(q, k, v, *, dtypes: tuple = DTYPES, finite: bool = True,
         check_finite(q, k, v)
 
 
+class NonFiniteInput(ValueError):
+    """q, k or v holds NaN or inf (``check_finite``): a ValueError with a name of its own,
+    so that a training loop can stop on it as it stops on a non-finite loss."""
+
+
 def check_finite(q, k, v) -> None:
     """Reject NaN and inf in q, k, v: one read-only pass per tensor."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         # min and max are NaN if any element is, +-inf if any is
         if not bool(torch.isfinite(torch.stack(torch.aminmax(t))).all()):
-            raise ValueError(f"{name} holds non-finite values (NaN or inf); all must be finite")
+            raise NonFiniteInput(f"{name} holds non-finite values (NaN or inf); all must be "
+                                 f"finite")
 
 
 def check_scale(scale, d: int) -> float:

@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from fast.core.checks import NonFiniteInput
 from fast.data import Dataset
 from fast.transformer.config import ModelConfig, TrainConfig
 from fast.transformer.network.devices import autocast
@@ -208,6 +209,8 @@ class _Run:
         """Which checkpoint out_dir holds now, in words."""
         if not self.cfg.save_checkpoint:
             return "no checkpoint is saved by this run (save_checkpoint false)"
+        if self.rank != 0:
+            return f"rank 0 writes the run's checkpoint ({self.plan.path}), this rank none"
         if self.output.saved_step is not None:
             return f"{self.plan.path} keeps step {self.output.saved_step}"
         if self.first_step:
@@ -224,8 +227,10 @@ class _Run:
     def run_eval(self, record: bool = True) -> dict:
         row = {"step": self.step}
         for split in self.cfg.eval_splits:
+            # the whole batch on every rank: the same items and number as one process
+            # reads (a rank's share read fewer, and the number followed the world size)
             row[split] = evaluate(self.model, self.dataset, split,
-                                  batch_size=self.plan.local_batch,
+                                  batch_size=self.cfg.batch_size,
                                   max_batches=self.cfg.eval_batches, precision=self.precision)
         if record:
             self.evals.append(row)
@@ -249,8 +254,14 @@ class _Run:
                                   gen)                                     # (B, n) each
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
-        loss = train_step(self.net, self.model, x, y, self.optimizer, self.scheduler,
-                          self.scaler, self.precision, self.device, self.cfg.grad_clip)
+        try:
+            loss = train_step(self.net, self.model, x, y, self.optimizer, self.scheduler,
+                              self.scaler, self.precision, self.device, self.cfg.grad_clip)
+        except NonFiniteInput as err:        # finite weights whose activations overflowed
+            raise NonFinite(f"the activations turned non-finite (NaN or inf) at step "
+                            f"{self.step + 1} ({err}); the run stopped there and saved "
+                            f"nothing after it: {self.kept()} (a lower lr, or precision "
+                            f"fp32, may keep it finite)") from None
         self.step += 1
         self.clock.stop()
         self.watch.add(self.step, loss)

@@ -16,6 +16,7 @@ from fast.transformer.network.checkpoint import FORMAT, load_checkpoint, load_mo
 from fast.transformer.network.model import SparseTransformer
 from fast.transformer.training import train as training
 from fast.transformer.training.clock import StepClock
+from fast.transformer.training.loss import evaluate
 from fast.transformer.training.resume import check_resumable, training_state
 from tests.conftest import ROOT, tiny_digits
 
@@ -99,7 +100,8 @@ def _ddp_worker(rank, world, port, out_dir, dataset):
                   out_dir=out_dir, dropout=0.1)
     out = training.train(m, t, progress=False, dataset=dataset)
     torch.save({"state": out["model"].state_dict(), "loss": out["history"]["loss"],
-                "world": out["world_size"], "ckpt": out["checkpoint"]},
+                "world": out["world_size"], "ckpt": out["checkpoint"], "final": out["final"],
+                "batch": t.batch_size, "eval_batches": t.eval_batches},
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -117,6 +119,12 @@ def test_two_process_ddp_keeps_ranks_identical(tmp_path, digits):
     assert all(torch.equal(r0["state"][k], r1["state"][k]) for k in r0["state"])
     assert r0["loss"] != r1["loss"]                       # each rank saw its own batches
     assert r0["ckpt"] is not None and r1["ckpt"] is None  # only rank 0 writes
+    # the evaluation is what one process reads of those weights, not a rank's share
+    model = load_model(r0["ckpt"])[0]
+    for split, bits in r0["final"].items():
+        alone = evaluate(model, digits, split, batch_size=r0["batch"],
+                         max_batches=r0["eval_batches"])
+        assert bits == r1["final"][split] and abs(bits - alone) < 1e-9, (split, bits, alone)
 
 
 # ----------------------------------------------------------------------------

@@ -318,6 +318,31 @@ def test_a_run_whose_numbers_turn_nan_stops_and_keeps_its_last_good_checkpoint(t
                                 f"non-finite (NaN or inf) at step {bad}")
 
 
+def test_activations_that_overflow_stop_the_run_as_a_non_finite_loss_does(tmp_path, digits):
+    """Weights finite but so large that the next forward overflows: sparse_attention
+    refuses the non-finite q (a NonFiniteInput); the run stops on it as on a NaN loss,
+    one NonFinite naming the step, the last good checkpoint kept (it was a traceback)."""
+    m, t = config(tmp_path, lr=1e30, max_iters=30)                  # a checkpoint every step
+    with pytest.raises(NonFinite, match=r"the activations turned non-finite \(NaN or inf\) "
+                                        r"at step (\d+) \(q holds non-finite") as err:
+        training.train(m, t, progress=False, dataset=digits)
+    bad = int(re.search(r"at step (\d+)", str(err.value))[1])
+    print(err.value)
+    assert load_checkpoint(tmp_path / "ckpt.pt")["step"] == bad - 1
+
+
+def test_a_rank_that_writes_no_checkpoint_says_which_rank_does():
+    """Under torchrun only rank 0 writes: a stop line of rank 1 said no checkpoint was
+    written, while rank 0's named the one it kept."""
+    from types import SimpleNamespace as NS
+    run = NS(cfg=NS(save_checkpoint=True), rank=1, plan=NS(path="runs/x/ckpt.pt"),
+             output=NS(saved_step=None), first_step=None)
+    assert training._Run.kept(run) == ("rank 0 writes the run's checkpoint (runs/x/ckpt.pt), "
+                                       "this rank none")
+    run.rank, run.output.saved_step = 0, 7
+    assert training._Run.kept(run) == "runs/x/ckpt.pt keeps step 7"
+
+
 # ----------------------------------------------------------------------------
 # SIGTERM (preemption) and SIGINT (Ctrl-C): the step under way is saved, one line, and the
 # run resumes to the weights of an uninterrupted one.
