@@ -27,6 +27,13 @@ def world_size() -> int:
     if not world.isdigit() or int(world) < 1:
         raise ValueError(f"WORLD_SIZE must be a positive integer (torchrun sets it), "
                          f"got {world!r}")
+    missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT")
+               if name not in os.environ]
+    if int(world) > 1 and missing:
+        raise ValueError(f"WORLD_SIZE={world} asks for {world} ranks, but {', '.join(missing)} "
+                         f"{'is' if len(missing) == 1 else 'are'} not set; allowed: launch "
+                         f"with torchrun --nproc_per_node={world} (it sets them all), or "
+                         f"unset WORLD_SIZE for one process")
     return int(world)
 
 

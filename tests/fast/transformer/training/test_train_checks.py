@@ -158,3 +158,18 @@ def test_the_checkpoint_is_never_written_over_or_inside_the_data(tmp_path, digit
         assert data.read_bytes() == b"data that must survive"
     else:
         assert not (run / "ckpt.pt").exists()
+
+
+def test_world_size_without_torchrun_is_one_line(tmp_path, monkeypatch, capsys):
+    """WORLD_SIZE=2 set by hand, without the rest torchrun sets: one line naming what is
+    missing and how to launch (it was torch's rendezvous traceback)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as end:
+        cli.main(["--preset", "digits", "--d_model", "16", "--n_layers", "1", "--max_iters",
+                  "1", "--device", "cpu", "--out_dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert end.value.code == 2 and err.count("\n") == 1
+    assert "WORLD_SIZE=2 asks for 2 ranks, but RANK, MASTER_ADDR, MASTER_PORT are not set; " \
+           "allowed: launch with torchrun --nproc_per_node=2" in err
