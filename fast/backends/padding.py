@@ -145,17 +145,22 @@ def inside(index: torch.Tensor, lengths: torch.Tensor | None,
     return (pos >= 0) & (pos < length)                                   # (B, m)
 
 
+def query_rows(n_q: int, lengths: torch.Tensor | None, offsets: torch.Tensor | None,
+               n_k: int, device) -> torch.Tensor | None:
+    """Whether each of the n_q queries, aligned to the end of n_k keys, lies inside its
+    sequence: bool (B, 1, n_q, 1), to broadcast over (B, H, n_q, d); None unpadded."""
+    rows = inside(torch.arange(n_k - n_q, n_k, device=device), lengths, offsets, n_k)
+    return None if rows is None else rows[:, None, :, None]
+
+
 def zero_outside(q: torch.Tensor, lengths: torch.Tensor | None,
                  offsets: torch.Tensor | None, n_k: int) -> torch.Tensor:
     """q (B, H, n_q, d), queries aligned to the end of n_k keys, with its rows outside
     their sequences set to 0 (where, so their gradient is 0): a padded query row outputs
     0 whatever it holds, a NaN included when the finite check is off (without it,
     ``fast.core.nonfinite`` would give that row NaN as a row of a sequence)."""
-    n_q = q.shape[2]
-    rows = inside(torch.arange(n_k - n_q, n_k, device=q.device), lengths, offsets, n_k)
-    if rows is None:
-        return q
-    return torch.where(rows[:, None, :, None], q, q.new_zeros(()))      # (B, H, n_q, d)
+    rows = query_rows(q.shape[2], lengths, offsets, n_k, q.device)
+    return q if rows is None else torch.where(rows, q, q.new_zeros(()))  # (B, H, n_q, d)
 
 
 def padded_run(run, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from fast.backends.padding import zero_outside
+from fast.backends.padding import query_rows
 from fast.backends.reads import head_groups, step_pieces, store_positions, summary_mask
 from fast.core.checks import check_finite as reject_non_finite
 from fast.core.nonfinite import attention_reach, quarantine
@@ -214,12 +214,10 @@ def row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: st
                                      check_finite)
     inside = None
     if lengths is not None:                  # the query outside its sequence outputs 0 ...
-        start = 0 if offsets is None else offsets
-        inside = (n_k - 1 - start < lengths).view(B, 1, 1, 1)
+        inside = query_rows(1, lengths, offsets, n_k, q.device)          # (B, 1, 1, 1)
         # ... and reads zeros: its sequence's keys are read by no one else, so nothing in
         # them (a NaN under check_finite=False) reaches its output or any gradient
-        q = zero_outside(q, lengths, offsets, n_k)
-        k, v = (torch.where(inside, t, t.new_zeros(())) for t in (k, v))
+        q, k, v = (torch.where(inside, t, t.new_zeros(())) for t in (q, k, v))
     if offsets is None:
         out = run(q, k, v, n_k - 1)
     else:

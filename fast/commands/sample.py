@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from fast.commands import cli
-from fast.core.files import write_bytes
+from fast.core.files import lands_on, write_bytes
 from fast.data import DATASETS, SPLITS, load
 from fast.plots.samples import image_grid
 from fast.transformer.config import MAX_THREADS, PRECISIONS
@@ -74,12 +74,11 @@ def check_output(out: str, inputs: list[str], overwrite: bool) -> None:
     if not os.path.lexists(path):
         return
     for given in inputs:
-        inside = Path(given).is_dir() and Path(os.path.realpath(path)).is_relative_to(
-            os.path.realpath(given))
-        if inside or (path.exists() and os.path.samefile(path, given)):
-            raise cli.UsageError(f"--out {out} is {'inside ' if inside else ''}an input of this "
-                                 f"command ({given}); allowed: an output path that is none of "
-                                 f"--checkpoint, --prompt-file, --data-path")
+        where = lands_on(path, given)
+        if where is not None:
+            raise cli.UsageError(f"--out {out} is {'inside ' if where == 'inside' else ''}an "
+                                 f"input of this command ({given}); allowed: an output path "
+                                 f"that is none of --checkpoint, --prompt-file, --data-path")
     if not overwrite:
         raise cli.UsageError(f"--out {out} already exists; allowed: a new path, or --overwrite "
                              f"to replace it")

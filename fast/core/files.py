@@ -211,3 +211,17 @@ def identity(path) -> tuple | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def lands_on(out, given) -> str | None:
+    """Where writing ``out`` would land on the input ``given``: "over" (the same file),
+    "inside" (``given`` is a folder that holds ``out``), or None. A command checks its
+    outputs against its inputs with it, so that it never writes over what it reads."""
+    if not os.path.exists(given):
+        return None
+    if Path(given).is_dir() and Path(os.path.realpath(out)).is_relative_to(
+            os.path.realpath(given)):
+        return "inside"
+    if os.path.exists(out) and os.path.samefile(out, given):
+        return "over"
+    return None

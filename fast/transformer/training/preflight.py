@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from fast.core.files import check_writable, identity
+from fast.core.files import check_writable, identity, lands_on
 from fast.data import Dataset, load
 from fast.transformer.config import ModelConfig, TrainConfig
 from fast.transformer.network.checkpoint import load_checkpoint
@@ -106,13 +106,10 @@ def _check_output(model_cfg, train_cfg, plan: Plan) -> None:
                          f"another --out_dir")
     plan.found = identity(path)
     data = train_cfg.data_path
-    if train_cfg.save_checkpoint and data is not None and os.path.lexists(data):
-        inside = Path(data).is_dir() and Path(os.path.realpath(path)).is_relative_to(
-            os.path.realpath(data))
-        if inside or (os.path.lexists(path) and os.path.samefile(path, data)):
-            raise ValueError(f"the checkpoint {path} would be written "
-                             f"{'inside' if inside else 'over'} --data_path {data}, the run's "
-                             f"input; choose an --out_dir outside the data")
+    where = lands_on(path, data) if train_cfg.save_checkpoint and data is not None else None
+    if where is not None:
+        raise ValueError(f"the checkpoint {path} would be written {where} --data_path "
+                         f"{data}, the run's input; choose an --out_dir outside the data")
     if train_cfg.resume:
         if not path.is_file():
             raise ValueError(f"cannot resume: there is no checkpoint {path}; run without "
