@@ -45,7 +45,9 @@ Backends (one flag, the slow and the fast path side by side):
                O(n_q n_k), the obviously-correct path that honours every argument
                (``fast.backends.naive``); refused, before it allocates, beyond half the
                memory available;
-* "structured" no n x n tensor anywhere: full -> causal SDPA; strided and fixed
+* "structured" no n x n tensor anywhere: full -> causal SDPA (eager on the CPU, a
+               call to differentiate whose scores may outgrow float32's log-sum-exp:
+               one causal problem through the structured operator, see "Scale"); strided and fixed
                -> flash attention over the transposed grid, bands and gathered
                summaries, merged through their log-sum-exp (``fast.backends.structured``);
                one query (n_q = 1) -> the one-query step (``fast.backends.row``): the keys
@@ -103,7 +105,10 @@ q * scale, and the fused CPU kernel, which returns NaN for a scale <= 0 or one t
 rounds to 0 (torch 2.13.0), never sees one. The Triton kernels take the scale as it is
 (``fast.kernels.launch.fold_scale`` says how). Large scales are exact too: the
 structured backend recomputes a float32 call in float64 when its log-sum-exp
-outgrows float32 (``fast.backends.structured.EXACT_LSE``). A float64 call has no
+outgrows float32 (``fast.backends.structured.EXACT_LSE``); "full" does when eager on
+the CPU (``structured_attention``; a compiled "full" layer is SDPA's, whose backward
+recomputes its weights from a float32 log-sum-exp: at such scores, run it eagerly or
+in float64). A float64 call has no
 wider dtype to go to: the structured backward's weights carry the rounding of the
 scores' log-sum-exp, a relative error of about |score| x 2^-52, so at huge scores
 its gradients keep fewer digits than the naive path's single softmax (use

@@ -49,7 +49,7 @@ HAS_CPU_FLASH = (hasattr(_OPS, "_scaled_dot_product_flash_attention_for_cpu")
                  and hasattr(_OPS, "_scaled_dot_product_flash_attention_for_cpu_backward"))
 
 
-def _use_kernel(q: torch.Tensor) -> bool:
+def uses_kernel(q: torch.Tensor) -> bool:
     """The CPU kernel for CPU tensors; "meta" tensors (shapes only) take the same call,
     which runs the kernel's shape function, so that a piece run on meta tensors makes
     the kernel calls a CPU run makes (``fast.measure.kernel_pairs`` counts them)."""
@@ -60,7 +60,7 @@ def attention_forward(q, k, v, *, is_causal: bool = False, mask=None, scale: flo
     """(out, lse) of softmax(scale q k^T + mask) v. q: (X, Y, L, d); k, v: (X, Y, S, d),
     any strides; mask: additive, q's dtype, broadcastable to (X, Y, L, S), or None.
     is_causal: query i reads keys j <= i (top-left aligned). Not both."""
-    if _use_kernel(q):
+    if uses_kernel(q):
         return _OPS._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
     return _math_forward(q, k, v, is_causal, mask, scale)
@@ -70,7 +70,7 @@ def attention_backward(grad_out, q, k, v, out, lse, *, is_causal: bool = False, 
                        scale: float):
     """(dq, dk, dv) given the (possibly merged) out and lse of every query row.
     A row whose lse is +inf contributes nothing (use it for rows that read nothing)."""
-    if _use_kernel(q):
+    if uses_kernel(q):
         return _OPS._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, q, k, v, out, lse, 0.0, is_causal, attn_mask=mask, scale=scale)
     return _math_backward(grad_out, q, k, v, out, lse, is_causal, mask, scale)

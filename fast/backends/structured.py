@@ -15,6 +15,7 @@ Plan: the heads of a layer fall into groups that read the same pieces
   fixed    merged        all, c does not divide l      BlockCausal + Summary(own=False)
   fixed    multihead     even / odd                    BlockCausal / Summary(own=True)
   fixed    interleaved   all (layer even / odd)        BlockCausal / Summary(own=True)
+  full     (any)         all                           LocalBand(l = N): one causal problem
 
 Summary(own=True) also reads the summaries of the query's own block (j <= i);
 it runs as SummaryEarlier internally when c does not divide l. The first piece
@@ -86,6 +87,7 @@ import torch
 import torch.nn.functional as F
 
 from fast.backends.fixed import BlockCausal, Summary
+from fast.backends.flash_cpu import uses_kernel
 from fast.backends.naive import naive_sparse_attention
 from fast.backends.strided import Column, LocalBand
 from fast.core.autograd import once_differentiable, refuse_second_derivative
@@ -103,8 +105,11 @@ def plan(pattern: str, combine: str, layer: int, n_heads: int, scale: float, str
     ``heads``: plan for these query heads of the layer only (in this order; the slices
     then index them), as the grouped key/value heads of ``plans`` need.
     """
+    if pattern == "full":                    # stride = N: the band of N rows is causal
+        return [(slice(None), [LocalBand(stride, scale)])]
     if pattern not in ("strided", "fixed"):
-        raise ValueError(f"the structured plan serves 'strided' and 'fixed', got {pattern!r}")
+        raise ValueError(f"the structured plan serves 'full', 'strided' and 'fixed', got "
+                         f"{pattern!r}")
     roles = head_roles(pattern, n_heads, combine, layer, stride=stride, c=c)
     if heads is not None:
         roles = [roles[h] for h in heads]
@@ -464,9 +469,9 @@ class _StructuredAttention(torch.autograd.Function):
 
 
 def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """The "full" pattern: causal SDPA (the fused kernel), queries aligned to the end of
-    the keys (q padded in front to n_k rows, its rows kept at the end); grouped key/value
-    heads as views, one call per s < share over the query heads s::share."""
+    """The "full" pattern off the CPU: causal SDPA (the fused kernel), queries aligned to
+    the end of the keys (q padded in front to n_k rows, its rows kept at the end); grouped
+    key/value heads as views, one call per s < share over the query heads s::share."""
     B, H, n_q, d = q.shape
     Hkv, n_k = k.shape[1], k.shape[2]
     if n_q < n_k:
@@ -481,6 +486,15 @@ def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
     return out[:, :, n_k - n_q:]                                          # (B, H, n_q, d)
 
 
+def _may_outgrow_float32(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
+    """Whether some row's |lse| may pass EXACT_LSE: |s_ij| <= |scale| |q_i| |k_j|
+    (Cauchy-Schwarz), and a row's lse lies within [max_j s_ij, max_j s_ij + log n_k].
+    One read of q and k."""
+    with torch.no_grad():
+        bound = abs(scale) * (q.float().norm(dim=-1).amax() * k.float().norm(dim=-1).amax())
+        return bool(bound + math.log(k.shape[2]) > EXACT_LSE)
+
+
 def structured_attention(q, k, v, pattern: str, *, combine: str = "merged", layer: int = 0,
                          scale: float, stride: int | None = None,
                          c: int | None = None) -> torch.Tensor:
@@ -488,10 +502,28 @@ def structured_attention(q, k, v, pattern: str, *, combine: str = "merged", laye
     (B, Hkv, n_k, d) (Hkv dividing H), already validated (``fast.attention``). Returns
     (B, H, n_q, d). Every query row is computed over the n_k positions (q is padded in
     front with zero rows, whose outputs are dropped and whose gradients are zero): a
-    chunk of n_q < n_k queries costs what n_k do."""
-    if pattern == "full":
-        return causal(q, k, v, scale)
+    chunk of n_q < n_k queries costs what n_k do.
+
+    "full" is causal SDPA (``causal``), except where SDPA's answer would be wrong: its
+    backward recomputes the weights from a float32 log-sum-exp, wrong at |lse| >
+    EXACT_LSE ("Precision" above). An eager CPU call below float64 that autograd will
+    differentiate and whose scores may reach that (``_may_outgrow_float32``) runs as one
+    causal problem of n_k rows through the same operator (``plan``: stride = n_k), the
+    kernel SDPA would run, whose log-sum-exp then makes the float64 decision. Not taken
+    otherwise: the operator's output (B, H, n, d) costs the model a copy of its heads
+    that SDPA's (B, n, H, d) layout does not; a float64 call has nothing to decide; off
+    the CPU the operator's fallback is exact but not fast; and a traced call
+    (torch.compile) cannot branch on values, so a compiled "full" layer is SDPA's
+    whatever its scores (docs/design.md, "torch.compile")."""
     n_k = k.shape[2]
+    if pattern == "full":
+        exact = (uses_kernel(q) and q.dtype != torch.float64
+                 and not torch.compiler.is_compiling() and torch.is_grad_enabled()
+                 and any(t.requires_grad for t in (q, k, v))
+                 and _may_outgrow_float32(q, k, scale))
+        if not exact:
+            return causal(q, k, v, scale)
+        stride = n_k
     if n_k < stride:
         params = {"stride": stride} if pattern == "strided" else {"stride": stride, "c": c}
         return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
