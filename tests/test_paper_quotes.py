@@ -10,9 +10,16 @@ text, and every verbatim quote of the real prose, one word changed, is shown cau
 from __future__ import annotations
 
 import pytest
+
 from tests.notebooks.notebook_prose import PAPER_HEADINGS, PAPER_SECTIONS
-from tests.paper_quotes import (check_file, docstrings, paper_quotes, prose_files,
-                                prose_texts, quote_problems)
+from tests.paper_quotes import (
+    check_file,
+    docstrings,
+    paper_quotes,
+    prose_files,
+    prose_texts,
+    quote_problems,
+)
 
 FILES = prose_files()
 
