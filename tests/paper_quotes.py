@@ -1,6 +1,6 @@
 """The paper's words in quotation marks are its exact words: a checker over README.md,
-docs/*.md and the docstrings of ``reference/`` and ``fast/`` (read with ``ast``, nothing
-is imported).
+docs/*.md and the docstrings of ``reference/``, ``fast/`` and ``docs/examples/`` (read
+with ``ast``, nothing is imported).
 
 Child et al., 2019 is quoted across the project (sec. 4-7). The house rule ("a quote is
 the paper's exact words with its section") is held in the notebooks' blockquotes by
@@ -175,7 +175,8 @@ def check_text(name: str, text: str, first_line: int = 1) -> list[Finding]:
 
 def prose_files(root: Path = ROOT) -> list[Path]:
     return ([root / "README.md", *sorted((root / "docs").glob("*.md"))]
-            + sorted((root / "reference").rglob("*.py")) + sorted((root / "fast").rglob("*.py")))
+            + sorted((root / "docs").rglob("*.py")) + sorted((root / "reference").rglob("*.py"))
+            + sorted((root / "fast").rglob("*.py")))
 
 
 def prose_texts(path: Path) -> list[tuple[int, str]]:
