@@ -297,7 +297,9 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     """Causal sparse attention of the Sparse Transformer, called as SDPA is.
 
     q: (B, H, n_q, d); k, v: (B, Hkv, n_k, d), one dtype (float64/float32/bfloat16/
-    float16) and device, n_q <= n_k, any d >= 1. Returns (B, H, n_q, d); differentiable
+    float16) and device, n_q <= n_k, any d >= 1; backend="triton" on the CPU, under
+    Triton's interpreter (TRITON_INTERPRET=1), runs float32 only (the structured backend
+    takes the other dtypes there). Returns (B, H, n_q, d); differentiable
     in q, k and v. Query i is position n_k - n_q + i (queries aligned to the end, SDPA's
     bottom-right causal convention: n_q = n_k is self-attention, n_q = 1 a decoding
     step against every earlier key) and reads the last n_q rows of the pattern's masks

@@ -1,12 +1,12 @@
 """The Sparse Transformer forward pass in NumPy float64 (the ground truth for fast/model.py).
 
-Child et al., 2019, sections 5.2-5.6 and eq. 10-15, written for reading:
+Child et al., 2019, sections 5.2-5.6 and eq. 9-15, written for reading:
 
-    H_0 = tok[x] + sum_k pos_k[coordinate_k(position)]      (eq. 15)
-    a   = attention(norm(H))                                 (eq. 11, dropout off)
-    b   = ff(norm(H + a))                                    (eq. 12)
-    H  <- H + a + b                                          (eq. 13-14)
-    logits = norm(H_N) W_out + b_out                         (eq. 10)
+    H_0 = tok[x] + sum_k pos_k[coordinate_k(position)]      (eq. 9, 15)
+    a   = attention(norm(H))                                 (eq. 12, dropout off)
+    b   = ff(norm(H + a))                                    (eq. 13)
+    H  <- H + a + b                                          (eq. 10, 14)
+    logits = norm(H_N) W_out + b_out                         (eq. 11, before its softmax)
 
 Attention: q = x W_q + b_q (width d, or d/2 for half-size q/k), k, v likewise,
 split into n_heads heads; head h of block r reads exactly

@@ -1,7 +1,7 @@
 """The two heads of the fixed pattern as dense pieces, without any n x n tensor.
 
-Child et al., 2019, section 4.3 (Fig. 3c) and section 5.5 ("fixed positions are
-gathered and computed in blocks"). Blocks of length l (n padded up to N = M l).
+Child et al., 2019, section 4.3 (Fig. 3c) and section 5.5 ("Fixed attention
+positions can be aggregated and computed in blocks"). Blocks of length l (n padded up to N = M l).
 Every head reads its own summary sub-block: positions [lo, lo + c) of each block,
 lo = ``summary_range(l, c, rank)[0]``; ``los`` lists lo for the heads of a
 group, and row g of a (G, N, d) tensor (G = batch x heads) is head g mod len(los).

@@ -1,10 +1,11 @@
 """Flash attention that also returns the log-sum-exp, forward and backward.
 
-Child et al., 2019, section 5.5 ("softmax is fused", "the upper triangle is
-never computed"): the structured path cuts a sparse pattern into a few dense
-pieces -- bands, transposed columns, gathered summaries -- and runs each piece
-through a fused attention kernel. To merge pieces exactly it needs each row's
-log-sum-exp, which the public ``scaled_dot_product_attention`` does not return.
+Child et al., 2019, section 5.5 ("The softmax operation is fused into a single
+kernel", "The upper triangle of the attention matrix is never computed"): the
+structured path cuts a sparse pattern into a few dense pieces -- bands, transposed
+columns, gathered summaries -- and runs each piece through a fused attention kernel.
+To merge pieces exactly it needs each row's log-sum-exp, which the public
+``scaled_dot_product_attention`` does not return.
 
 * CPU: ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` and its
   ``_backward``, a PRIVATE operator. Written and tested against torch 2.13.0
@@ -32,7 +33,7 @@ softmax, and delta = rowsum(dO * O) is the merged one (FlashAttention-2, Dao,
 or its three gradients, zero-filled before it accumulates into them). A new
 tensor above the C library's mmap threshold (32 MiB at most, glibc) is mapped
 fresh and page-faulted on every call, which costs about as much as the
-attention it holds (docs/design.md, section 5, "Where the time goes"); pieces
+attention it holds (docs/design.md §5, "Where the time goes on the CPU"); pieces
 whose kernel outputs would be that large cut their calls into spans of at most
 ``SLAB_BYTES``, which also keeps each call's outputs in cache while they are
 folded or merged.

@@ -1,7 +1,8 @@
 """The two heads of the strided pattern as dense pieces, without any n x n tensor.
 
-Child et al., 2019, section 4.3 (Fig. 3b) and section 5.5 ("a stride-l pattern
-is computed by transposing the sequence into an (n/l, l) grid"). Positions
+Child et al., 2019, section 4.3 (Fig. 3b) and section 5.5 ("attention with a
+stride of k can be computed by transposing the matrix and computing a local
+window"; the matrix here is the sequence folded into an (n/l, l) grid). Positions
 i = r l + s sit at row r, column s of that grid (n padded up to N = M l).
 
 * ``Column`` -- A(2), (i - j) mod l == 0, j <= i. Transposing the grid makes

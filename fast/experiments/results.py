@@ -115,8 +115,8 @@ def bench_section(bench: dict) -> list[str]:
     out += [f"| strided time slope, n = 4096..65536 (fwd / fwd+bwd) | <= 1.35 (fwd+bwd) | "
             f"{t['strided_fwd_slope_4096_65536']:.2f} / {t['strided_fb_slope_4096_65536']:.2f} "
             f"| - | {keys_slope} (keys read, l fixed at 128) | - |",
-            f"| strided forward+backward peak memory, n=65536 | < 2 GB | "
-            f"{t['strided_fb_peak_bytes_65536'] / 1e9:.2f} GB | - | - | - |"]
+            f"| strided forward+backward peak memory, n=65536 | < 2 GB ({2e9 / GIB:.2f} GiB) | "
+            f"{t['strided_fb_peak_bytes_65536'] / GIB:.2f} GiB | - | - | - |"]
     ratios = [(name, t.get(f"{key}_bwd_over_fwd_16384"))
               for name, key in (("dense", "dense"), ("strided", "strided"), ("fixed", "fixed"))]
     if any(r is not None for _, r in ratios):
@@ -144,8 +144,8 @@ def memory_section(mem: dict) -> list[str]:
         f"- {big['layers']} layers at n={big['n']} ({big['step']['n_params'] / 1e6:.0f}M "
         f"parameters): a training step with recomputation peaks at "
         f"{big['measured_peak_with'] / GIB:.1f} GiB on this "
-        f"{big['machine_total_bytes'] / GIB:.0f} GiB machine; without it, the measured "
-        f"{big['per_layer_without'] / 2**20:.0f} MiB per layer would need about "
+        f"{big['machine_total_bytes'] / GIB:.1f} GiB machine; without it, the measured "
+        f"{big['per_layer_without'] / 2**20:.1f} MiB per layer would need about "
         f"{big['estimated_peak_without'] / GIB:.0f} GiB.",
     ]
 

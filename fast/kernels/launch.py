@@ -32,7 +32,8 @@ Nothing here reads a value back from the device: what the launchers branch on
 is in each part's ``facts`` (host ints).
 
 Run on a GPU, or on the CPU with ``TRITON_INTERPRET=1`` set before Triton is
-imported (NumPy interpreter: float32 only, slow, for tests).
+imported (NumPy interpreter: float32 only, slow, for tests; other dtypes on the
+CPU take ``backend="structured"``).
 """
 
 from __future__ import annotations

@@ -61,11 +61,21 @@ DEFAULT_BLOCK_INTERPRETER = 32
 # Checks
 # ----------------------------------------------------------------------------
 
+def _interpreter_dtype_error(dtype: torch.dtype) -> ValueError:
+    """The interpreter's refusal of a dtype other than float32, naming the CPU path that
+    takes it."""
+    return ValueError(f"the Triton interpreter (TRITON_INTERPRET=1) runs float32 only, got "
+                      f"{dtype}; for float16, bfloat16 or float64 on the CPU use "
+                      f"fast.sparse_attention(..., backend='structured')")
+
+
 def _kernel_limits(q) -> None:
     """What only the kernel limits, for q, k, v already checked by ``check_tensors``:
     the dtype, d, and where it runs. Non-finite values are left to
     ``fast.sparse_attention``, which checks them once: here the check would make every
     call wait for the GPU."""
+    if q.device.type == "cpu" and interpreted() and q.dtype != torch.float32:
+        raise _interpreter_dtype_error(q.dtype)
     if q.dtype not in GPU_DTYPES:
         raise ValueError(f"q has dtype {q.dtype}; allowed: "
                          f"{', '.join(str(d) for d in GPU_DTYPES)} (the Triton kernel)")
@@ -83,10 +93,6 @@ def _kernel_limits(q) -> None:
                 "tests), move q, k, v to CUDA, or use fast.sparse_attention(..., "
                 "backend='structured') on the CPU"
             )
-        if q.dtype != torch.float32:
-            raise ValueError(
-                f"the Triton interpreter (TRITON_INTERPRET=1) runs float32 only, got {q.dtype}"
-            )
     elif q.device.type == "cuda" and interpreted():
         raise RuntimeError(
             "TRITON_INTERPRET=1 is set, so the Triton kernels run on the CPU: "
@@ -102,8 +108,7 @@ def _check_inputs(q, k, v, scale, enable_gqa: bool = False, parts: bool = False)
     already-built parts, which are laid out for q's n and heads: q, k, v of one shape."""
     if (isinstance(q, torch.Tensor) and q.device.type == "cpu" and interpreted()
             and q.is_floating_point() and q.dtype != torch.float32):   # no GPU dtype here
-        raise ValueError(f"the Triton interpreter (TRITON_INTERPRET=1) runs float32 only, "
-                         f"got {q.dtype}")
+        raise _interpreter_dtype_error(q.dtype)
     check_tensors(q, k, v, dtypes=GPU_DTYPES, finite=False, enable_gqa=enable_gqa)
     if parts and q.shape != k.shape:
         raise ValueError(f"attention on already-built layout parts takes q, k, v of one shape "

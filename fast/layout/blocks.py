@@ -2,9 +2,10 @@
 
 Child et al., 2019, "Generating Long Sequences with Sparse Transformers", sec. 4.3
 (strided and fixed patterns), sec. 5.1 (merged / multi-head / interleaved heads) and
-sec. 5.5 (kernels: "a stride-l pattern is computed by transposing the sequence into
-an (n/l, l) grid and running a local window; fixed positions are gathered and
-computed in blocks; the upper triangle is never computed"). Patterns, combine modes
+sec. 5.5 (kernels: "attention with a stride of k can be computed by transposing the
+matrix and computing a local window. Fixed attention positions can be aggregated
+and computed in blocks"; here the matrix transposed is the sequence folded into an
+(n/l, l) grid, and nothing above the diagonal is computed). Patterns, combine modes
 and off-by-ones are exactly those of ``reference.patterns.head_masks``: parameters
 are checked by ``reference.params.check_params`` and what each head reads comes
 from ``reference.heads.head_roles`` (as the table of ``fast.layout.heads``);

@@ -1,9 +1,10 @@
 """The part kinds of a block layout: slot orders, candidate tiles, token rules.
 
 Child et al., 2019, "Generating Long Sequences with Sparse Transformers", sec. 4.3
-(strided and fixed patterns) and sec. 5.5 ("a stride-l pattern is computed by
-transposing the sequence into an (n/l, l) grid and running a local window; fixed
-positions are gathered and computed in blocks"). Definitions and off-by-ones as
+(strided and fixed patterns) and sec. 5.5 ("attention with a stride of k can be
+computed by transposing the matrix and computing a local window. Fixed attention
+positions can be aggregated and computed in blocks"; the matrix transposed here is
+the sequence folded into an (n/l, l) grid). Definitions and off-by-ones as
 in ``reference/patterns.py`` (strided local 0 <= i - j < l, exactly l positions;
 fixed summaries the c positions l-c..l-1 of each block, or a head's sub-block).
 

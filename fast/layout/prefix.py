@@ -1,7 +1,7 @@
 """Prefix parts: query i reads the first K(i) key slots of its head.
 
-Child et al., 2019, sec. 4.3 and 5.5 ("fixed positions are gathered and computed
-in blocks"): with the fixed pattern's summary keys gathered in order
+Child et al., 2019, sec. 4.3 and 5.5 ("Fixed attention positions can be aggregated
+and computed in blocks"): with the fixed pattern's summary keys gathered in order
 (``fast.layout.parts.fixed_summary``), query i of head h reads exactly the key
 slots [0, K_h(i)), where K_h(i), the number of summary positions it may read, is
 a closed form that never decreases with i. Everything about the part follows from

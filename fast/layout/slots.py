@@ -1,8 +1,9 @@
 """Slot orders as index arithmetic: which sequence position each slot of a part holds.
 
-Child et al., 2019, sec. 5.5: "a stride-l pattern is computed by transposing the
-sequence into an (n/l, l) grid and running a local window; fixed positions are
-gathered and computed in blocks". A layout part (``fast.layout.LayoutPart``) lists
+Child et al., 2019, sec. 5.5: "attention with a stride of k can be computed by
+transposing the matrix and computing a local window. Fixed attention positions can
+be aggregated and computed in blocks" (here the matrix transposed is the sequence
+folded into an (n/l, l) grid). A layout part (``fast.layout.LayoutPart``) lists
 the position of every slot (``q_pos`` / ``k_pos``); the orders of the strided and
 fixed patterns are also one formula each,
 

@@ -1,8 +1,8 @@
 """From candidate block pairs to block-sparse tables (helpers of ``fast.layout``).
 
 Child et al., 2019, "Generating Long Sequences with Sparse Transformers", sec. 5.5:
-a sparse pattern is computed as dense blocks ("fixed positions are gathered and
-computed in blocks"). Two mistakes are common in block-sparse implementations:
+a sparse pattern is computed as dense blocks ("Fixed attention positions can be
+aggregated and computed in blocks"). Two mistakes are common in block-sparse implementations:
 blocks that are not causal inside the diagonal block, and masks of size n x n built
 on the way to a block layout. Neither happens here:
 

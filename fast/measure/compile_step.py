@@ -40,7 +40,7 @@ MODEL = {"d_model": 128, "n_heads": 4, "n_layers": 4, "vocab_size": 256}  # nano
 
 
 def _stride(n: int) -> int:
-    """l near sqrt(n), a power of two (sec. 4.3: "close to sqrt(n)")."""
+    """l near sqrt(n), a power of two (sec. 4.3: close to sqrt(n))."""
     return 1 << round(math.log2(n) / 2)
 
 

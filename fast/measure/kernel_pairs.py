@@ -1,7 +1,8 @@
 """The (query, key) pairs the CPU flash kernel computes for a pattern, and the ceiling
 they set on its speed-up over dense attention.
 
-Child et al., 2019, section 5.5 ("the upper triangle is never computed"). The
+Child et al., 2019, section 5.5 ("The upper triangle of the attention matrix is never
+computed"). The
 keys-read ideal (``fast.measure.bench.keys_read_ideal``) counts the pairs a pattern
 needs. The structured path (``fast.backends.structured``) hands its pieces to PyTorch's
 CPU flash kernel, which computes more than that: it takes queries in blocks of 32 rows

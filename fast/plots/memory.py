@@ -1,6 +1,6 @@
 """Figures of recomputation (Child et al., 2019, section 5.4 and Figure 4).
 
-* ``draw_dataflow`` -- one pre-activation residual block (eq. 11-14) with the
+* ``draw_dataflow`` -- one pre-activation residual block (eq. 10, 12-14) with the
   tensors kept for backward drawn solid and the recomputed ones dashed;
 * ``plot_depth`` / ``plot_length`` -- bytes saved for backward (and peak
   resident memory) against depth and sequence length, with and without
@@ -32,7 +32,7 @@ def _arrow(ax, a, b, rad=0.0):
                                  linewidth=1.0, connectionstyle=f"arc3,rad={rad}"))
 
 
-# The block's forward pass, bottom to top (eq. 11-14): (text, kept for backward without
+# The block's forward pass, bottom to top (eq. 10, 12-14): (text, kept for backward without
 # recomputation, rebuilt in backward with it). Measured (``fast.measure.memory.graph_saved``):
 # a and b themselves are never kept (only H + a, which the second norm reads, and f, which
 # W_2 reads, are), and torch.utils.checkpoint stops rebuilding once the last tensor backward

@@ -1,7 +1,8 @@
 """Figures for notebook 03: the transposition trick of the structured path, and its cost.
 
-Child et al., 2019, section 5.5: "a stride-l pattern is computed by transposing
-the sequence into an (n/l, l) grid and running a local window". Three panels:
+Child et al., 2019, section 5.5: "attention with a stride of k can be computed by
+transposing the matrix and computing a local window"; the matrix is the sequence
+folded into an (n/l, l) grid. Three panels:
 the sequence (one colour per column s = i mod l), the (n/l, l) grid it folds
 into, and the transposed (l, n/l) grid in which every column of the grid -- the
 keys of the strided head A(2) -- is one contiguous row, so A(2) is plain causal

@@ -62,8 +62,8 @@ class ModelConfig:
                                      # H*W*C must equal n_ctx
     ff_mult: int = 4                 # feed-forward widening: 4, or 2 for the paper's
                                      # "half-size" network
-    qk_half: bool = False            # "half-size query-key projections": q and k have
-                                     # width d/2 (sec. 7.1)
+    qk_half: bool = False            # q and k of width d/2: sec. 7.1's "half-size
+                                     # feedforward network and query-key projections"
     dropout: float = 0.0             # dropout at the end of each residual branch only
                                      # (sec. 5.2), so recomputation is exact
     recompute: bool = False          # gradient checkpointing of every residual block

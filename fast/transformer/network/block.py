@@ -1,6 +1,6 @@
 """One residual block's arithmetic, written once: the model and the decoding step both call it.
 
-Child et al., 2019, section 5.2 (eq. 11-14), pre-activation residual blocks:
+Child et al., 2019, section 5.2 (eq. 10, 12-14), pre-activation residual blocks:
 
     a(H) = dropout(attention(norm(H)))
     b(H) = dropout(ff(norm(H + a(H))))
@@ -56,7 +56,7 @@ def join_heads(t: torch.Tensor) -> torch.Tensor:
 
 def residual(h: torch.Tensor, a: torch.Tensor, norm2, ff, dropout=None) -> torch.Tensor:
     """H + a(H) + b(H) with b = dropout(ff(norm2(H + a))), given the attention branch
-    ``a`` (its dropout already applied) (eq. 12-14)."""
+    ``a`` (its dropout already applied) (eq. 10, 12-14)."""
     h = h + a
     b = ff(norm2(h))
     return h + (b if dropout is None else dropout(b))

@@ -3,11 +3,11 @@
 Child et al., 2019, "Generating Long Sequences with Sparse Transformers",
 sections 5.2-5.6 and 6:
 
-    H_0 = embed(X, W_e)                                  (eq. 15)
-    a(H) = dropout(attention(norm(H)))                   (eq. 11)
-    b(H) = dropout(ff(norm(H + a(H))))                   (eq. 12)
-    H_k = H_{k-1} + a(H_{k-1}) + b(H_{k-1})              (eq. 13-14)
-    y   = softmax(norm(H_N) W_out)                       (eq. 10)
+    H_0 = embed(X, W_e)                                  (eq. 9; embed: eq. 15)
+    a(H) = dropout(attention(norm(H)))                   (eq. 12)
+    b(H) = dropout(ff(norm(H + a(H))))                   (eq. 13)
+    H_k = H_{k-1} + a(H_{k-1}) + b(H_{k-1})              (eq. 10, 14)
+    y   = softmax(norm(H_N) W_out)                       (eq. 11)
 
 * norm = LayerNorm; ff(x) = W_2 f(W_1 x + b_1) + b_2 with f(x) = x sigmoid(1.702 x),
   W_1 widening by ``ff_mult`` (4, or 2 for the "half-size" network);
@@ -25,7 +25,7 @@ sections 5.2-5.6 and 6:
   "The weight matrix for the output logits was initialized to 0" is
   ``output_init="zero"``; by default W_out is drawn like the other weights
   (``ModelConfig.output_init``: at the CPU scale of Table 2 the zero W_out cost
-  held-out bits, docs/design.md section 4);
+  held-out bits, docs/design.md §4);
 * dropout only at the end of each residual branch, never inside attention, so
   recomputation (``recompute=True``: torch.utils.checkpoint of every block,
   use_reentrant=False, RNG state preserved) gives the same loss and gradients.
@@ -196,7 +196,7 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-activation residual block: H + a(H) + b(H) (eq. 11-14)."""
+    """One pre-activation residual block: H + a(H) + b(H) (eq. 10, 12-14)."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -215,7 +215,7 @@ class Block(nn.Module):
         return (out, weights) if return_attention else out
 
     def residual(self, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        """H + a(H) + b(H) given the attention branch a before its dropout (eq. 13-14)."""
+        """H + a(H) + b(H) given the attention branch a before its dropout (eq. 10, 13-14)."""
         return residual(h, self.drop(a), self.ln2, self.ff, self.drop)
 
 

@@ -22,7 +22,7 @@ def test_results_from_minimal_json(tmp_path, capsys):
     (tmp_path / "bench_cpu.json").write_text(json.dumps(bench))
     assert results_command.main(["--data", str(tmp_path)]) == 0
     captured = capsys.readouterr()
-    assert "| 13.0x |" in captured.out and "1.50 GB" in captured.out
+    assert "| 13.0x |" in captured.out and "1.40 GiB" in captured.out
     assert "memory.json" in captured.err  # what was not measured is said, not invented
 
 

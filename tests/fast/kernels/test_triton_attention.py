@@ -486,3 +486,14 @@ def test_the_kernels_entry_takes_grouped_heads_and_shorter_queries():
     with pytest.raises(ValueError, match="already-built layout parts takes q, k, v of one"):
         T.attention_with_parts(q, k.expand(1, H, n_k, 16), v.expand(1, H, n_k, 16), parts,
                                block_size=BLOCK)
+
+
+@pytest.mark.skipif(not T.interpreted(), reason="interpreter-only check")
+def test_the_interpreters_refusal_names_the_cpu_path_for_other_dtypes():
+    """The public entry with backend="triton" refuses float16, bfloat16 and float64 on the
+    CPU naming the backend that takes them, which then runs them."""
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        q = torch.randn(1, 1, 8, 16).to(dtype)
+        with pytest.raises(ValueError, match=f"float32 only, got {dtype}; .*backend='structured'"):
+            sparse_attention(q, q, q, "strided", stride=3, backend="triton")
+        assert sparse_attention(q, q, q, "strided", stride=3, backend="structured").dtype == dtype
