@@ -13,14 +13,17 @@ import torch
 from fast.backends import auto
 from fast.commands import fig2 as fig2_command
 from fast.commands import figures as make_figures
+from fast.commands import memory as memory_command
 from fast.commands import table2 as table2_command
 from fast.commands.figures import STEPS, command
 from fast.commands.registry import COMMANDS
 from fast.experiments import learned_attention as LA
+from fast.experiments import memory_report
 from fast.experiments import table2 as T2
 from fast.experiments.table2 import run_configs, timing_configs
 from fast.measure.attention_stats import pixel_position, split_start
 from fast.plots import attention as plot_attention
+from fast.plots import memory as plot_memory
 from fast.plots import style
 from fast.plots import table2 as plot_table2
 from fast.transformer.network.model import SparseTransformer
@@ -399,3 +402,14 @@ def test_table2_every_output_follows_out(tmp_path, monkeypatch):
     monkeypatch.setattr(T2, "cell_keys", lambda: ["text/full"])
     T2.profile(out=tmp_path / "profile.json")                  # --profile --out
     assert (tmp_path / "profile.json").exists()
+
+
+def test_memory_figures_follow_out(tmp_path, monkeypatch):
+    """``memory --out X.json --steps figures`` draws beside X, never into figures/ (the
+    drawing is replaced by a stand-in recording its folder)."""
+    drawn = []
+    monkeypatch.setattr(plot_memory, "make_all", lambda data, figdir: drawn.append(figdir) or [])
+    out = tmp_path / "elsewhere" / "mem.json"
+    assert memory_command.main(["--out", str(out), "--steps", "figures"]) == 0
+    assert drawn == [out.parent] and out.exists()
+    assert memory_report.out_paths(False) == (memory_report.CACHE, memory_report.FIGURES)
