@@ -469,6 +469,9 @@ def test_bench_refuses_an_n_range_it_would_leave(argv, says, capsys):
                                                   "allowed: one of baseline, fused,"),
     (["--variants", "--same-process", "--flex-n", "1024"],
      "--flex-n 1024 is not an n of the sweep; allowed: n among 128"),
+    (["--same-process", "--n-min", "128", "--n-max", "256", "--contenders", "flex"],
+     "--contenders flex with no n of its --flex-n (4096 16384) in the sweep; allowed: "
+     "--flex-n with n among 128, 256"),
 ])
 def test_bench_refuses_options_that_would_be_ignored(argv, says, capsys, tmp_path):
     with pytest.raises(SystemExit) as end:
@@ -476,6 +479,14 @@ def test_bench_refuses_options_that_would_be_ignored(argv, says, capsys, tmp_pat
     err = capsys.readouterr().err
     assert end.value.code == 2 and err.count("\n") == 1 and says in err, err
     assert not any(tmp_path.iterdir())                                    # nothing written
+
+
+def test_flex_runs_when_one_of_its_n_is_in_the_sweep():
+    """--contenders flex is refused only when it would be skipped at every point."""
+    for argv in (["--n-min", "128", "--n-max", "256", "--flex-n", "256"],
+                 ["--n-min", "2048", "--n-max", "4096"]):
+        args = bench_cli.parse_args(["--same-process", "--contenders", "flex", *argv])
+        assert bench_cli.sweep_from(args).contenders == ("flex",)
 
 
 def test_options_change_the_sweep_they_name():
