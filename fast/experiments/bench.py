@@ -481,15 +481,11 @@ def report(data: dict) -> str:
     if data["config"].get("variants"):
         lines += variant_report(data)
     else:
-        for dt in data["config"]["dtypes"]:
-            for B, H in data["config"]["shapes"]:
-                sel = [r for r in rows if r["dtype"] == dt and (r.get("B"), r.get("H")) in
-                       ((B, H), (None, None))]
-                if sel:
-                    lines += _table(sel, f"{dt}, B={B}, H={H}")
+        lines += _tables(rows, data["config"], "")
     if data.get("same_process"):
-        lines += _table(data["same_process"], "the same points in ONE process (the median "
-                                              "after warm-up calls)")
+        lines += _tables(data["same_process"], data["config"], ": the same points in ONE "
+                                                               "process (the median after "
+                                                               "warm-up calls)")
     t = data.get("targets", {})
     if data["config"]["device"] == "cuda":
         lines += ["", "targets (float16, Triton block-sparse vs dense causal SDPA, same run):"]
@@ -510,6 +506,19 @@ def report(data: dict) -> str:
               "dense's throughput); first calls (compile, layout, mask) are apart in "
               "first_fwd_s."]
     return "\n".join(lines)
+
+
+def _tables(rows: list[dict], config: dict, title: str) -> list[str]:
+    """One ``_table`` per dtype and shape of the sweep (``config``), each of its own rows
+    only (a speed-up divides by the dense row of the same dtype, B and H)."""
+    lines = []
+    for dt in config["dtypes"]:
+        for B, H in config["shapes"]:
+            sel = [r for r in rows if r["dtype"] == dt and (r.get("B"), r.get("H")) in
+                   ((B, H), (None, None))]
+            if sel:
+                lines += _table(sel, f"{dt}, B={B}, H={H}{title}")
+    return lines
 
 
 def _table(rows: list[dict], title: str) -> list[str]:

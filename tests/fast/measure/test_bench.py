@@ -656,3 +656,24 @@ def test_winners_pick_the_fastest_variant_and_a_default_measured_everywhere():
     assert t["strided fwd B=4 H=16 n=16384"]["speedup"] == 10.0
     assert t["fixed fb B=4 H=16 n=16384"]["variant"] == "fused"
     assert bench.winners([])["default"] is None
+
+
+def test_one_process_table_keeps_each_dtype_and_shape_apart():
+    """The report's one-process table (the CPU sweep's long-lived check) is one table per
+    dtype and shape, as the fresh one: with two dtypes the bfloat16 rows are shown and
+    divided by the bfloat16 dense row, not by whichever dense row comes first."""
+    def row(contender, pattern, dtype, fwd):
+        return {"contender": contender, "pattern": pattern, "dtype": dtype, "B": 1, "H": 4,
+                "n": 16384, "fwd_s": fwd, "fb_s": 3 * fwd, "bwd_over_fwd": 2.0}
+
+    same = [row("dense", None, "float32", 1.0), row("structured", "strided", "float32", 0.1),
+            row("dense", None, "bfloat16", 8.0), row("structured", "strided", "bfloat16", 0.2)]
+    data = {"config": {"device": "cpu", "dtypes": ["float32", "bfloat16"], "shapes": [[1, 4]]},
+            "results": [], "same_process": same, "targets": {},
+            "calibration": {"sdpa_backend": {}, "copy": {"bytes_per_s": 1e10}}}
+    text = runs.report(data)
+    bf16 = text.split("bfloat16, B=1, H=4: the same points in ONE process")[1]
+    line = next(x for x in bf16.splitlines() if x.startswith("strided  structured fwd "))
+    print(line)
+    assert "200.0" in line and "40.0x" in line                  # 0.2 s, 8 s / 0.2 s
+    assert "float32, B=1, H=4: the same points in ONE process" in text
