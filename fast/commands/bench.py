@@ -41,6 +41,7 @@ from fast.experiments.bench import (
     compile_report,
     crossover_report,
     draw,
+    incomplete,
     measure_and_save,
     measure_compile,
     measure_crossover,
@@ -127,7 +128,9 @@ def parser() -> cli.Parser:
                    help="directory for data/bench_<device>.json and bench_<device>.png "
                         "(default: figures/)")
     p.add_argument("--replot", action="store_true",
-                   help="measure nothing: redraw bench_<device>.png from the saved JSON")
+                   help="measure nothing: redraw bench_<device>.png from the saved JSON (a "
+                        "record of an interrupted run, \"complete\": false, is drawn with a "
+                        "line saying so)")
     p.add_argument("--crossover", action="store_true",
                    help="only auto's crossover on the CPU: the naive and the structured path "
                         "in turns at n = 64 .. 2048, strides 16 .. 128 (--quick: two rounds); "
@@ -275,6 +278,10 @@ def main(argv=None) -> int:
         if data is None:
             cli.fail(PROG, f"--replot with no {path}; allowed: --replot after a run of this "
                            f"device and method has written it")
+        partial = incomplete(data)
+        if partial:
+            print(f"{PROG}: --replot: {path} is {partial} (drawn from what it holds)",
+                  file=sys.stderr)
         print(f"wrote {draw(sweep, data, png)}")
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -7,10 +7,14 @@ point or in this one, by the sweep's method), then the CPU sweep's long-lived
 check and the long sweep; every row gets its speed-up over dense measured in the
 same run, the ideal, the % of ideal and the floor (``fast.measure.bench.derive``),
 and the record its targets. The JSON is rewritten after every (dtype, shape), so
-an interrupted run keeps what it measured. ``measure_and_save`` writes the record
-to ``<out>/data/bench_<device>[_same_process].json`` and draws
-``<out>/bench_<...>.png`` (``fast.plots.bench``); ``report`` is the text a run
-prints.
+an interrupted run keeps what it measured; the record says whether its sweep ended:
+"complete" is false while it runs (and so in what an interrupted run leaves), true once
+every part is measured (a record from before the key counts as complete).
+``python -m fast bench --replot`` and ``python -m fast results`` say in one line when
+a record is incomplete (``incomplete``) instead of using it silently.
+``measure_and_save`` writes the record to
+``<out>/data/bench_<device>[_same_process].json`` and draws ``<out>/bench_<...>.png``
+(``fast.plots.bench``); ``report`` is the text a run prints.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fast.core.files import write_json
-from fast.core.schema import Map, OneOf
+from fast.core.schema import Map, OneOf, Optional
 from fast.experiments.bench_sweep import (
     ASSUME_TFLOPS,
     COPY_MIB,
@@ -140,7 +144,7 @@ def run(sweep: Sweep, save=None, log=print) -> dict:
         f"(dense at {ASSUME_TFLOPS[sweep.device]} TFLOP/s, every contender at most 3x dense)")
     copy = bench_point.copy_bandwidth(sweep.device, COPY_MIB[sweep.device] * 2**20, SAME)
     state = _Run(sweep, copy["bytes_per_s"], log, t0)
-    data = {"machine": info, "config": config(sweep), "estimate": cost,
+    data = {"machine": info, "config": config(sweep), "estimate": cost, "complete": False,
             "calibration": {"copy": copy, "sdpa_backend": {}}, "results": [], "long": []}
 
     def keep():
@@ -171,7 +175,18 @@ def run(sweep: Sweep, save=None, log=print) -> dict:
     data["targets"] = targets(data)
     if sweep.variants:
         data["winners"] = bench.winners(data["results"])
+    data["complete"] = True
     return data
+
+
+def incomplete(data: dict) -> str | None:
+    """Words saying that ``data`` is the record of a sweep that did not end (an
+    interrupted run: "complete" false), or None."""
+    if data.get("complete") is False:
+        return ("incomplete (\"complete\": false): its run was interrupted, only part of "
+                "the sweep was measured and it has no targets; run python -m fast bench "
+                "again for a whole record")
+    return None
 
 
 def run_point(state: _Run, dt: str, B: int, H: int, n: int) -> list[dict]:
@@ -376,7 +391,7 @@ def paths(sweep: Sweep, out: Path) -> tuple[Path, Path]:
 
 # What the figures read from a record (``--replot`` checks a saved JSON against it first,
 # ``fast.core.schema``): every row names its contender, pattern, n and dtype.
-RECORD = {"machine": Map(object), "config": Map(object),
+RECORD = {"machine": Map(object), "config": Map(object), "complete": Optional(bool),
           "results": [{"contender": str, "pattern": OneOf(str, None), "n": int, "dtype": str}]}
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from fast.core.schema import Map, Number, OneOf, Optional, ShapeError, Tuple, check
+from fast.experiments.bench import incomplete
 from fast.experiments.cache import CacheError, read_cache
 from fast.experiments.table2 import TIMING_ROW
 from fast.experiments.table3 import standard_error, steps
@@ -509,6 +510,8 @@ def bench_lacks(bench: dict) -> str | None:
     """What a bench record from a valid sweep lacks for the targets' table (its float32
     sweep, or the n the targets are measured at), in words ending in how to produce it;
     None when it has all of it."""
+    if incomplete(bench):
+        return incomplete(bench)
     config, t = bench.get("config"), bench.get("targets")
     if not isinstance(config, dict) or not isinstance(t, dict):
         return None                     # not a bench record: its shape check says why

@@ -45,6 +45,18 @@ def test_a_small_bench_sweep_leaves_out_its_section_only(tmp_path, capsys):
     assert "run python -m fast bench" in said[0] and "delete" not in err
 
 
+def test_an_interrupted_bench_record_is_said_not_used(tmp_path, capsys):
+    """A bench record whose run was interrupted ("complete": false, no targets) is one
+    line saying so, exit status 1, never a damaged-file refusal or a silent table."""
+    partial = {"machine": {"cpu": "CPU", "cpu_count": 2, "torch": "2.13.0"},
+               "config": {"ns": [1024], "dtypes": ["float32"]}, "complete": False,
+               "results": []}
+    (tmp_path / "bench_cpu.json").write_text(json.dumps(partial))
+    assert results_command.main(["--data", str(tmp_path)]) == 1
+    said = [line for line in capsys.readouterr().err.splitlines() if "bench_cpu.json" in line]
+    assert len(said) == 1 and "incomplete" in said[0] and "interrupted" in said[0]
+
+
 def test_results_from_committed_figures(capsys):
     assert results_command.main([]) == 0
     assert "Table 2" in capsys.readouterr().out

@@ -677,3 +677,32 @@ def test_one_process_table_keeps_each_dtype_and_shape_apart():
     print(line)
     assert "200.0" in line and "40.0x" in line                  # 0.2 s, 8 s / 0.2 s
     assert "float32, B=1, H=4: the same points in ONE process" in text
+
+
+def test_an_interrupted_sweep_leaves_a_record_that_says_so(monkeypatch, tmp_path, capsys):
+    """The record written while a sweep runs says "complete": false (an interrupted run
+    keeps what it measured, marked); the one a sweep that ended writes says true; --replot
+    of the partial one says so in one line. Measuring is replaced by stand-ins."""
+    monkeypatch.setattr(bench_point, "copy_bandwidth", lambda *a: {"bytes_per_s": 1e10})
+    sweep = sweeps.Sweep(ns=(64,), shapes=((1, 2), (1, 4)), contenders=("dense",),
+                         same_process_ns=(), method=FRESH.with_(target_s=0.0))
+    saved, interrupt = [], [True]
+
+    def point(state, dt, B, H, n):
+        if saved and interrupt[0]:                   # Ctrl-C during the second shape
+            raise KeyboardInterrupt
+        return [{**runs._row("dense", None, dt, B, H, n), "fwd_s": 1.0, "fb_s": 3.0}]
+
+    monkeypatch.setattr(runs, "run_point", point)
+    with pytest.raises(KeyboardInterrupt):
+        runs.run(sweep, save=lambda d: saved.append(json.loads(json.dumps(d))),
+                 log=lambda line: None)
+    assert len(saved) == 1 and saved[0]["complete"] is False and saved[0]["results"]
+    interrupt[0] = False                             # a sweep that ends
+    assert runs.run(sweep, log=lambda line: None)["complete"] is True
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "bench_cpu.json").write_text(json.dumps(saved[0]))
+    monkeypatch.setattr(bench_cli, "draw", lambda sweep, data, png: png)
+    assert bench_cli.main(["--replot", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bench_cpu.json is incomplete" in err
