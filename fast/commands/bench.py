@@ -41,6 +41,7 @@ from fast.experiments.bench import (
     compile_report,
     crossover_report,
     draw,
+    incomplete,
     measure_and_save,
     measure_compile,
     measure_crossover,
@@ -96,7 +97,8 @@ def parser() -> cli.Parser:
                         "structured and the Triton kernels on CUDA")
     p.add_argument("--flex-n", type=n, nargs="+", default=None,
                    help="n at which FlexAttention runs (it compiles per n); default 4096 16384 "
-                        "on the CPU, every n on CUDA")
+                        "on the CPU, every n on CUDA; each an n of the sweep, and --contenders "
+                        "flex needs one of them in it")
     p.add_argument("--dense-n-max", type=limit, default=None,
                    help="largest n for dense SDPA (O(n^2) time); default 32768 on the CPU")
     p.add_argument("--naive-n-max", type=limit, default=None,
@@ -126,7 +128,9 @@ def parser() -> cli.Parser:
                    help="directory for data/bench_<device>.json and bench_<device>.png "
                         "(default: figures/)")
     p.add_argument("--replot", action="store_true",
-                   help="measure nothing: redraw bench_<device>.png from the saved JSON")
+                   help="measure nothing: redraw bench_<device>.png from the saved JSON (a "
+                        "record of an interrupted run, \"complete\": false, is drawn with a "
+                        "line saying so)")
     p.add_argument("--crossover", action="store_true",
                    help="only auto's crossover on the CPU: the naive and the structured path "
                         "in turns at n = 64 .. 2048, strides 16 .. 128 (--quick: two rounds); "
@@ -177,15 +181,24 @@ def parse_args(argv=None) -> argparse.Namespace:
                                f"--quick and --out (it times the CPU paths in one process)")
     if args.variants is not None:
         _check_variant_sweep(args)
-    if args.flex_n is not None:
+    flex_asked = args.contenders is not None and "flex" in args.contenders
+    if args.flex_n is not None or flex_asked:
         try:
-            ns = sorted({p[3] for p in points(sweep_from(args))})
+            sweep = sweep_from(args)
+            ns = sorted({p[3] for p in points(sweep)})
         except ValueError:                  # said by main, with the sweep's own words
-            ns = powers(args.n_min, args.n_max)
-        off = [x for x in args.flex_n if x not in ns]
+            sweep, ns = None, powers(args.n_min, args.n_max)
+        allowed = f"n among {', '.join(map(str, ns)) or 'none (no sweep)'}"
+        off = [x for x in (args.flex_n or ()) if x not in ns]
         if off:
             cli.fail(PROG, f"--flex-n {' '.join(map(str, off))} is not an n of the sweep; "
-                           f"allowed: n among {', '.join(map(str, ns)) or 'none (no sweep)'}")
+                           f"allowed: {allowed}")
+        flex_ns = sweep.flex_ns if sweep is not None else None
+        if flex_asked and flex_ns is not None and not set(flex_ns) & set(ns):
+            # flex would be skipped at every point: refused like an --flex-n off the sweep
+            cli.fail(PROG, f"--contenders flex with no n of its --flex-n "
+                           f"({' '.join(map(str, flex_ns))}) in the sweep; allowed: --flex-n "
+                           f"with {allowed}, or a sweep (--n-min, --n-max) that reaches one")
     return args
 
 
@@ -265,6 +278,10 @@ def main(argv=None) -> int:
         if data is None:
             cli.fail(PROG, f"--replot with no {path}; allowed: --replot after a run of this "
                            f"device and method has written it")
+        partial = incomplete(data)
+        if partial:
+            print(f"{PROG}: --replot: {path} is {partial} (drawn from what it holds)",
+                  file=sys.stderr)
         print(f"wrote {draw(sweep, data, png)}")
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():

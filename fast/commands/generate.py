@@ -60,7 +60,12 @@ def print_summary(data: dict) -> None:
                 f"{', '.join(f'{r:.1f}x' for r in sorted(t['runs']))}"
                 if len(t.get("runs", [])) > 1 else "")
         print(f"  {t['what']}: {t['measured']:.1f}{unit}{cpu}{runs} (goal {t['goal']}) "
-              f"{'met' if t['met'] else 'NOT MET'}")
+              f"{verdict(t['met'])}")
+
+
+def verdict(met: bool | None) -> str:
+    """A goal's word: met, NOT MET, or n/a for a --quick run (its "met" is None)."""
+    return "n/a (--quick)" if met is None else "met" if met else "NOT MET"
 
 
 

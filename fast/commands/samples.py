@@ -1,8 +1,9 @@
 """``python -m fast samples``: images, completions and text drawn from the kept models.
 
 Child et al., 2019, section 7: samples of the models ``python -m fast table2`` keeps in
-figures/data/models/, drawn with the sparse-cache sampler (``fast.experiments.samples``),
-written to figures/samples_*.png; the text models' continuations are printed.
+figures/data/models/ (not those of a ``table2 --out`` run), drawn with the sparse-cache
+sampler (``fast.experiments.samples``), written to figures/samples_*.png; the text models'
+continuations are printed.
 
     python -m fast samples [--seed 0]
 """

@@ -36,7 +36,10 @@ def parser() -> cli.Parser:
     p.add_argument("--jobs", type=cli.integer(1, 256), default=min(2, os.cpu_count() or 1),
                    help="runs at a time, one thread each (default: 2 or the core count)")
     p.add_argument("--out", type=cli.output_file, default=None,
-                   help="JSON (default: figures/data/table2.json)")
+                   help="JSON (default: figures/data/table2.json); every output follows "
+                        "it: the kept weights in models/ beside it, the PNGs beside it "
+                        "(table3 and samples read only figures/data/models/); with "
+                        "--profile, the profile's JSON")
     p.add_argument("--iters", type=cli.integer(1), default=None,
                    help=f"training steps per run (default {STEPS})")
     p.add_argument("--drift", action="store_true",
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                           "--profile alone or with --quick")
     try:
         if args.profile:
-            table2.profile(quick=args.quick)
+            table2.profile(quick=args.quick, out=args.out)
             return 0
         table2.run(quick=args.quick, force=args.force, only=args.only, seeds=args.seeds,
                    jobs=args.jobs, out=args.out, iters=args.iters, drift=args.drift,

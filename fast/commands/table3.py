@@ -2,7 +2,8 @@
 
 Child et al., 2019, section 7.2 and Table 3. Which models, which bytes and how a minimum
 context is evaluated is ``fast.experiments.table3``; this command reads the options and
-runs it.
+runs it. It reads the kept text models of figures/data/models/ (--quick: runs/quick/models/),
+where ``python -m fast table2`` keeps them unless it was given --out.
 
     python -m fast table3 [--quick] [--force]
 """
@@ -20,7 +21,9 @@ def parser() -> cli.Parser:
     """The options of ``python -m fast table3`` (builds the parser, does no work)."""
     p = cli.Parser(COMMAND, description=cli.about(__doc__))
     p.add_argument("--quick", action="store_true",
-                   help="two stretches of the --quick Table 2 models (runs/quick/models)")
+                   help="two stretches of the --quick Table 2 models (runs/quick/models; "
+                        "default: figures/data/models, where table2 without --out keeps "
+                        "them)")
     p.add_argument("--force", action="store_true",
                    help="replace a figures/data/table3.json of the other size")
     return p

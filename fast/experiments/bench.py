@@ -7,10 +7,14 @@ point or in this one, by the sweep's method), then the CPU sweep's long-lived
 check and the long sweep; every row gets its speed-up over dense measured in the
 same run, the ideal, the % of ideal and the floor (``fast.measure.bench.derive``),
 and the record its targets. The JSON is rewritten after every (dtype, shape), so
-an interrupted run keeps what it measured. ``measure_and_save`` writes the record
-to ``<out>/data/bench_<device>[_same_process].json`` and draws
-``<out>/bench_<...>.png`` (``fast.plots.bench``); ``report`` is the text a run
-prints.
+an interrupted run keeps what it measured; the record says whether its sweep ended:
+"complete" is false while it runs (and so in what an interrupted run leaves), true once
+every part is measured (a record from before the key counts as complete).
+``python -m fast bench --replot`` and ``python -m fast results`` say in one line when
+a record is incomplete (``incomplete``) instead of using it silently.
+``measure_and_save`` writes the record to
+``<out>/data/bench_<device>[_same_process].json`` and draws ``<out>/bench_<...>.png``
+(``fast.plots.bench``); ``report`` is the text a run prints.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fast.core.files import write_json
-from fast.core.schema import Map, OneOf
+from fast.core.schema import Map, OneOf, Optional
 from fast.experiments.bench_sweep import (
     ASSUME_TFLOPS,
     COPY_MIB,
@@ -140,7 +144,7 @@ def run(sweep: Sweep, save=None, log=print) -> dict:
         f"(dense at {ASSUME_TFLOPS[sweep.device]} TFLOP/s, every contender at most 3x dense)")
     copy = bench_point.copy_bandwidth(sweep.device, COPY_MIB[sweep.device] * 2**20, SAME)
     state = _Run(sweep, copy["bytes_per_s"], log, t0)
-    data = {"machine": info, "config": config(sweep), "estimate": cost,
+    data = {"machine": info, "config": config(sweep), "estimate": cost, "complete": False,
             "calibration": {"copy": copy, "sdpa_backend": {}}, "results": [], "long": []}
 
     def keep():
@@ -171,7 +175,18 @@ def run(sweep: Sweep, save=None, log=print) -> dict:
     data["targets"] = targets(data)
     if sweep.variants:
         data["winners"] = bench.winners(data["results"])
+    data["complete"] = True
     return data
+
+
+def incomplete(data: dict) -> str | None:
+    """Words saying that ``data`` is the record of a sweep that did not end (an
+    interrupted run: "complete" false), or None."""
+    if data.get("complete") is False:
+        return ("incomplete (\"complete\": false): its run was interrupted, only part of "
+                "the sweep was measured and it has no targets; run python -m fast bench "
+                "again for a whole record")
+    return None
 
 
 def run_point(state: _Run, dt: str, B: int, H: int, n: int) -> list[dict]:
@@ -376,7 +391,7 @@ def paths(sweep: Sweep, out: Path) -> tuple[Path, Path]:
 
 # What the figures read from a record (``--replot`` checks a saved JSON against it first,
 # ``fast.core.schema``): every row names its contender, pattern, n and dtype.
-RECORD = {"machine": Map(object), "config": Map(object),
+RECORD = {"machine": Map(object), "config": Map(object), "complete": Optional(bool),
           "results": [{"contender": str, "pattern": OneOf(str, None), "n": int, "dtype": str}]}
 
 
@@ -481,15 +496,11 @@ def report(data: dict) -> str:
     if data["config"].get("variants"):
         lines += variant_report(data)
     else:
-        for dt in data["config"]["dtypes"]:
-            for B, H in data["config"]["shapes"]:
-                sel = [r for r in rows if r["dtype"] == dt and (r.get("B"), r.get("H")) in
-                       ((B, H), (None, None))]
-                if sel:
-                    lines += _table(sel, f"{dt}, B={B}, H={H}")
+        lines += _tables(rows, data["config"], "")
     if data.get("same_process"):
-        lines += _table(data["same_process"], "the same points in ONE process (the median "
-                                              "after warm-up calls)")
+        lines += _tables(data["same_process"], data["config"], ": the same points in ONE "
+                                                               "process (the median after "
+                                                               "warm-up calls)")
     t = data.get("targets", {})
     if data["config"]["device"] == "cuda":
         lines += ["", "targets (float16, Triton block-sparse vs dense causal SDPA, same run):"]
@@ -510,6 +521,19 @@ def report(data: dict) -> str:
               "dense's throughput); first calls (compile, layout, mask) are apart in "
               "first_fwd_s."]
     return "\n".join(lines)
+
+
+def _tables(rows: list[dict], config: dict, title: str) -> list[str]:
+    """One ``_table`` per dtype and shape of the sweep (``config``), each of its own rows
+    only (a speed-up divides by the dense row of the same dtype, B and H)."""
+    lines = []
+    for dt in config["dtypes"]:
+        for B, H in config["shapes"]:
+            sel = [r for r in rows if r["dtype"] == dt and (r.get("B"), r.get("H")) in
+                   ((B, H), (None, None))]
+            if sel:
+                lines += _table(sel, f"{dt}, B={B}, H={H}{title}")
+    return lines
 
 
 def _table(rows: list[dict], title: str) -> list[str]:

@@ -62,17 +62,19 @@ def _shaped(path: Path, data: dict, shape, fix: str) -> dict:
     return data
 
 
-def read_cache(path, shape=None) -> dict | None:
+def read_cache(path, shape=None, advice: str = "delete it to have it recomputed"
+               ) -> dict | None:
     """The JSON object in ``path``, shaped as ``shape`` says; None when the file does not
-    exist."""
+    exist. ``advice``: how to replace a damaged file, said in the CacheError (a reader
+    that recomputes nothing names the command that writes the file)."""
     path = Path(path)
     if not path.exists():
         return None
     data, wrong = _load(path)
     if wrong:
         raise CacheError(f"{path} cannot be read ({wrong}); allowed: a JSON file written by "
-                         f"this project's scripts (delete it to have it recomputed)")
-    return _shaped(path, data, shape, "delete it to have it recomputed")
+                         f"this project's scripts ({advice})")
+    return _shaped(path, data, shape, advice)
 
 
 def resumable(path, quick: bool, force: bool = False, shape=None) -> dict:

@@ -177,7 +177,9 @@ def median_run(records: list[dict]) -> dict:
 def targets(models: dict, quick: bool) -> list[dict]:
     """The goals of this benchmark, with what was measured (wall clock; the ratio of
     CPU seconds beside it says how much of a wall-clock ratio a busy machine moved).
-    The photos32 speed-up is the median of its runs; every run's is listed."""
+    The photos32 speed-up is the median of its runs; every run's is listed. "met" is
+    whether the goal was met, or None for a ``quick`` run: its small models and short
+    samples cannot meet or miss the goals of the real sizes."""
     p, e = models["photos32"], models["enwik8"]
     wall, cpu = speedup(p)
     ratio = e["sparse"]["tokens_per_s"][-1] / e["dense"]["tokens_per_s"][-1]
@@ -185,12 +187,12 @@ def targets(models: dict, quick: bool) -> list[dict]:
         {"what": f"photos32, whole {p['n']}-token sample: re-run (estimated) / sparse cache",
          "goal": ">= 50x", "measured": wall, "cpu_ratio": cpu,
          "runs": [r["speedup"] for r in p.get("runs", [])],
-         "met": quick or wall >= 50},
+         "met": None if quick else wall >= 50},
         {"what": f"enwik8, whole {e['n']}-byte sample with the sparse cache",
          "goal": "minutes", "measured": e["sparse"]["total_s"], "unit": "s",
-         "met": quick or e["sparse"]["total_s"] < 600},
+         "met": None if quick else e["sparse"]["total_s"] < 600},
         {"what": f"enwik8, tokens/s near t = {e['n']}: sparse / dense cache", "goal": ">= 2x",
-         "measured": ratio, "met": quick or ratio >= 2},
+         "measured": ratio, "met": None if quick else ratio >= 2},
     ]
 
 

@@ -24,7 +24,8 @@ result is already there is skipped unless --force, so the script resumes):
               d=256 strided model at n=16384 with recomputation; its peak
               memory, and -- from the per-layer bytes measured on a 2-layer
               model -- what it would need without;
-* figures  -- figures/memory_*.png and the Fig. 4 dataflow drawing.
+* figures  -- figures/memory_*.png and the Fig. 4 dataflow drawing (beside the JSON
+              when --out names it: every output follows --out).
 
 Every measurement is ``fast.measure.model_memory.measure``, run in a fresh child
 process (``fast.measure.child``), so that one run's freed-but-cached memory
@@ -176,17 +177,25 @@ def _total_memory() -> int | None:
         return None
 
 
-def step_figures(data: dict) -> dict:
-    paths = plot_memory.make_all(data, QUICK / "figures" if data["quick"] else FIGURES)
+def out_paths(quick: bool, out: Path | None = None) -> tuple[Path, Path]:
+    """(JSON, figures folder) of a full or a --quick run, or of a run written to ``out``
+    (--out): its PNGs then go beside it, never into figures/."""
+    if out is not None:
+        return Path(out), Path(out).parent
+    return (QUICK / "memory.json", QUICK / "figures") if quick else (CACHE, FIGURES)
+
+
+def step_figures(data: dict, figdir: Path) -> dict:
+    paths = plot_memory.make_all(data, figdir)
     return {"paths": [str(p) for p in paths]}
 
 
 
 def run(*, steps=STEPS, quick: bool = False, force: bool = False, out: Path | None = None) -> dict:
     """Run ``steps`` in order, skipping those whose result is in ``out`` (unless ``force``),
-    writing the JSON after each. Returns its data; CacheError when ``out`` cannot be
-    resumed from."""
-    out = Path(out) if out else (QUICK / "memory.json" if quick else CACHE)
+    writing the JSON after each; the figures go beside ``out`` when it is given
+    (``out_paths``). Returns its data; CacheError when ``out`` cannot be resumed from."""
+    out, figdir = out_paths(quick, out)
     data = resumable(out, quick, force)
     data["quick"] = quick
     data["machine"] = f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}"
@@ -196,7 +205,7 @@ def run(*, steps=STEPS, quick: bool = False, force: bool = False, out: Path | No
         if name in data and not force and name != "figures":
             continue
         t0 = time.perf_counter()
-        data[name] = step_figures(data) if name == "figures" else funcs[name](quick)
+        data[name] = step_figures(data, figdir) if name == "figures" else funcs[name](quick)
         data[name]["seconds"] = round(time.perf_counter() - t0, 1)
         write_json(out, data, indent=1)
         tqdm.write(f"memory_report: {name} done in {data[name]['seconds']} s")

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from fast.core.schema import Map, Number, OneOf, Optional, ShapeError, Tuple, check
+from fast.experiments.bench import incomplete
 from fast.experiments.cache import CacheError, read_cache
 from fast.experiments.table2 import TIMING_ROW
 from fast.experiments.table3 import standard_error, steps
@@ -493,9 +494,51 @@ def figures_section(log: dict) -> list[str]:
     return ["`make figures` steps: " + ", ".join(parts) + "."] if parts else []
 
 
-def report(data: Path) -> tuple[str, list[str]]:
-    """(the markdown of every section whose JSON is in the folder ``data``, the names of
-    the JSON files not there yet). A damaged file raises ``CacheError``, naming it."""
+# The command that writes each file: the way to produce or replace it (results computes
+# nothing).
+WRITERS = {"bench_cpu.json": "python -m fast bench", "memory.json": "python -m fast memory",
+           "table2.json": "python -m fast table2",
+           "table2_zero_output.json": "python -m fast table2 --output-init zero",
+           "table2_profile.json": "python -m fast table2 --profile",
+           "table3.json": "python -m fast table3", "learned_attention.json": "python -m fast fig2",
+           "learned_attention_long.json": "python -m fast fig2 --long",
+           "learned_attention_depth.json": "python -m fast fig2 --depth",
+           "make_figures.json": "python -m fast figures"}
+
+
+def bench_lacks(bench: dict) -> str | None:
+    """What a bench record from a valid sweep lacks for the targets' table (its float32
+    sweep, or the n the targets are measured at), in words ending in how to produce it;
+    None when it has all of it."""
+    if incomplete(bench):
+        return incomplete(bench)
+    config, t = bench.get("config"), bench.get("targets")
+    if not isinstance(config, dict) or not isinstance(t, dict):
+        return None                     # not a bench record: its shape check says why
+    if "float32" not in config.get("dtypes", ["float32"]):
+        return (f"its sweep has no float32 (--dtypes {' '.join(config['dtypes'])}); needs "
+                f"float32 in the sweep: run python -m fast bench (float32 is the CPU's "
+                f"default)")
+    t = t.get("float32")
+    # a valid sweep without the targets' n records them as None (absent: damaged)
+    absent = [k for k in TARGETS if isinstance(t, dict) and k in t and t[k] is None]
+    if not absent:
+        return None
+    ns = config.get("ns") or []
+    swept = f"n = {min(ns)} .. {max(ns)}" if ns else "no n"
+    return (f"its sweep ({swept}) measured none of {', '.join(absent)}; needs n = 16384 "
+            f"and n = 4096 .. 65536 in the sweep: run python -m fast bench (its default "
+            f"sweep, n = 1024 .. 65536)")
+
+
+LACKS = {"bench_cpu.json": bench_lacks}
+
+
+def report(data: Path) -> tuple[str, list[str], list[str]]:
+    """(the markdown of every section whose JSON is in the folder ``data`` and holds what
+    it needs, the names of the JSON files not there yet, one line per file that is there
+    but lacks what its section needs: which file, what it lacks, how to produce it). A
+    damaged file raises ``CacheError``, naming it and the command that rewrites it."""
     sections = [("bench_cpu.json", bench_section), ("memory.json", memory_section),
                 ("table2.json", lambda t2: table2_section(t2) + [""] + drift_section(t2)),
                 ("table2_zero_output.json", lambda zero: output_init_section(
@@ -506,10 +549,17 @@ def report(data: Path) -> tuple[str, list[str]]:
                 ("learned_attention_long.json", lambda la: fig2_section(la, long=True)),
                 ("learned_attention_depth.json", fig2_depth_section),
                 ("make_figures.json", figures_section)]
-    text, missing = [], []
+    text, missing, lacking = [], [], []
     for name, section in sections:
         path = Path(data) / name
-        payload = read_cache(path, SHAPES[name])
+        advice = f"run {WRITERS[name]} to rewrite it"
+        if name in LACKS:               # a valid record that cannot fill its section
+            raw = read_cache(path, advice=advice)
+            why = None if raw is None else LACKS[name](raw)
+            if why is not None:
+                lacking.append(f"{path}: no section: {why}")
+                continue
+        payload = read_cache(path, SHAPES[name], advice=advice)
         if payload is None:
             missing.append(name)
             continue
@@ -517,6 +567,6 @@ def report(data: Path) -> tuple[str, list[str]]:
             text.append("\n".join(section(payload)) + "\n")
         except ShapeError as err:                # what a shape alone cannot say
             raise CacheError(f"{path} does not hold what is read from it ({err}); allowed: "
-                             f"a JSON file written by this project's scripts (delete it to "
-                             f"have it recomputed)") from err
-    return "\n".join(text), missing
+                             f"a JSON file written by this project's scripts ({advice})"
+                             ) from err
+    return "\n".join(text), missing, lacking

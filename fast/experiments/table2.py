@@ -39,6 +39,12 @@ there is skipped unless --force, so the script resumes). The seed-0 weights of
 every cell are kept (fp16, model only, about 0.5 MB each) in figures/data/models/
 as {modality}_{pattern}.pt: notebook 06 reads the image ones (Figure 2 for
 trained sparse models) and notebook 09 samples from them.
+
+With ``--out X.json`` every output follows X: the JSON is X.json, the kept weights go to
+models/ beside it and the PNGs beside it (``out_paths``), so a run elsewhere never replaces
+the committed models. ``python -m fast table3`` and ``python -m fast samples`` take no
+folder: they read the kept models of figures/data/models/ (table3 --quick:
+runs/quick/models/) only.
 """
 
 from __future__ import annotations
@@ -156,8 +162,14 @@ def random_bytes(model_cfg: ModelConfig) -> Dataset:
 
 
 
-def out_paths(quick: bool) -> tuple[Path, Path, Path]:
-    """(JSON, kept-models folder, figures folder) of a full or a --quick run."""
+def out_paths(quick: bool, out: Path | None = None) -> tuple[Path, Path, Path]:
+    """(JSON, kept-models folder, figures folder) of a full or a --quick run, or of a run
+    written to ``out`` (--out): every output follows it, the weights in models/ beside the
+    JSON and the PNGs beside the JSON, so that a run elsewhere never replaces the kept
+    models that table3 and samples read."""
+    if out is not None:
+        out = Path(out)
+        return out, out.parent / "models", out.parent
     if quick:
         return QUICK / "table2.json", QUICK / "models", QUICK / "figures"
     return DATA / "table2.json", DATA / "models", FIGURES
@@ -246,11 +258,12 @@ def profile_one(spec: dict) -> dict:
             "batch": train_cfg.batch_size, "n": model_cfg.n_ctx, "kernels": kernels()}
 
 
-def profile(*, quick: bool = False) -> dict:
+def profile(*, quick: bool = False, out: Path | None = None) -> dict:
     """Where the time of a training step of every cell goes (``profile_one`` in a child
     with one thread and the pinned kernels, one cell after the other, nothing else of ours
-    running); written to table2_profile.json beside table2.json. Returns its data."""
-    out = out_paths(quick)[0].with_name("table2_profile.json")
+    running); written to ``out``, by default table2_profile.json beside table2.json.
+    Returns its data."""
+    out = Path(out) if out else out_paths(quick)[0].with_name("table2_profile.json")
     cells = {}
     for key in cell_keys():
         result = run_child("fast.experiments.table2:profile_one", {"key": key, "quick": quick},
@@ -303,16 +316,17 @@ def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds
         drift: bool = False, output_init: str = "normal") -> dict:
     """Train what is missing (every cell x seed, or ``only`` those cells; ``drift``: seed 0
     of each again on 2 threads), the timing runs, and draw the figures; the JSON is
-    rewritten after every run. Returns its data. ValueError when ``out`` holds results of
-    the other size (``quick``) and ``force`` is not given. ``output_init="zero"`` (sec. 6's
+    rewritten after every run. Returns its data. Every output follows ``out`` when given
+    (``out_paths``). ValueError when ``out`` holds results of the other size (``quick``) and
+    ``force`` is not given. ``output_init="zero"`` (sec. 6's
     W_out = 0) writes to table2_zero_output.json beside table2.json unless ``out`` says
     otherwise, keeps no weights and draws no figures: the measurement behind the default."""
     keys, only = cell_keys() + ["timing"], list(only)
-    default, models, figdir = out_paths(quick)
     variant = output_init != "normal"
-    if variant:
-        default = default.with_name("table2_zero_output.json")
-    out = Path(out) if out else default
+    named = out is not None
+    out, models, figdir = out_paths(quick, out)
+    if variant and not named:
+        out = out.with_name("table2_zero_output.json")
     data = resumable(out, quick, force, CACHE)
     data.update({"quick": quick, "paper": PAPER, "torch": torch.__version__,
                  "output_init": output_init,

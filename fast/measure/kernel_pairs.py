@@ -35,6 +35,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fast.backends.structured import plan
+from reference.params import check_int, check_params
 
 KV_SPLIT = 512
 
@@ -62,7 +63,10 @@ def forward_calls(pattern: str, n: int, heads: int = 4, combine: str = "merged",
                   layer: int = 0, d: int = 64, **params) -> list[tuple[int, int, int, bool]]:
     """[(problems, L, S, causal)]: the kernel calls the structured forward makes for one
     batch element of ``heads`` heads at length n (padded to a multiple of the stride, as
-    ``fast.backends.structured`` does), in the order it makes them."""
+    ``fast.backends.structured`` does), in the order it makes them. ValueError for a bad
+    pattern, size or parameter (``reference.params.check_params``)."""
+    params = check_params(pattern, n, heads, combine, layer, params)
+    check_int("head dimension d", d, 1)
     l = params["stride"]
     N = -(-n // l) * l
     with _KernelCalls() as recorder:
@@ -96,8 +100,10 @@ class _KernelCalls(TorchDispatchMode):
 
 def computed_pairs(pattern: str, n: int, heads: int = 4, **params) -> int:
     """Pairs the kernel computes for ``heads`` heads at length n: dense causal attention
-    (``pattern="full"``) or the structured forward of a pattern (``forward_calls``)."""
+    (``pattern="full"``) or the structured forward of a pattern (``forward_calls``).
+    ValueError for a bad pattern, size or parameter (``reference.params.check_params``)."""
     if pattern == "full":
+        check_params(pattern, n, heads, "merged", 0, params)
         return heads * problem_pairs(n, n, causal=True)
     return sum(count * problem_pairs(L, S, causal)
                for count, L, S, causal in forward_calls(pattern, n, heads, **params))

@@ -13,14 +13,17 @@ import torch
 from fast.backends import auto
 from fast.commands import fig2 as fig2_command
 from fast.commands import figures as make_figures
+from fast.commands import memory as memory_command
 from fast.commands import table2 as table2_command
 from fast.commands.figures import STEPS, command
 from fast.commands.registry import COMMANDS
 from fast.experiments import learned_attention as LA
+from fast.experiments import memory_report
 from fast.experiments import table2 as T2
 from fast.experiments.table2 import run_configs, timing_configs
 from fast.measure.attention_stats import pixel_position, split_start
 from fast.plots import attention as plot_attention
+from fast.plots import memory as plot_memory
 from fast.plots import style
 from fast.plots import table2 as plot_table2
 from fast.transformer.network.model import SparseTransformer
@@ -369,3 +372,44 @@ def test_table2_profile_and_output_init_options(capsys):
     m, _ = run_configs("text", "full", quick=False, output_init="zero")
     assert m.output_init == "zero" and run_configs("text", "full", quick=False)[0].output_init \
         == "normal"
+
+
+def test_table2_every_output_follows_out(tmp_path, monkeypatch):
+    """``table2 --out X.json``: the kept weights go to models/ beside X and the PNGs beside
+    X, never into figures/ (whose models table3 and samples read). Training, data and
+    plots are replaced by stand-ins recording where they were told to write."""
+    specs, drawn = [], []
+
+    def fake_child(target, spec, env=None):
+        specs.append(spec)
+        return {"result": {"val_bits": 3.0, "test_bits": 3.0, "time_per_iter": 0.1,
+                           "unit": "bits", "wall_s": 1.0}}
+
+    class FakeData:
+        def fingerprint(self):
+            return {}
+
+    monkeypatch.setattr(T2, "run_child", fake_child)
+    monkeypatch.setattr(T2, "dataset", lambda modality: FakeData())
+    monkeypatch.setattr(plot_table2, "make_all", lambda data, figdir: drawn.append(figdir) or [])
+    out = tmp_path / "elsewhere" / "t2.json"
+    T2.run(only=["text/full"], seeds=1, jobs=1, out=out)
+    assert [s["keep"] for s in specs] == [str(out.parent / "models" / "text_full.pt")]
+    assert drawn == [out.parent] and out.exists()
+    assert T2.out_paths(False)[1] == T2.DATA / "models"       # no --out: the kept models
+    monkeypatch.setattr(T2, "run_child", lambda target, spec, env=None: {"result": {
+        "phases": {"forward": 0.1}, "kernels": {"host_avx512": False}}})
+    monkeypatch.setattr(T2, "cell_keys", lambda: ["text/full"])
+    T2.profile(out=tmp_path / "profile.json")                  # --profile --out
+    assert (tmp_path / "profile.json").exists()
+
+
+def test_memory_figures_follow_out(tmp_path, monkeypatch):
+    """``memory --out X.json --steps figures`` draws beside X, never into figures/ (the
+    drawing is replaced by a stand-in recording its folder)."""
+    drawn = []
+    monkeypatch.setattr(plot_memory, "make_all", lambda data, figdir: drawn.append(figdir) or [])
+    out = tmp_path / "elsewhere" / "mem.json"
+    assert memory_command.main(["--out", str(out), "--steps", "figures"]) == 0
+    assert drawn == [out.parent] and out.exists()
+    assert memory_report.out_paths(False) == (memory_report.CACHE, memory_report.FIGURES)

@@ -26,6 +26,37 @@ def test_results_from_minimal_json(tmp_path, capsys):
     assert "memory.json" in captured.err  # what was not measured is said, not invented
 
 
+def test_a_small_bench_sweep_leaves_out_its_section_only(tmp_path, capsys):
+    """A bench record of a valid sweep without n = 16384 (its targets None) costs its own
+    section, said in one line naming the file, what it lacks and how to produce it; every
+    other section is printed and the exit status is 1."""
+    for name in ("memory.json", "table2.json"):
+        (tmp_path / name).write_text((ROOT / "figures" / "data" / name).read_text())
+    small = {"machine": {"cpu": "CPU", "cpu_count": 2, "torch": "2.13.0"},
+             "config": {"ns": [256, 512], "dtypes": ["float32"]},
+             "targets": {"float32": {k: None for k in results.TARGETS}}}
+    (tmp_path / "bench_cpu.json").write_text(json.dumps(small))
+    assert results_command.main(["--data", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert "Recomputation" in out and "Table 2" in out
+    said = [line for line in err.splitlines() if "bench_cpu.json" in line]
+    print(said)
+    assert len(said) == 1 and "n = 256 .. 512" in said[0] and "needs n = 16384" in said[0]
+    assert "run python -m fast bench" in said[0] and "delete" not in err
+
+
+def test_an_interrupted_bench_record_is_said_not_used(tmp_path, capsys):
+    """A bench record whose run was interrupted ("complete": false, no targets) is one
+    line saying so, exit status 1, never a damaged-file refusal or a silent table."""
+    partial = {"machine": {"cpu": "CPU", "cpu_count": 2, "torch": "2.13.0"},
+               "config": {"ns": [1024], "dtypes": ["float32"]}, "complete": False,
+               "results": []}
+    (tmp_path / "bench_cpu.json").write_text(json.dumps(partial))
+    assert results_command.main(["--data", str(tmp_path)]) == 1
+    said = [line for line in capsys.readouterr().err.splitlines() if "bench_cpu.json" in line]
+    assert len(said) == 1 and "incomplete" in said[0] and "interrupted" in said[0]
+
+
 def test_results_from_committed_figures(capsys):
     assert results_command.main([]) == 0
     assert "Table 2" in capsys.readouterr().out

@@ -469,6 +469,9 @@ def test_bench_refuses_an_n_range_it_would_leave(argv, says, capsys):
                                                   "allowed: one of baseline, fused,"),
     (["--variants", "--same-process", "--flex-n", "1024"],
      "--flex-n 1024 is not an n of the sweep; allowed: n among 128"),
+    (["--same-process", "--n-min", "128", "--n-max", "256", "--contenders", "flex"],
+     "--contenders flex with no n of its --flex-n (4096 16384) in the sweep; allowed: "
+     "--flex-n with n among 128, 256"),
 ])
 def test_bench_refuses_options_that_would_be_ignored(argv, says, capsys, tmp_path):
     with pytest.raises(SystemExit) as end:
@@ -476,6 +479,14 @@ def test_bench_refuses_options_that_would_be_ignored(argv, says, capsys, tmp_pat
     err = capsys.readouterr().err
     assert end.value.code == 2 and err.count("\n") == 1 and says in err, err
     assert not any(tmp_path.iterdir())                                    # nothing written
+
+
+def test_flex_runs_when_one_of_its_n_is_in_the_sweep():
+    """--contenders flex is refused only when it would be skipped at every point."""
+    for argv in (["--n-min", "128", "--n-max", "256", "--flex-n", "256"],
+                 ["--n-min", "2048", "--n-max", "4096"]):
+        args = bench_cli.parse_args(["--same-process", "--contenders", "flex", *argv])
+        assert bench_cli.sweep_from(args).contenders == ("flex",)
 
 
 def test_options_change_the_sweep_they_name():
@@ -645,3 +656,53 @@ def test_winners_pick_the_fastest_variant_and_a_default_measured_everywhere():
     assert t["strided fwd B=4 H=16 n=16384"]["speedup"] == 10.0
     assert t["fixed fb B=4 H=16 n=16384"]["variant"] == "fused"
     assert bench.winners([])["default"] is None
+
+
+def test_one_process_table_keeps_each_dtype_and_shape_apart():
+    """The report's one-process table (the CPU sweep's long-lived check) is one table per
+    dtype and shape, as the fresh one: with two dtypes the bfloat16 rows are shown and
+    divided by the bfloat16 dense row, not by whichever dense row comes first."""
+    def row(contender, pattern, dtype, fwd):
+        return {"contender": contender, "pattern": pattern, "dtype": dtype, "B": 1, "H": 4,
+                "n": 16384, "fwd_s": fwd, "fb_s": 3 * fwd, "bwd_over_fwd": 2.0}
+
+    same = [row("dense", None, "float32", 1.0), row("structured", "strided", "float32", 0.1),
+            row("dense", None, "bfloat16", 8.0), row("structured", "strided", "bfloat16", 0.2)]
+    data = {"config": {"device": "cpu", "dtypes": ["float32", "bfloat16"], "shapes": [[1, 4]]},
+            "results": [], "same_process": same, "targets": {},
+            "calibration": {"sdpa_backend": {}, "copy": {"bytes_per_s": 1e10}}}
+    text = runs.report(data)
+    bf16 = text.split("bfloat16, B=1, H=4: the same points in ONE process")[1]
+    line = next(x for x in bf16.splitlines() if x.startswith("strided  structured fwd "))
+    print(line)
+    assert "200.0" in line and "40.0x" in line                  # 0.2 s, 8 s / 0.2 s
+    assert "float32, B=1, H=4: the same points in ONE process" in text
+
+
+def test_an_interrupted_sweep_leaves_a_record_that_says_so(monkeypatch, tmp_path, capsys):
+    """The record written while a sweep runs says "complete": false (an interrupted run
+    keeps what it measured, marked); the one a sweep that ended writes says true; --replot
+    of the partial one says so in one line. Measuring is replaced by stand-ins."""
+    monkeypatch.setattr(bench_point, "copy_bandwidth", lambda *a: {"bytes_per_s": 1e10})
+    sweep = sweeps.Sweep(ns=(64,), shapes=((1, 2), (1, 4)), contenders=("dense",),
+                         same_process_ns=(), method=FRESH.with_(target_s=0.0))
+    saved, interrupt = [], [True]
+
+    def point(state, dt, B, H, n):
+        if saved and interrupt[0]:                   # Ctrl-C during the second shape
+            raise KeyboardInterrupt
+        return [{**runs._row("dense", None, dt, B, H, n), "fwd_s": 1.0, "fb_s": 3.0}]
+
+    monkeypatch.setattr(runs, "run_point", point)
+    with pytest.raises(KeyboardInterrupt):
+        runs.run(sweep, save=lambda d: saved.append(json.loads(json.dumps(d))),
+                 log=lambda line: None)
+    assert len(saved) == 1 and saved[0]["complete"] is False and saved[0]["results"]
+    interrupt[0] = False                             # a sweep that ends
+    assert runs.run(sweep, log=lambda line: None)["complete"] is True
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "bench_cpu.json").write_text(json.dumps(saved[0]))
+    monkeypatch.setattr(bench_cli, "draw", lambda sweep, data, png: png)
+    assert bench_cli.main(["--replot", "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bench_cpu.json is incomplete" in err

@@ -73,6 +73,22 @@ def test_median_run_keeps_the_middle_speedup_and_lists_every_run():
     assert experiment.median_run(runs[:2])["sparse"]["total_s"] == 3.0  # the lower middle
 
 
+def test_a_quick_run_claims_no_goal():
+    """--quick records "met" as None and prints n/a whatever it measured; a real run says
+    met or NOT MET by the goal (synthetic records, every goal missed)."""
+    models = {"photos32": {"n": 3072, "rerun": {"total_s_estimated": 2.0,
+                                                "total_cpu_s_estimated": 2.0},
+                           "sparse": {"total_s": 1.0, "total_cpu_s": 1.0}},
+              "enwik8": {"n": 12288, "sparse": {"total_s": 900.0, "tokens_per_s": [1.0]},
+                         "dense": {"tokens_per_s": [1.0]}}}
+    assert [t["met"] for t in experiment.targets(models, quick=False)] == [False] * 3
+    quick = experiment.targets(models, quick=True)
+    assert [t["met"] for t in quick] == [None] * 3
+    assert [generate_command.verdict(t["met"]) for t in quick] == ["n/a (--quick)"] * 3
+    assert generate_command.verdict(False) == "NOT MET" and generate_command.verdict(True) \
+        == "met"
+
+
 def test_pattern_costs_of_a_fixed_model():
     cfg = ModelConfig(vocab_size=16, n_ctx=100, d_model=16, n_heads=2, n_layers=2,
                       pattern="fixed", stride=10, c=5)

@@ -70,3 +70,22 @@ def test_bench_summary_carries_the_ceiling():
     t = bench.summarize([])
     for pattern, params in bench.PATTERN_PARAMS.items():
         assert t[f"{pattern}_kernel_ceiling_16384"] == kernel_ceiling(pattern, 16384, **params)
+
+
+@pytest.mark.parametrize("call,says", [
+    (lambda: kernel_ceiling("strided", 1024), "needs the parameter 'stride'"),
+    (lambda: kernel_ceiling("fixed", 1024, stride=128), "needs the parameter 'c'"),
+    (lambda: kernel_ceiling("strided", 0, stride=128), "sequence length n must be an integer "
+                                                       ">= 1, got 0"),
+    (lambda: computed_pairs("strided", 1024, stride=0), "got 0"),
+    (lambda: computed_pairs("full", 0), "sequence length n must be an integer >= 1, got 0"),
+    (lambda: computed_pairs("full", 64, heads=0), "n_heads must be an integer >= 1, got 0"),
+    (lambda: forward_calls("strided", 64, d=0, stride=8), "head dimension d"),
+])
+def test_bad_input_is_one_line_naming_it(call, says):
+    """A missing or bad size or parameter is a ValueError naming what was given and what
+    is allowed (it was a KeyError, a ZeroDivisionError or range()'s own error)."""
+    with pytest.raises(ValueError) as err:
+        call()
+    print(err.value)
+    assert says in str(err.value) and "\n" not in str(err.value)
