@@ -66,8 +66,11 @@ def _derived(row: dict, dense: dict | None, params: dict, copy_bps: float) -> No
     """Add the ideal, speed-up, % of ideal, floor (and TFLOP/s of Triton's tiles)."""
     B, H, n, pattern = row["B"], row["H"], row["n"], row["pattern"]
     natural = row["contender"] == "triton natural order"
-    ideal = 1.0 if pattern is None else ideal_speedup(pattern, n, H, params)
-    row["ideal"] = ideal
+    tiles = row["contender"].startswith("triton")       # what it computes in: tiles or pairs
+    work = "tiles" if tiles else "pairs"
+    ideal = (1.0 if pattern is None else ideal_speedup(pattern, n, H, params) if tiles
+             else bench.keys_read_ideal(pattern, n, **params))
+    row["ideal"], row["ideal_by"] = ideal, work
     if natural:
         row["ideal_natural_order"] = ideal_speedup(pattern, n, H, params, order="natural")
     for what, key, backward in (("fwd", "fwd_s", False), ("fb", "fb_s", True)):
@@ -75,7 +78,7 @@ def _derived(row: dict, dense: dict | None, params: dict, copy_bps: float) -> No
             dense_s = dense.get(key) if dense else None
             row[what] = bench.derive(row[key], dense_s, ideal,
                                      bench.io_bytes(B, H, n, D, DTYPES[row["dtype"]], backward),
-                                     copy_bps)
+                                     copy_bps, work)
             if row["contender"].startswith("triton"):
                 row[what]["tflops"] = tile_flops(pattern, B, n, H, D, params, backward=backward,
                                                  order="natural" if natural else "structured"
@@ -517,9 +520,9 @@ def report(data: dict) -> str:
     cal = data["calibration"]
     lines += [f"dense SDPA backend: {cal['sdpa_backend']}; copy bandwidth "
               f"{cal['copy']['bytes_per_s'] / 1e9:.3g} GB/s",
-              "Read % of ideal (tile count) and x floor (bytes at the copy bandwidth, tiles at "
-              "dense's throughput); first calls (compile, layout, mask) are apart in "
-              "first_fwd_s."]
+              "Read % of ideal (Triton: its tile count; others: the pairs the pattern reads) "
+              "and x floor (bytes at the copy bandwidth, that work at dense's rate); first "
+              "calls (compile, layout, mask) are apart in first_fwd_s."]
     return "\n".join(lines)
 
 
@@ -582,10 +585,12 @@ def variant_report(data: dict) -> list[str]:
         here = [r for r in rows if (r["dtype"], r["B"], r["H"], r["n"]) == (dt, B, H, n)]
         for pattern in PATTERN_PARAMS:
             sel = [r for r in here if r["pattern"] in (None, pattern)]
-            ideal = next((r["ideal"] for r in sel if r["pattern"] and r.get("ideal")), None)
+            ideals = {(r.get("ideal_by", "tiles"), r["ideal"]) for r in sel
+                      if r["pattern"] and r.get("ideal")}       # tiles (Triton), pairs
             settings = ", ".join(f"{k}={v}" for k, v in PATTERN_PARAMS[pattern].items())
             lines += ["", f"{dt}, B={B}, H={H}, n={n}, {pattern} ({settings}); ideal "
-                          + (f"{ideal:.1f}x" if ideal else "-") + ":", head]
+                          + (", ".join(f"{i:.1f}x ({by})" for by, i in sorted(ideals))
+                             or "-") + ":", head]
             for r in sel:
                 lines.append(f"  {_name(r):36} " + _variant_cells(r))
     w = data.get("winners") or {}

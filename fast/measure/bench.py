@@ -8,10 +8,14 @@ sweep (one per contender, pattern, dtype, shape and n; ``fast.measure.bench_poin
 measures each); the functions here read them:
 
 * ``derive``: for one row, the speed-up over dense causal SDPA measured in the
-  same run, the ideal (``fast.layout.costs.ideal_speedup``, the tile count), the %
-  of ideal, and the floor: the larger of the bytes that must move (``io_bytes``) at
-  the copy bandwidth measured in the same run and the tiles at the dense kernel's
-  measured throughput (dense time / ideal);
+  same run, the ideal, the % of ideal, and the floor: the larger of the bytes that
+  must move (``io_bytes``) at the copy bandwidth measured in the same run and the
+  work at the dense kernel's measured rate (dense time / ideal). The ideal and the
+  work are what the contender computes in: a Triton kernel's tiles
+  (``fast.layout.costs.ideal_speedup``, the tile count of its block layout), and for
+  every other contender, which computes no tiles, the (query, key) pairs the pattern
+  reads (``keys_read_ideal``, the README's ideal): a tile count below dense's at short n
+  would put that floor above what a CPU path measures;
 * ``summarize``: the CPU targets the README reports (speed-ups at n = 16384, the
   strided time slope over n = 4096 .. 65536, peak memory at n = 65536) and each
   contender's backward / forward time ratio at n = 16384;
@@ -99,16 +103,17 @@ def io_bytes(B: int, H: int, n: int, d: int, dtype, backward: bool) -> int:
 
 
 def derive(time_s: float, dense_s: float | None, ideal: float, bytes_moved: int,
-           copy_bps: float) -> dict:
-    """Speed-up over dense, % of the ideal speed-up, the floor and how far above it."""
+           copy_bps: float, work: str = "tiles") -> dict:
+    """Speed-up over dense, % of the ideal speed-up, the floor and how far above it;
+    ``work`` names what the ideal counts ("tiles" or "pairs", module docstring)."""
     floor_bytes = bytes_moved / copy_bps
-    floor_tiles = dense_s / ideal if dense_s else None
-    floor = max(floor_bytes, floor_tiles or 0.0)
+    floor_work = dense_s / ideal if dense_s else None
+    floor = max(floor_bytes, floor_work or 0.0)
     speedup = dense_s / time_s if dense_s else None
     return {"speedup": speedup, "ideal": ideal,
             "pct_ideal": 100 * speedup / ideal if speedup else None,
-            "floor_s": floor, "floor_bytes_s": floor_bytes, "floor_tiles_s": floor_tiles,
-            "floor_by": "bytes" if floor == floor_bytes else "tiles",
+            "floor_s": floor, "floor_bytes_s": floor_bytes, "floor_work_s": floor_work,
+            "floor_by": "bytes" if floor == floor_bytes else work,
             "x_floor": time_s / floor}
 
 

@@ -26,6 +26,7 @@ from fast.commands import bench as bench_cli
 from fast.experiments import bench as runs
 from fast.experiments import bench_sweep as sweeps
 from fast.kernels.variants import DEFAULT, VARIANTS
+from fast.layout.costs import ideal_speedup
 from fast.measure import bench, bench_point, child, contenders
 from fast.measure.timing import FRESH
 from fast.plots import bench as plots
@@ -216,7 +217,7 @@ def test_same_process_sweep_on_the_cpu_writes_json_and_figure(tmp_path):
         for what in ("fwd", "fb"):
             d = r[what]
             assert d["ideal"] == r["ideal"] > 0
-            assert d["floor_s"] == max(d["floor_bytes_s"], d["floor_tiles_s"])
+            assert d["floor_s"] == max(d["floor_bytes_s"], d["floor_work_s"])
             assert math.isclose(d["x_floor"], r[what + "_s"] / d["floor_s"])
             if r["contender"] == "dense":
                 assert math.isclose(d["speedup"], 1.0)
@@ -562,7 +563,7 @@ def test_variant_sweep_on_the_cpu_times_prints_and_picks_every_variant(tmp_path,
             d = r[what]
             assert math.isclose(d["speedup"], data["results"][0][what + "_s"] / r[what + "_s"])
             assert d["pct_ideal"] == 100 * d["speedup"] / r["ideal"]
-            assert d["floor_s"] == max(d["floor_bytes_s"], d["floor_tiles_s"]) > 0
+            assert d["floor_s"] == max(d["floor_bytes_s"], d["floor_work_s"]) > 0
     assert all("skipped" in r for r in data["results"] if r["contender"] == "flex")
     for (_, v), r in rows.items():                  # each variant against the first one
         diff = r["agreement"]["max_rel_diff"]
@@ -706,3 +707,23 @@ def test_an_interrupted_sweep_leaves_a_record_that_says_so(monkeypatch, tmp_path
     assert bench_cli.main(["--replot", "--out", str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bench_cpu.json is incomplete" in err
+
+
+def test_a_cpu_row_is_held_to_the_pairs_it_reads_a_triton_row_to_its_tiles():
+    # At short n the block layout of strided l = 128 has more tiles than dense causal
+    # attention (its tile ideal is 0.07x at n = 256), which put a "floor" of 219 ms above
+    # a structured forward measured at 96 ms; a path that computes no tiles is held to the
+    # pairs the pattern reads.
+    params, dense = {"stride": 128}, {"fwd_s": 0.016}
+    cpu = {"contender": "structured", "pattern": "strided", "dtype": "float32", "B": 1,
+           "H": 4, "n": 256, "fwd_s": 0.096}
+    gpu = dict(cpu, contender="triton block-sparse")
+    runs._derived(cpu, dense, params, copy_bps=8e9)
+    runs._derived(gpu, dense, params, copy_bps=8e9)
+    pairs = bench.keys_read_ideal("strided", 256, stride=128)
+    print(f"ideal: pairs read {cpu['ideal']:.3f}x, tiles {gpu['ideal']:.3f}x")
+    assert (cpu["ideal"], cpu["ideal_by"]) == (pairs, "pairs") and pairs > 1
+    assert (gpu["ideal"], gpu["ideal_by"]) == (ideal_speedup("strided", 256, 4, params),
+                                               "tiles")
+    assert cpu["fwd"]["floor_by"] == "pairs" and cpu["fwd"]["x_floor"] > 1
+    assert math.isclose(cpu["fwd"]["floor_work_s"], 0.016 / pairs)
