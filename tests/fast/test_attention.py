@@ -136,6 +136,28 @@ def test_column_parts_match_reference(monkeypatch, rows, combine):
         torch.testing.assert_close(a + 1, b, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("n", [64, 61, 57])
+@pytest.mark.parametrize("combine", ["merged", "multihead"])
+def test_column_in_three_problems_matches_reference(monkeypatch, n, combine):
+    """The column from ``SPLIT_ROWS`` grid rows on (lowered here to 4, so that a small n
+    takes that path): the first half causal, the second causal over its own rows and a
+    rectangle over the first half, merged through the lse; forward and backward as the
+    reference. n = 64: M = 32 grid rows; 61: M = 31 (halves of 15 and 16); 57: M = 29,
+    the last grid row padded."""
+    monkeypatch.setattr(strided, "SPLIT_ROWS", 4)
+    H, d, params = 2, 48, {"stride": 2}
+    N = -(-n // 2) * 2
+    assert [kind for *_, kind in strided.Column(2, 1.0)._parts(N, backward=False)] == \
+        ["causal", "all", "causal"]
+    q, k, v, g = _rand(2, H, n, d, seed=n)
+    want = _reference(q, k, v, g, _ref_masks("strided", n, H, combine, 0, params))
+    got = _fast(q, k, v, g, "strided", combine, 0, "structured", params)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        err = (a - b).abs().max().item()
+        print(f"n = {n} {combine} {name}: max error {err:.3e}")
+        assert err < 1e-10, f"{name}: max error {err:.3e} (column in three problems)"
+
+
 @pytest.mark.parametrize("pattern,params,combine,n", [
     ("strided", {"stride": 8}, "merged", 101),
     ("strided", {"stride": 8}, "multihead", 99),

@@ -421,8 +421,35 @@ def test_dropout_is_exact_given_its_mask_and_repeatable():
     other = run(fn, q, k, v, go)
     for a, b, c in zip(got, again, other):
         assert torch.equal(a, b) and not torch.equal(a, c)
-    auto_out = sparse_attention(q, k, v, "strided", dropout_p=p, enable_gqa=True, **params)
-    assert auto_out.shape == q.shape           # "auto" takes the naive path for dropout
+    torch.manual_seed(11)                      # "auto" takes the naive path for dropout
+    auto_got = run(_call("strided", params, "merged", 0, "auto", dropout_p=p,
+                         enable_gqa=True), q, k, v, go)
+    assert auto_got[0].shape == q.shape
+    for name, a, b in zip(("out", "dq", "dk", "dv"), auto_got, got):
+        assert torch.equal(a, b), f"auto {name}: not the naive path's dropout"
+
+
+@pytest.mark.parametrize("pattern,params,n", [("full", {}, 16),
+                                              ("strided", {"stride": 32}, 1024)])
+def test_auto_takes_the_naive_path_for_attn_mask_and_dropout(pattern, params, n):
+    """Where "auto" would take the structured backend ("full" at any n; strided beyond the
+    measured crossover), an attn_mask or dropout sends it to the naive backend, the one
+    that honours them: the naive backend's answer bitwise, forward and backward, dropout
+    drawn under the same seed."""
+    q, k, v, go = inputs(1, 2, 2, n, n, 8, seed=4, dtype=torch.float32)
+    assert fast_attention.resolve_backend("auto", pattern, q.device, q.dtype, n,
+                                          stride=params.get("stride"),
+                                          backward=True) == "structured"
+    user = torch.rand(n, n, generator=torch.Generator().manual_seed(5)) < 0.7
+    plain = run(_call(pattern, params, "merged", 0, "auto"), q, k, v, go)
+    for label, kw in (("attn_mask", {"attn_mask": user}), ("dropout", {"dropout_p": 0.5})):
+        got = {}
+        for backend in ("auto", "naive"):
+            torch.manual_seed(7)
+            got[backend] = run(_call(pattern, params, "merged", 0, backend, **kw), q, k, v, go)
+        for name, a, b, c in zip(("out", "dq", "dk", "dv"), got["auto"], got["naive"], plain):
+            assert torch.equal(a, b), f"{label}: auto {name} is not the naive backend's"
+            assert not torch.equal(a, c), f"{label}: auto {name} is the plain answer"
 
 
 # ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 
 from fast import sparse_attention
 from fast.attention import _triton_available
-from fast.backends import flash_cpu, flex, masks
+from fast.backends import flash_cpu, flex, masks, structured
 from fast.commands import train as cli
 from fast.core.precision import PrecisionWarning
 from fast.layout import block_layout
@@ -143,6 +143,7 @@ def test_any_finite_scale_gives_the_reference(pattern, params, combine, H, backe
         print(f"{dtype} scale {scale:g} {backend} {name}: error {err:.3e}, plain "
               f"{inside} {err_plain:.3e}, floor {floor:.3e}")
         assert err <= 2 * err_plain + floor + 1e-300, name
+        assert a.dtype == dtype, f"{name}: {a.dtype}"    # the inputs' dtype, as SDPA's
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
@@ -175,6 +176,29 @@ def test_tied_large_scores_merge_exactly(pattern, params, combine, score, dtype)
            torch.float64: 1e-10 if score < 1e6 else 4 * score * torch.finfo(torch.float64).eps}
     print(f"{dtype} score {score:g} {pattern} {combine}: error {err:.3e}, allowed {tol[dtype]:.1e}")
     assert err <= tol[dtype] * v.abs().max().item()
+
+
+def test_a_large_negative_log_sum_exp_is_recomputed_too():
+    """Every score a row reads large and negative (q along u, k against it: lse about
+    -220): |lse| passes EXACT_LSE from below, so a float32 call is recomputed in float64
+    and says so, as for large positive scores; output and gradients the reference's."""
+    B, H, n, d, scale = 1, 2, 64, 16, 0.25
+    g = torch.Generator().manual_seed(0)
+    q, k, v, go = (torch.randn(B, H, n, d, generator=g) for _ in range(4))
+    u = torch.ones(d) / d ** 0.5
+    q, k = 0.1 * q + 30 * u, 0.1 * k - 30 * u                           # (B, H, n, d)
+    mask = patterns.head_masks("strided", n, H, "merged", 0, stride=8)
+    lse = attend(*(t.double().numpy() for t in (q, k, v)), mask, scale=scale)[1]
+    assert -lse.max() > structured.EXACT_LSE
+    want = _truth(q, k, v, go, mask, scale)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        got = _grads(q, k, v, go, "strided", "merged", "structured", scale=scale, stride=8)
+    assert [w.category for w in said] == [PrecisionWarning]        # said once, forward
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        err = (a.double() - b).abs().max().item()
+        print(f"lse {lse.min():.1f}..{lse.max():.1f} {name}: error {err:.3e}")
+        assert err < 1e-6, name
 
 
 # ----------------------------------------------------------------------------

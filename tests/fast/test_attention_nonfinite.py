@@ -1,4 +1,5 @@
-"""NaN and inf in q, k, v with the finite check off: never hidden, never spread.
+"""NaN and inf in q, k, v: refused by name with the finite check on; with it off, never
+hidden, never spread.
 
 Child et al., 2019, section 4 (eq. 2-4): output i reads exactly the positions S_i.
 With ``check_finite=False`` a row that reads a non-finite value (its query, or a key or
@@ -18,6 +19,7 @@ import torch
 
 from fast import sparse_attention
 from fast.core import nonfinite
+from fast.core.checks import NonFiniteInput
 from reference import patterns
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -47,6 +49,18 @@ def _run(q, k, v, go, pattern, combine, backend, params, check_finite):
                            check_finite=check_finite, **params)
     out.backward(go)
     return [out.detach(), q.grad, k.grad, v.grad]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("backend", ["auto", "structured", "naive"])
+def test_the_finite_check_names_the_tensor_that_holds_the_value(backend, where, value):
+    """check_finite on (the default) on the CPU: one NaN or inf in any one of q, k, v
+    raises NonFiniteInput (a ValueError) naming that tensor, not another."""
+    q, k, v, _ = _inputs(16, 2, 8, torch.float32)
+    {"q": q, "k": k, "v": v}[where][0, 1, 3, 0] = value
+    with pytest.raises(NonFiniteInput, match=f"^{where} holds non-finite values"):
+        sparse_attention(q, k, v, "strided", stride=4, backend=backend)
 
 
 @pytest.mark.parametrize("where,pos,value", BAD, ids=[f"{w}{p}={v}" for w, p, v in BAD])

@@ -42,6 +42,52 @@ def test_failed_write_keeps_the_old_file_and_leaves_no_tmp(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json"]
 
 
+def test_a_refused_write_propagates_as_the_os_error_the_writer_turned_into_its_own(
+        tmp_path, monkeypatch):
+    """The disk refuses a write (ENOSPC) and the writer reports it as an exception of its
+    own (as torch.save does: a RuntimeError): the OSError is what propagates, the
+    writer's exception its cause; the old file stays whole and no temporary file is
+    left."""
+    path = tmp_path / "data.json"
+    write_json(path, {"old": True})
+    opened = files.os.fdopen
+
+    class Full:
+        """The temporary file, on a full disk."""
+
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            self.f.flush()
+
+        def fileno(self):
+            return self.f.fileno()
+
+    def writer(f):
+        try:
+            f.write(b'{"new": true}')
+        except OSError as err:
+            raise RuntimeError("unexpected pos") from err
+
+    monkeypatch.setattr(files.os, "fdopen", lambda fd, mode: Full(opened(fd, mode)))
+    with pytest.raises(OSError, match="No space left") as raised:
+        atomic_write(path, writer)
+    assert raised.value.errno == errno.ENOSPC
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert json.loads(path.read_text()) == {"old": True}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.json"]
+
+
 # ----------------------------------------------------------------------------
 # One way of writing: a new temporary file of an unpredictable name, created
 # exclusively, never through a link; fsync-ed; renamed; leftovers of dead writers removed.

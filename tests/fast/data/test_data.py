@@ -475,6 +475,23 @@ def test_text_batches_are_shifted_windows():
         ds.batch("test", 1, 5, torch.Generator())
 
 
+def test_text_windows_start_anywhere_a_whole_window_fits():
+    """A window of n + 1 bytes starts at 0 .. len - n - 1, every one of them drawn: a split
+    of exactly n + 1 bytes is one window (x its first n bytes, y its last n), and a split
+    of n + 3 bytes gives windows starting at 0, 1 and 2, never beyond."""
+    n = 10
+    ds = Dataset("toy", "text", 256, {"train": np.arange(n + 1, dtype=np.uint8)})
+    x, y = ds.batch("train", 4, n, torch.Generator().manual_seed(0))
+    assert torch.equal(x, torch.arange(n).expand(4, n))
+    assert torch.equal(y, torch.arange(1, n + 1).expand(4, n))
+    ds = Dataset("toy", "text", 256, {"train": np.arange(n + 3, dtype=np.uint8)})
+    starts = set()
+    for seed in range(50):
+        x, _ = ds.batch("train", 8, n, torch.Generator().manual_seed(seed))
+        starts |= set(x[:, 0].tolist())
+    assert starts == {0, 1, 2}
+
+
 def test_image_batches_start_token():
     images = np.arange(12, dtype=np.uint8).reshape(3, 4)
     ds = Dataset("toy", "image", 17, {"train": images}, (2, 2, 1))

@@ -98,10 +98,19 @@ def _ddp_worker(rank, world, port, out_dir, dataset):
     m, t = preset("digits", d_model=16, n_heads=2, n_layers=1, batch_size=8, max_iters=3,
                   warmup_iters=1, eval_batches=1, precision="fp32", device="cpu",
                   out_dir=out_dir, dropout=0.1)
+    drawn, draw = [], dataset.batch                   # the training batches this rank drew
+
+    def batch(split, *args):
+        x, y = draw(split, *args)
+        drawn.append(x.clone())                       # (B, n)
+        return x, y
+
+    dataset.batch = batch
     out = training.train(m, t, progress=False, dataset=dataset)
     torch.save({"state": out["model"].state_dict(), "loss": out["history"]["loss"],
                 "world": out["world_size"], "ckpt": out["checkpoint"], "final": out["final"],
-                "batch": t.batch_size, "eval_batches": t.eval_batches},
+                "batch": t.batch_size, "eval_batches": t.eval_batches,
+                "drawn": torch.stack(drawn)},         # (steps, B, n)
                os.path.join(out_dir, f"rank{rank}.pt"))
 
 
@@ -118,6 +127,9 @@ def test_two_process_ddp_keeps_ranks_identical(tmp_path, digits):
     assert r0["world"] == r1["world"] == 2
     assert all(torch.equal(r0["state"][k], r1["state"][k]) for k in r0["state"])
     assert r0["loss"] != r1["loss"]                       # each rank saw its own batches
+    # what each rank drew: one batch a step (max_iters=3), never the other rank's
+    assert len(r0["drawn"]) == len(r1["drawn"]) == 3
+    assert all(not torch.equal(a, b) for a, b in zip(r0["drawn"], r1["drawn"]))
     assert r0["ckpt"] is not None and r1["ckpt"] is None  # only rank 0 writes
     # the evaluation is what one process reads of those weights, not a rank's share
     model = load_model(r0["ckpt"])[0]
