@@ -112,7 +112,9 @@ in float64). A float64 call has no
 wider dtype to go to: the structured backward's weights carry the rounding of the
 scores' log-sum-exp, a relative error of about |score| x 2^-52, so at huge scores
 its gradients keep fewer digits than the naive path's single softmax (use
-backend="naive" for exact checks there).
+backend="naive" for exact checks there). A float64 "full" call is SDPA's, whose
+backward at scores beyond about 1e17 can return NaN (seen at scale 1e20 on unit
+inputs); the naive path is exact there too.
 
 Non-finite q, k or v (NaN, inf) are rejected by ``check_finite``, in one read-only
 pass, since a NaN would otherwise surface far from its cause -- by default on the
