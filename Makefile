@@ -1,4 +1,4 @@
-# Two commands do everything on a fresh machine:
+# Three commands do everything on a fresh machine (make lab opens the notebooks):
 #   make figures   create .venv, install, regenerate every figure (training included)
 #   make test      create .venv, install, run pytest and nbval over the notebooks
 # and one opens the notebooks in a browser:

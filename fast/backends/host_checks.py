@@ -18,7 +18,8 @@ The operator returns nothing, so a compiler would drop it as dead code; it is re
 as having an ordered side effect (``register_effect``, which threads a token through
 the graph, as ``print`` is kept), and is kept where it stands. That registration is
 torch's private ``torch._library.effects.EffectType`` (written against torch 2.13.0;
-tests/fast/backends/test_compile.py checks that a compiled call still raises).
+tests/fast/backends/test_ops.py::test_compiled_raises_what_eager_raises checks that a
+compiled call still raises).
 """
 
 from __future__ import annotations

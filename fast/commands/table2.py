@@ -43,8 +43,9 @@ def parser() -> cli.Parser:
     p.add_argument("--iters", type=cli.integer(1), default=None,
                    help=f"training steps per run (default {STEPS})")
     p.add_argument("--drift", action="store_true",
-                   help="only retrain seed 0 of every cell (or of --only) with 2 threads: "
-                        "how far the bits move when only the summation order changes")
+                   help="only retrain seed 0 of every cell (or of --only) with 2 threads, and "
+                        "on an AVX-512 host also with its own kernels: how far the bits move "
+                        "when only the summation order or the kernels change")
     p.add_argument("--output-init", type=cli.choice(OUTPUT_INITS), default="normal",
                    help="W_out at initialisation: drawn like every other weight (default) or "
                         "zero as sec. 6 says; zero writes figures/data/table2_zero_output.json "

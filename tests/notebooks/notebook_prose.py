@@ -35,7 +35,7 @@ reference
 Orderings ("fewest", "faster") are not machine-checked: a sentence stating one prints
 the numbers it orders in the same section, which the number rule then holds.
 
-    python tests/notebooks/notebook_prose.py notebooks/*.ipynb     # every finding, file and cell
+    python -m tests.notebooks.notebook_prose notebooks/*.ipynb     # every finding, file and cell
 """
 
 from __future__ import annotations
