@@ -48,8 +48,10 @@ keeps q, k, v as given (padded and upcast again when it runs) and the merged out
 lse in the accumulation dtype. A row's softmax weights are recomputed from its
 log-sum-exp, which float32 holds to ulp(|lse|): a float32 call whose largest
 |lse| exceeds ``EXACT_LSE`` (large scales, large or tied scores) is recomputed in
-float64, forward and backward (the operator, below), and says so once per call site
-(a ``PrecisionWarning``: the answer is exact, the call slower; silence it with
+float64, forward and backward (the operator, below), and says so (a ``PrecisionWarning``,
+raised inside this module, so Python's default filter shows it once per process: the
+answer has float64's precision, the call is slower; fast/attention.py, "Scale", says
+how far that reaches; silence it with
 ``warnings.filterwarnings("ignore", category=fast.core.precision.PrecisionWarning)``).
 
 n is padded with zeros up to a multiple of l inside (padded rows come after all
@@ -341,9 +343,9 @@ def forward(q, k, v, heads_plans, stride: int):
         warnings.warn(
             f"sparse_attention: some row's log-sum-exp passed |lse| = {EXACT_LSE:g}, beyond "
             f"which float32 no longer holds its softmax weights exactly; this call is "
-            f"recomputed in float64, forward and backward (exact, at the cost of the float64 "
-            f"passes). Scores this large usually mean an unscaled q k^T; pass scale=, or "
-            f"float64 inputs, to avoid it", PrecisionWarning, stacklevel=2)
+            f"recomputed in float64, forward and backward (float64's precision, at the cost "
+            f"of the float64 passes). Scores this large usually mean an unscaled q k^T; pass "
+            f"scale=, or float64 inputs, to avoid it", PrecisionWarning, stacklevel=2)
         exact, _ = _run(low, heads_plans, torch.float64)
         out = exact.to(q.dtype).to(out.dtype)
     return out, lse
@@ -455,10 +457,11 @@ class _StructuredAttention(torch.autograd.Function):
     a short call). Eager calls take it; traced ones the operator (``structured_attention``)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, *attributes):
-        out, lse = operator_forward(q, k, v, *attributes)
-        _setup_context(ctx, (q, k, v, *attributes), (out, lse))
-        return out, lse
+    def forward(q, k, v, *attributes):
+        return operator_forward(q, k, v, *attributes)
+
+    # apart from forward, as torch.func's transforms (torch.func.grad, vjp) require
+    setup_context = staticmethod(_setup_context)
 
     @staticmethod
     @once_differentiable("the structured backend of sparse_attention")

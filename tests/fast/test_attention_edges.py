@@ -327,3 +327,21 @@ def test_stride_2_63_on_the_command_line_exits_2(capsys):
     assert err.value.code == 2
     line = capsys.readouterr().err.strip()
     assert "\n" not in line and str(BIG) in line and "2147483647" in line
+
+
+def test_torch_func_grad_of_the_structured_backend_says_what_it_needs():
+    """torch.func.grad differentiates with create_graph on, which the hand-written backward
+    refuses by name (the naive backend takes it). Before, the structured path's autograd
+    Function set its context inside forward, which torch.func refuses with an error about
+    setup_context; "full" took that path only at large scores, so whether a model's
+    torch.func.grad ran depended on its values."""
+    q, k, v = _rand(1, 2, 40, 16, seed=9, dtype=torch.float32)[:3]
+    for pattern, params, scale in (("strided", {"stride": 4}, None), ("full", {}, 1e3)):
+        def loss(q, backend, pattern=pattern, params=params, scale=scale):
+            return sparse_attention(q, k, v, pattern, backend=backend, scale=scale,
+                                    **params).sum()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PrecisionWarning)     # "full" at 1e3 recomputes
+            with pytest.raises(RuntimeError, match="once_differentiable.*backend='naive'"):
+                torch.func.grad(loss)(q, "structured")
+        assert torch.func.grad(loss)(q, "naive").isfinite().all()
