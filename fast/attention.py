@@ -94,28 +94,28 @@ same checks as the Triton kernel's own entry point); the backends trust what the
 Scale: any finite ``scale`` is allowed, zero and negative ones included (scale 0 is
 uniform attention over the positions a row reads), and every backend gives the
 reference's answer to the precision said below. The rule
-(``fast.core.precision.fold_dtype``): scores are scale * (q . k); the kernels apply
-a scale that is a positive normal number of the accumulation dtype (float32 for float32, bfloat16 and float16 inputs; float64 for
-float64), up to ``fast.core.precision.wide_scale`` (for float32 about 1.8e19, beyond
-which scale * (q . k) overflows float32); any other scale (<= 0, below the smallest
-normal number, or beyond that) is folded into q first -- q * scale in the
-accumulation dtype (float64 beyond the float32 limit), with q, k, v in that dtype,
-scale 1 -- and the output is rounded back once. So float16 never overflows in
-q * scale, and the fused CPU kernel, which returns NaN for a scale <= 0 or one that
-rounds to 0 (torch 2.13.0), never sees one. The Triton kernels take the scale as it is
-(``fast.kernels.launch.fold_scale`` says how). Large scales are exact too: the
-structured backend recomputes a float32 call in float64 when its log-sum-exp
-outgrows float32 (``fast.backends.structured.EXACT_LSE``); "full" does when eager on
-the CPU (``structured_attention``; a compiled "full" layer is SDPA's, whose backward
-recomputes its weights from a float32 log-sum-exp: at such scores, run it eagerly or
-in float64). That recompute, and every float64 call, has no wider dtype to go to: a
-backward's weights carry the rounding of the scores' log-sum-exp, a relative error of
-about |score| x 2^-52 (gradient errors of about 1e-4 at scores of 1e11), and beyond
-scores of about 1e16 the weights can overflow, giving inf or NaN gradients (a float64
-"full" call is SDPA's, which does the same). The naive backend without ``lengths`` /
-``offsets`` forms each row's softmax once and stays exact there (with them it runs
-SDPA's masked kernel, whose backward recomputes from a float32 log-sum-exp); use it
-for checks at such scores.
+(``fast.core.precision.fold_dtype``): scores are scale * (q . k); the kernels apply a
+scale that is a positive normal number of the accumulation dtype (float32 for float32,
+bfloat16 and float16 inputs; float64 for float64), up to
+``fast.core.precision.wide_scale`` (for float32 about 1.8e19, beyond which scale * (q .
+k) overflows float32); any other scale (<= 0, below the smallest normal number, or
+beyond that) is folded into q first -- q * scale in the accumulation dtype (float64
+beyond the float32 limit), with q, k, v in that dtype, scale 1 -- and the output is
+rounded back once. So float16 never overflows in q * scale, and the fused CPU kernel,
+which returns NaN for a scale <= 0 or one that rounds to 0 (torch 2.13.0), never sees
+one. The Triton kernels take the scale as it is (``fast.kernels.launch.fold_scale`` says
+how). Large scales are exact too: the structured backend recomputes a float32 call in
+float64 when its log-sum-exp outgrows float32 (``fast.backends.structured.EXACT_LSE``);
+"full" does when eager on the CPU (``structured_attention``; a compiled "full" layer is
+SDPA's, whose backward recomputes its weights from a float32 log-sum-exp: at such
+scores, run it eagerly or in float64). That recompute, and every float64 call, has no
+wider dtype to go to: a backward's weights carry the rounding of the scores'
+log-sum-exp, a relative error of about |score| x 2^-52 (gradient errors of about 1e-4 at
+scores of 1e11), and beyond scores of about 1e16 the weights can overflow, giving inf or
+NaN gradients (a float64 "full" call is SDPA's, which does the same). The naive backend
+without ``lengths`` / ``offsets`` forms each row's softmax once and stays exact there
+(with them it runs SDPA's masked kernel, whose backward recomputes from a float32
+log-sum-exp); use it for checks at such scores.
 
 Non-finite q, k or v (NaN, inf) are rejected by ``check_finite``, in one read-only
 pass, since a NaN would otherwise surface far from its cause -- by default on the
