@@ -112,10 +112,11 @@ scores, run it eagerly or in float64). That recompute, and every float64 call, h
 wider dtype to go to: a backward's weights carry the rounding of the scores'
 log-sum-exp, a relative error of about |score| x 2^-52 (gradient errors of about 1e-4 at
 scores of 1e11), and beyond scores of about 1e16 the weights can overflow, giving inf or
-NaN gradients (a float64 "full" call is SDPA's, which does the same). The naive backend
-without ``lengths`` / ``offsets`` forms each row's softmax once and stays exact there
-(with them it runs SDPA's masked kernel, whose backward recomputes from a float32
-log-sum-exp); use it for checks at such scores.
+NaN gradients (a float64 "full" call is SDPA's, which does the same). The naive
+backend's unpadded calls stay exact there: their (H, n_q, n_k) mask takes SDPA's math
+path, one softmax per row; use them for checks at such scores. Padded ones (``lengths``
+/ ``offsets``: a (B, H, n_q, n_k) mask) take SDPA's fused CPU kernel, whose backward
+recomputes from a float32 log-sum-exp (gradient errors of about 1e-2 at scale 1e3).
 
 Non-finite q, k or v (NaN, inf) are rejected by ``check_finite``, in one read-only
 pass, since a NaN would otherwise surface far from its cause -- by default on the
