@@ -472,9 +472,10 @@ class _StructuredAttention(torch.autograd.Function):
 
 
 def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """The "full" pattern off the CPU: causal SDPA (the fused kernel), queries aligned to
-    the end of the keys (q padded in front to n_k rows, its rows kept at the end); grouped
-    key/value heads as views, one call per s < share over the query heads s::share."""
+    """The "full" pattern as causal SDPA (the fused kernel; ``structured_attention`` says
+    when it is not taken), queries aligned to the end of the keys (q padded in front to
+    n_k rows, its rows kept at the end); grouped key/value heads as views, one call per
+    s < share over the query heads s::share."""
     B, H, n_q, d = q.shape
     Hkv, n_k = k.shape[1], k.shape[2]
     if n_q < n_k:
