@@ -44,6 +44,7 @@ import functools
 
 import torch
 
+from fast.backends import cpu_window
 from fast.backends.flash_cpu import attention_backward, attention_forward, spans
 
 _MASKS: dict = {}
@@ -98,6 +99,11 @@ def _windows(t: torch.Tensor, l: int, C: int, a: int = 0, b: int | None = None,
                         t.storage_offset() + a * C * t.stride(1))
 
 
+# The longest band the CPU window kernel takes: the "full" plan's band of N rows is dense
+# causal attention, which PyTorch's kernel does at least as fast in large blocks.
+WINDOW_KERNEL_MAX = 1024
+
+
 class LocalBand:
     """A(1) of the strided pattern: the last l positions, i itself included
     (0 <= i - j < l), or without i (``strict``: 0 < i - j < l, beside the column)."""
@@ -127,9 +133,27 @@ class LocalBand:
             return t[:, :l].unsqueeze(1)
         return (t[:, :l - 1] if keys else t[:, 1:l]).unsqueeze(1)
 
+    def _window(self, *tensors) -> bool:
+        """Whether the CPU window kernel takes this call (``cpu_window.usable``; the band of
+        the "full" plan, l = N, up to ``WINDOW_KERNEL_MAX`` rows)."""
+        return self.l <= WINDOW_KERNEL_MAX and cpu_window.usable(*tensors)
+
+    def forward_into(self, q, k, v, out, lse) -> bool:
+        """Merge the band into the group's out (G, N, d) and lse (G, N) in place through
+        the CPU window kernel; False (nothing done) where it does not serve the call."""
+        if not (self._window(q, k, v, out) and lse.stride(1) == 1):
+            return False
+        cpu_window.forward(q, k, v, out, lse, window=self.l, scale=self.scale,
+                           strict=self.strict, merge=True)
+        return True
+
     def forward(self, q, k, v):
         G, N, d = q.shape
         l, C, p = self.l, self.C, self._prefix
+        if self._window(q, k, v):                # every row at once (a strict row 0: lse -inf)
+            out, lse = q.new_empty(G, N, d), q.new_empty(G, N)
+            cpu_window.forward(q, k, v, out, lse, window=l, scale=self.scale, strict=self.strict)
+            return [(0, out, lse)]
         chunks = []
         if l > int(self.strict):                   # block 0 (rows [1, l) if strict)
             o, lse = attention_forward(p(q, False), p(k, True), p(v, True), is_causal=True,
@@ -150,6 +174,10 @@ class LocalBand:
         l, C, p = self.l, self.C_back, self._prefix
         if grads is None:
             grads = [torch.zeros_like(q) for _ in range(3)]
+        if self._window(q, k, v, go, out, *grads) and lse.stride(1) == 1:
+            cpu_window.backward(q, k, v, go, out, lse, *grads, window=l, scale=self.scale,
+                                strict=self.strict)
+            return grads
         dq, dk, dv = grads
         if l > int(self.strict):
             g = attention_backward(p(go, False), p(q, False), p(k, True), p(v, True),
@@ -278,6 +306,12 @@ class Column:
                       scale=self.scale)
 
     def forward(self, q, k, v):
+        G, N, d = q.shape
+        if cpu_window.usable(q, k, v):        # l sequences of M rows, l rows apart
+            out, lse = q.new_empty(G, N, d), q.new_empty(G, N)
+            cpu_window.forward(q, k, v, out, lse, window=N // self.l, scale=self.scale,
+                               sequences=self.l, rows=N // self.l, step=self.l, seqoff=1)
+            return [(0, out, lse)]
         chunks = []
         for qr, kr, kind in self._parts(q.shape[1], backward=False):
             o, lse = self._call(attention_forward, (q,), (k, v), qr, kr, kind)  # (G, l, R, d)
@@ -285,6 +319,14 @@ class Column:
         return chunks
 
     def backward(self, q, k, v, go, out, lse, grads=None):
+        G, N, d = q.shape
+        if (cpu_window.usable(q, k, v, go, out, *(grads or ())) and lse.stride(1) == 1):
+            fresh = grads is None             # then the kernel writes every row once (init)
+            grads = [q.new_empty(G, N, d) for _ in range(3)] if fresh else grads
+            cpu_window.backward(q, k, v, go, out, lse, *grads, window=N // self.l,
+                                scale=self.scale, init=fresh, sequences=self.l,
+                                rows=N // self.l, step=self.l, seqoff=1)
+            return grads
         parts = self._parts(q.shape[1], backward=True)
         fresh = grads is None                 # then the parts write first, add after
         if fresh and len(parts) > 1:

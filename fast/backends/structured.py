@@ -172,6 +172,30 @@ def _pieces(pattern: str, group: list, scale: float, l: int, c: int | None) -> l
     return [BlockCausal(l, scale), Summary(l, c, los, scale, own=False)]
 
 
+def home_chunk(chunks, N: int):
+    """The chunk (0, out (G, N, d), lse (G, N)) that holds every row in natural order, rows
+    of stride d (the strided column's), or None: the group's out and lse, into which the
+    other pieces merge."""
+    return next((ch for ch in chunks if ch[0] == 0 and ch[1].dim() == 3
+                 and ch[2].numel() // ch[2].shape[0] == N
+                 and ch[1].stride()[1:] == (ch[1].shape[2], 1) and ch[2].stride(1) == 1), None)
+
+
+def run_pieces(pieces, q, k, v, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (G, N, d), lse (G, N)) of a group's pieces. A piece that can merge its rows
+    into the group's out and lse in place (``forward_into``: the strided band through the
+    CPU window kernel, beside the column) does so once a piece has made them; the others'
+    chunks are merged by ``merge_chunks``."""
+    chunk_lists: list = []
+    for p in pieces:
+        home = home_chunk([ch for chs in chunk_lists for ch in chs], N)
+        into = getattr(p, "forward_into", None)
+        if home is not None and into is not None and into(q, k, v, home[1], home[2]):
+            continue
+        chunk_lists.append(p.forward(q, k, v))
+    return merge_chunks(chunk_lists, N)
+
+
 def merge_chunks(chunk_lists, N: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (G, N, d), lse (G, N)) from the pieces' chunks: rows covered by one chunk
     are copied, rows covered by several are merged through the lse.
@@ -184,8 +208,7 @@ def merge_chunks(chunk_lists, N: int) -> tuple[torch.Tensor, torch.Tensor]:
     out itself, and the others are merged into it in place: no new buffer."""
     chunks = [(s, o, m) for chs in chunk_lists for s, o, m in chs]
     rows_of = lambda m: m.numel() // m.shape[0]
-    home = next((ch for ch in chunks if ch[0] == 0 and ch[1].dim() == 3 and rows_of(ch[2]) == N
-                 and ch[1].stride()[1:] == (ch[1].shape[2], 1) and ch[2].stride(1) == 1), None)
+    home = home_chunk(chunks, N)
     if home is not None:
         out, lse = home[1], home[2]
     else:
@@ -253,7 +276,7 @@ def layer_forward(groups, low, acc):
         heads, pieces = groups[0]
         (qg, view), (kg, _), (vg, _) = group(q, heads), group(k, heads), group(v, heads)
         if view:                                    # the group's out is the layer's out
-            out, lse = merge_chunks([p.forward(qg, kg, vg) for p in pieces], N)
+            out, lse = run_pieces(pieces, qg, kg, vg, N)
             return out.view(B, H, N, d), lse.view(B, H, N)
     out = torch.empty(B, H, N, d, dtype=acc, device=q.device)
     lse = torch.empty(B, H, N, dtype=acc, device=q.device)
@@ -261,7 +284,7 @@ def layer_forward(groups, low, acc):
         (qg, _), (kg, _), (vg, _) = group(q, heads), group(k, heads), group(v, heads)
         if qg.shape[0] == 0:
             continue
-        og, lg = merge_chunks([p.forward(qg, kg, vg) for p in pieces], N)  # (G, N, d), (G, N)
+        og, lg = run_pieces(pieces, qg, kg, vg, N)              # (G, N, d), (G, N)
         out[:, heads] = og.view(B, -1, N, d)
         lse[:, heads] = lg.view(B, -1, N)
     return out, lse

@@ -1,5 +1,5 @@
-"""The (query, key) pairs the CPU flash kernel computes for a pattern, and the ceiling
-they set on its speed-up over dense attention.
+"""The (query, key) pairs the CPU kernels compute for a pattern, and the ceiling they set
+on its speed-up over dense attention.
 
 Child et al., 2019, section 5.5 ("The upper triangle of the attention matrix is never
 computed"). The
@@ -16,7 +16,11 @@ computed pair, the speed-up cannot pass
 
     kernel ceiling = pairs computed for dense / pairs computed for the pattern,
 
-which ``kernel_ceiling`` gives. The pattern's pairs are counted from the kernel calls
+which ``kernel_ceiling`` gives. The strided band and column go, in float32 and where a
+C compiler built it, through the CPU window kernel (``fast.backends.cpu_window``): 16-row
+query blocks that score every key from the first row's window start to the last row
+(``cpu_window.pairs``); its calls are counted too, so the ceiling is that of the kernels
+the forward uses on this machine. The pattern's pairs are counted from the kernel calls
 its forward makes (``forward_calls``): the plan's pieces run on "meta" tensors (shapes,
 no data, no arithmetic), which take the kernel's own call (``fast.backends.flash_cpu``),
 and a dispatch mode records every call of the kernel's operator as it passes, so the
@@ -34,6 +38,7 @@ import math
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fast.backends import cpu_window
 from fast.backends.structured import plan
 from reference.params import check_int, check_params
 
@@ -60,8 +65,9 @@ def problem_pairs(L: int, S: int, causal: bool) -> int:
 
 
 def forward_calls(pattern: str, n: int, heads: int = 4, combine: str = "merged",
-                  layer: int = 0, d: int = 64, **params) -> list[tuple[int, int, int, bool]]:
-    """[(problems, L, S, causal)]: the kernel calls the structured forward makes for one
+                  layer: int = 0, d: int = 64, **params) -> list[tuple]:
+    """[(problems, L, S, causal)] for the flash kernel, (problems, rows, window, "window")
+    for the CPU window kernel: the kernel calls the structured forward makes for one
     batch element of ``heads`` heads at length n (padded to a multiple of the stride, as
     ``fast.backends.structured`` does), in the order it makes them. ValueError for a bad
     pattern, size or parameter (``reference.params.check_params``)."""
@@ -81,13 +87,26 @@ def forward_calls(pattern: str, n: int, heads: int = 4, combine: str = "merged",
 
 class _KernelCalls(TorchDispatchMode):
     """Records (problems, L, S, causal) for every call of the CPU flash kernel's forward
-    operator made while it is active, and lets every operator run as it would."""
+    operator made while it is active, and (problems, rows, window, "window") for every
+    call of the CPU window kernel (``fast.backends.cpu_window``, told through its
+    ``OBSERVERS``), and lets every operator run as it would."""
 
     KERNEL = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
     def __init__(self):
         super().__init__()
-        self.calls: list[tuple[int, int, int, bool]] = []
+        self.calls: list[tuple] = []
+
+    def _window(self, problems: int, rows: int, window: int) -> None:
+        self.calls.append((problems, rows, window, "window"))
+
+    def __enter__(self):
+        cpu_window.OBSERVERS.append(self._window)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        cpu_window.OBSERVERS.remove(self._window)
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is self.KERNEL:
@@ -105,7 +124,8 @@ def computed_pairs(pattern: str, n: int, heads: int = 4, **params) -> int:
     if pattern == "full":
         check_params(pattern, n, heads, "merged", 0, params)
         return heads * problem_pairs(n, n, causal=True)
-    return sum(count * problem_pairs(L, S, causal)
+    return sum(count * (cpu_window.pairs(L, S) if causal == "window"
+                        else problem_pairs(L, S, causal))
                for count, L, S, causal in forward_calls(pattern, n, heads, **params))
 
 

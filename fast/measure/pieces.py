@@ -49,7 +49,8 @@ from fast.core.precision import acc_dtype
 from fast.measure.timing import repeat
 
 PIECE_OPS = {  # category -> substrings of the profiler's operator names
-    "kernel": ("scaled_dot_product_flash_attention", "scaled_dot_product_attention"),
+    "kernel": ("scaled_dot_product_flash_attention", "scaled_dot_product_attention",
+               "cpu_window"),                       # fast.backends.cpu_window's calls
     "fill": ("fill_", "zero_", "aten::zeros"),
     "copy": ("copy_", "aten::cat", "gather", "clone", "contiguous"),
     "add": ("add_", "scatter_add", "aten::sum", "lerp", "logaddexp", "sigmoid"),

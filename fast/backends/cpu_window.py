@@ -1,0 +1,236 @@
+"""The strided pattern's band and column through a CPU kernel of our own (C, float32).
+
+Child et al., 2019, section 4.3 (A(1), the last l positions; A(2), every l-th one) and
+section 5.5 ("attention with a stride of k can be computed by transposing the matrix and
+computing a local window"). ``fast.backends.strided`` cuts the strided heads into short
+causal problems: the band, a window of l keys per row, and the column, M = n / l rows per
+sequence. PyTorch's CPU flash kernel takes problems that short in 32- or 64-row query
+blocks of general matrix products, at about half of dense attention's rate per computed
+pair (docs/design.md, section 5). ``cpu_window.c`` takes them in 16-row blocks whose
+products are register tiles, recomputes in a flash-style backward, and merges the band
+into the column's output in place (no merge pass).
+
+Measured in one process (B = 1, H = 4, d = 64, float32, n = 16,384, l = 128; the best of
+seven forwards and three backwards, the two kernels in the same run): column forward
+12.7 against 16.5 ms, band forward (merge included) 19.1 against 25.1 ms plus the 3-4 ms
+merge, column backward 29-35 against 45-52 ms, band backward 49 against 85-88 ms.
+The benchmark (``python -m fast bench``) measures the whole layer.
+
+When it runs (``usable``): CPU float32 tensors whose rows are contiguous (stride d, d a
+multiple of 8), once the kernel is built. Anything else -- float64 (the float64
+recompute of large scores), float16/bfloat16 (computed in float32 by the caller, so they
+do reach it), CUDA, "meta" tensors, an odd head size -- takes PyTorch's kernel
+(``fast.backends.flash_cpu``), which stays the fallback everywhere.
+
+How it is built: on first use, with the C compiler of ``$CC`` or ``cc`` / ``gcc`` /
+``clang`` on the PATH (``-O3 -march=native``; without ``-march=native`` if the compiler
+refuses it), into a cache folder (``$SPARSE_ATTENTION_CACHE``, else
+``$XDG_CACHE_HOME/sparse-transformer``, else ``~/.cache/sparse-transformer``) under a name
+that hashes the source, the compiler, the flags and this CPU's feature flags, so a
+library built for one CPU is never loaded on another. A library is written under a
+temporary name and renamed into place, so processes that build at once (pytest-xdist,
+DDP ranks) never load a half-written file. Without a compiler, or when the build fails,
+``missing()`` says why and the PyTorch kernel serves every call. ``SPARSE_ATTENTION_CPU_KERNEL=0``
+in the environment turns the kernel off (``SPARSE_ATTENTION_CPU_KERNEL=1`` makes a missing
+kernel an error instead of a fallback).
+
+Threads: each call runs ``torch.get_num_threads()`` POSIX threads (the GIL is released
+during the call).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_window.c")
+ENV = "SPARSE_ATTENTION_CPU_KERNEL"
+FLAGS = ["-O3", "-shared", "-fPIC", "-pthread"]
+NATIVE = ["-march=native"]
+OPENMP = ["-fopenmp"]
+
+_LOCK = threading.Lock()
+_STATE: dict = {}               # "lib": the loaded library, or "missing": why there is none
+# Told (problems, rows, window) of every forward call: fast.measure.kernel_pairs counts the
+# pairs the kernel computes from them, on "meta" tensors (shapes only, no call into C).
+OBSERVERS: list = []
+R = 16                          # query rows per block (cpu_window.c)
+
+
+def pairs(rows: int, window: int) -> int:
+    """(query, key) pairs the kernel computes for one sequence of ``rows`` rows: each block
+    of R rows (the last one padded to R) scores every key from the first row's window start
+    to its last row."""
+    return sum(R * (min(rows, b + R) - max(0, b - window + 1)) for b in range(0, rows, R))
+
+
+def cache_dir() -> Path:
+    """Where built libraries are kept (see the module docstring)."""
+    if os.environ.get("SPARSE_ATTENTION_CACHE"):
+        return Path(os.environ["SPARSE_ATTENTION_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "sparse-transformer"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC", "").split() or [None])[:1] + ["cc", "gcc", "clang"]:
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_flags() -> str:
+    """This CPU's feature flags (Linux), or what the platform says of the processor."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor() + platform.machine()
+
+
+def _build() -> tuple[ctypes.CDLL | None, str]:
+    """(library, "") or (None, why not)."""
+    cc = _compiler()
+    if cc is None:
+        return None, ("no C compiler found ($CC, cc, gcc or clang); the strided band and column "
+                      "use PyTorch's CPU kernel")
+    source = SOURCE.read_bytes()
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    errors = []
+    for flags in (FLAGS + NATIVE + OPENMP, FLAGS + OPENMP, FLAGS + NATIVE, FLAGS):
+        key = hashlib.sha256(b"\0".join(x.encode() if isinstance(x, str) else x for x in (
+            source, cc, version, " ".join(flags), _cpu_flags(), sys.platform))).hexdigest()[:16]
+        path = cache_dir() / f"cpu_window-{key}.so"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+            os.close(fd)
+            run = subprocess.run([cc, *flags, str(SOURCE), "-o", tmp, "-lm"],
+                                 capture_output=True, text=True)
+            if run.returncode != 0:
+                os.unlink(tmp)
+                errors.append(f"{cc} {' '.join(flags)}: {run.stderr.strip()[-500:]}")
+                continue
+            os.replace(tmp, path)
+        try:
+            return _declare(ctypes.CDLL(str(path))), ""
+        except OSError as err:
+            errors.append(f"loading {path}: {err}")
+    return None, "building cpu_window.c failed: " + " | ".join(errors)
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    P, L, I, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+    lib.window_forward.argtypes = [P] * 6 + [L] * 5 + [I] * 4 + [F, I]
+    lib.window_backward.argtypes = [P] * 10 + [L] * 5 + [I] * 4 + [F, I]
+    lib.window_forward.restype = lib.window_backward.restype = I
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The built kernel, or None (``missing()`` says why); builds it on first use."""
+    if "lib" not in _STATE:
+        with _LOCK:
+            if "lib" not in _STATE:
+                setting = os.environ.get(ENV, "")
+                if setting == "0":
+                    lib, why = None, f"turned off by {ENV}=0"
+                else:
+                    lib, why = _build()
+                    if lib is None and setting == "1":
+                        raise RuntimeError(f"{ENV}=1 asks for the CPU window kernel, but {why}")
+                _STATE.update(lib=lib, missing=why)
+    return _STATE["lib"]
+
+
+def missing() -> str:
+    """Why the kernel is not used ("" when it is)."""
+    library()
+    return _STATE["missing"]
+
+
+def usable(*rows: torch.Tensor) -> bool:
+    """Whether these (G, N, d) tensors can go through the kernel: CPU, float32, rows of
+    stride d with d a multiple of 8, and a built kernel. "meta" tensors (shapes only) take
+    the path CPU ones would, and the kernel's calls do nothing on them but tell
+    ``OBSERVERS``."""
+    d = rows[0].shape[-1]
+    return (d % 8 == 0 and all(t.device.type in ("cpu", "meta") and t.dtype == torch.float32
+                               and t.dim() == 3
+                               and t.stride(2) == 1 and t.stride(1) == d for t in rows)
+            and library() is not None)
+
+
+def _strides(*ts: torch.Tensor):
+    return (ctypes.c_long * len(ts))(*(t.stride(0) for t in ts))
+
+
+def _check(rc: int, what: str) -> None:
+    if rc == 1:
+        raise MemoryError(f"the CPU window kernel's {what} could not allocate its scratch memory")
+    if rc != 0:
+        raise RuntimeError(f"the CPU window kernel's {what} refused its arguments (code {rc})")
+
+
+def _geometry(q: torch.Tensor, sequences: int, rows: int | None, step: int, seqoff: int,
+              window: int) -> tuple[int, int]:
+    """(G, rows per sequence); ValueError when the sequences leave q's N rows."""
+    G, N, _ = q.shape
+    rows = N if rows is None else rows
+    if min(rows, sequences, step, window) < 1 or (sequences - 1) * seqoff + (rows - 1) * step >= N:
+        raise ValueError(f"{sequences} sequences of {rows} rows, {step} apart, starting "
+                         f"{seqoff} apart, with a window of {window}, do not fit {N} rows")
+    return G, rows
+
+
+def forward(q, k, v, out, lse, *, window: int, scale: float, strict: bool = False,
+            merge: bool = False, sequences: int = 1, rows: int | None = None, step: int = 1,
+            seqoff: int = 0) -> None:
+    """Write (or, with ``merge``, merge into) ``out`` (G, N, d) and ``lse`` (G, N) the
+    attention of every row of ``sequences`` sequences of ``rows`` rows (all N by default),
+    row r of sequence s at natural row s seqoff + r step, over its window: keys
+    i - window < j <= i of its sequence (j < i if strict). See ``cpu_window.c``."""
+    G, Nseq = _geometry(q, sequences, rows, step, seqoff, window)
+    if lse.stride(1) != 1:
+        raise ValueError("lse rows must be contiguous")
+    for observe in OBSERVERS:
+        observe(G * sequences, Nseq, window)
+    if q.device.type == "meta":
+        return
+    with torch.profiler.record_function("cpu_window_forward"):   # named in profiles
+        _check(library().window_forward(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+            _strides(q, k, v, out, lse), G, sequences, Nseq, step, seqoff, q.shape[2], window,
+            int(strict), int(merge), scale, torch.get_num_threads()), "forward")
+
+
+def backward(q, k, v, go, out, lse, dq, dk, dv, *, window: int, scale: float,
+             strict: bool = False, init: bool = False, sequences: int = 1,
+             rows: int | None = None, step: int = 1, seqoff: int = 0) -> None:
+    """Add (``init``: write; packed sequences only, step >= 2) this piece's share of the
+    gradients into dq, dk, dv (G, N, d), given the merged out and lse (rows whose lse is
+    +inf contribute nothing)."""
+    G, Nseq = _geometry(q, sequences, rows, step, seqoff, window)
+    if lse.stride(1) != 1:
+        raise ValueError("lse rows must be contiguous")
+    if q.device.type == "meta":
+        return
+    with torch.profiler.record_function("cpu_window_backward"):
+        _check(library().window_backward(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), go.data_ptr(), out.data_ptr(),
+            lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+            _strides(q, k, v, out, lse, go, dq, dk, dv), G, sequences, Nseq, step, seqoff,
+            q.shape[2], window, int(strict), int(init), scale, torch.get_num_threads()),
+            "backward")

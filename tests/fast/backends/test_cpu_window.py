@@ -1,0 +1,226 @@
+"""The CPU window kernel (fast/backends/cpu_window.c) against the float64 ground truth.
+
+Child et al., 2019, section 4.3 (the band A(1) and the column A(2)) and section 5.5. The
+kernel computes in float32, so it is held to the flash-attention rule: its error against
+float64 at most twice that of plain float32 attention (matmul, masked softmax, matmul)
+plus a small floor. Sizes are odd on purpose: rows not a multiple of the kernel's 16-row
+blocks, d = 48 and d = 40 (a tail of 8 features), one and many heads, heads that are a
+strided view, windows longer than the sequence. The structured layer is checked with the
+kernel and without it (PyTorch's kernel), against reference/.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fast import sparse_attention
+from fast.backends import cpu_window, strided
+from reference import patterns
+from reference.attention import attend, attend_backward
+
+needs_kernel = pytest.mark.skipif(cpu_window.library() is None,
+                                  reason=f"no CPU window kernel: {cpu_window.missing()}")
+
+
+def test_the_kernel_is_built_wherever_there_is_a_compiler():
+    """A machine with a C compiler must not fall back in silence."""
+    if cpu_window._compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    assert cpu_window.library() is not None, cpu_window.missing()
+
+
+def _allowed(N, window, strict, S, rows, step, seqoff):
+    """(N, N) bool: natural row a reads natural row b (the kernel's rule, written out)."""
+    allowed = np.zeros((N, N), dtype=bool)
+    for s in range(S):
+        for i in range(rows):
+            for j in range(max(0, i - window + 1), i + (0 if strict else 1)):
+                allowed[s * seqoff + i * step, s * seqoff + j * step] = True
+    return allowed
+
+
+def _plain(q, k, v, allowed, scale):
+    """out, lse of masked attention in q's dtype (rows that read nothing: 0, -inf)."""
+    s = (q @ k.transpose(1, 2)) * scale
+    s = s.masked_fill(~torch.from_numpy(allowed), float("-inf"))
+    return torch.softmax(s, -1).nan_to_num(0.0) @ v, torch.logsumexp(s, -1)
+
+
+def _heads(G, N, d, seed):
+    """q, k, v, dO (G, N, d) float32; q a strided view (every other head of 2 G)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2 * G, N, d, generator=g)[::2]
+    return [q] + [torch.randn(G, N, d, generator=g) for _ in range(3)]
+
+
+def _rule(got, want, plain, floor, name):
+    err, ref = (got.double() - want).abs().max().item(), (plain.double() - want).abs().max().item()
+    print(f"{name}: err {err:.2e}  plain float32 {ref:.2e}")
+    assert err <= 2 * ref + floor, name
+
+
+# (G, N, d, window, strict, S, rows, step, seqoff): band, column, blocks
+GEOMETRIES = [
+    (1, 97, 48, 8, False, 1, 97, 1, 0),
+    (3, 200, 40, 33, True, 1, 200, 1, 0),
+    (2, 50, 64, 64, True, 1, 50, 1, 0),            # window longer than the sequence
+    (2, 95, 48, 19, False, 5, 19, 5, 1),          # the column of l = 5: 19 rows 5 apart
+    (1, 528, 16, 33, False, 16, 33, 16, 1),
+    (2, 84, 24, 12, False, 7, 12, 1, 12),         # blocks of 12 (the fixed pattern's own block)
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize("G,N,d,window,strict,S,rows,step,seqoff", GEOMETRIES)
+def test_kernel_forward_and_backward(G, N, d, window, strict, S, rows, step, seqoff):
+    q, k, v, go = _heads(G, N, d, seed=N + d)
+    scale = 0.7
+    geo = dict(window=window, strict=strict, sequences=S, rows=rows, step=step, seqoff=seqoff)
+    allowed = _allowed(N, window, strict, S, rows, step, seqoff)
+    out, lse = torch.full((G, N, d), 7.0), torch.full((G, N), 7.0)
+    cpu_window.forward(q, k, v, out, lse, scale=scale, **geo)
+    x64 = [t.double().requires_grad_(True) for t in (q, k, v)]
+    want, want_lse = _plain(*x64, allowed, scale)
+    plain, plain_lse = _plain(q, k, v, allowed, scale)
+    covered = np.zeros(N, dtype=bool)
+    covered[[s * seqoff + i * step for s in range(S) for i in range(rows)]] = True
+    _rule(out[:, covered], want[:, covered].detach(), plain[:, covered], 1e-6, "out")
+    finite = torch.isfinite(want_lse) & torch.from_numpy(covered)
+    _rule(lse[finite], want_lse[finite].detach(), plain_lse[finite], 1e-6, "lse")
+    assert torch.isneginf(lse[~torch.isfinite(want_lse) & torch.from_numpy(covered)]).all()
+    assert (out[:, ~covered] == 7).all() and (lse[:, ~covered] == 7).all()   # not touched
+
+    grads = torch.autograd.grad((want * go.double()).sum(), x64)
+    xp = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    plain_grads = torch.autograd.grad((_plain(*xp, allowed, scale)[0] * go).sum(), xp)
+    lse_b = lse.masked_fill(torch.isneginf(lse), float("inf"))
+    got = [torch.full((G, N, d), 0.5) for _ in range(3)]
+    cpu_window.backward(q, k, v, go, out, lse_b, *got, scale=scale, **geo)
+    for name, a, b, c in zip(("dq", "dk", "dv"), got, grads, plain_grads):
+        _rule(a - 0.5, b, c, 1e-5, name)                # added to what was there
+
+
+@needs_kernel
+def test_merge_and_init_give_the_merged_strided_head():
+    """The column written (init), the band merged into it: the strided 'merged' head."""
+    G, l, M, d = 3, 6, 17, 48
+    N = l * M
+    q, k, v, go = _heads(G, N, d, seed=5)
+    col = dict(window=M, sequences=l, rows=M, step=l, seqoff=1)
+    out, lse = torch.empty(G, N, d), torch.empty(G, N)
+    cpu_window.forward(q, k, v, out, lse, scale=0.3, **col)
+    cpu_window.forward(q, k, v, out, lse, scale=0.3, window=l, strict=True, merge=True)
+    allowed = patterns.union(*patterns.strided(N, l))
+    x64 = [t.double().requires_grad_(True) for t in (q, k, v)]
+    want, want_lse = _plain(*x64, allowed, 0.3)
+    _rule(out, want.detach(), _plain(q, k, v, allowed, 0.3)[0], 1e-6, "out")
+    _rule(lse, want_lse.detach(), _plain(q, k, v, allowed, 0.3)[1], 1e-6, "lse")
+    grads = [torch.full((G, N, d), float("nan")) for _ in range(3)]   # init writes them all
+    cpu_window.backward(q, k, v, go, out, lse, *grads, scale=0.3, init=True, **col)
+    cpu_window.backward(q, k, v, go, out, lse, *grads, scale=0.3, window=l, strict=True)
+    xp = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    plain = torch.autograd.grad((_plain(*xp, allowed, 0.3)[0] * go).sum(), xp)
+    for name, a, b, c in zip(("dq", "dk", "dv"), grads,
+                             torch.autograd.grad((want * go.double()).sum(), x64), plain):
+        _rule(a, b, c, 1e-5, name)
+
+
+def test_bad_geometry_is_refused_with_what_is_wrong():
+    q = torch.zeros(1, 10, 8)
+    with pytest.raises(ValueError, match="3 sequences of 4 rows, 3 apart"):
+        cpu_window._geometry(q, 3, 4, 3, 1, 4)
+    with pytest.raises(ValueError, match="window of 0"):
+        cpu_window._geometry(q, 1, None, 1, 0, 0)
+
+
+@needs_kernel
+def test_init_without_packed_sequences_is_refused():
+    """init writes instead of adding, which only packed sequences (step >= 2) allow."""
+    q = torch.zeros(1, 32, 8)
+    lse = torch.zeros(1, 32)
+    with pytest.raises(RuntimeError, match="refused its arguments"):
+        cpu_window.backward(q, q, q, q, q, lse, q.clone(), q.clone(), q.clone(), window=4,
+                            scale=1.0, init=True)
+
+
+def test_without_a_compiler_it_says_why(monkeypatch):
+    monkeypatch.setattr(cpu_window, "_STATE", {})
+    monkeypatch.setattr(cpu_window, "_compiler", lambda: None)
+    monkeypatch.delenv(cpu_window.ENV, raising=False)
+    assert cpu_window.library() is None
+    assert "no C compiler" in cpu_window.missing()
+    assert not cpu_window.usable(torch.zeros(1, 4, 8))
+    monkeypatch.setattr(cpu_window, "_STATE", {})
+    monkeypatch.setenv(cpu_window.ENV, "1")
+    with pytest.raises(RuntimeError, match="SPARSE_ATTENTION_CPU_KERNEL=1 asks for"):
+        cpu_window.library()
+
+
+def test_a_failed_build_says_why_and_can_be_turned_off(monkeypatch, tmp_path):
+    if cpu_window._compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    bad = tmp_path / "bad.c"
+    bad.write_text("this is not C\n")
+    monkeypatch.setattr(cpu_window, "SOURCE", bad)
+    monkeypatch.setenv("SPARSE_ATTENTION_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(cpu_window.ENV, raising=False)
+    monkeypatch.setattr(cpu_window, "_STATE", {})
+    assert cpu_window.library() is None
+    assert "building cpu_window.c failed" in cpu_window.missing()
+    assert list((tmp_path / "cache").iterdir()) == []          # no half-written library
+    monkeypatch.setattr(cpu_window, "_STATE", {})
+    monkeypatch.setenv(cpu_window.ENV, "0")
+    assert cpu_window.library() is None and "turned off" in cpu_window.missing()
+
+
+# The strided layer in float32, kernel on and off, against reference/ in float64.
+LAYERS = [("merged", 97, 48, 4, 8), ("multihead", 100, 48, 1, 10), ("interleaved", 61, 40, 4, 6),
+          ("merged", 200, 64, 1, 33)]
+
+
+def _layer(q, k, v, g, combine, layer, stride):
+    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out = sparse_attention(q, k, v, "strided", combine=combine, layer=layer,
+                           backend="structured", stride=stride)
+    out.backward(g)
+    return [out.detach(), q.grad, k.grad, v.grad]
+
+
+@needs_kernel
+@pytest.mark.parametrize("combine,n,d,H,stride", LAYERS)
+def test_strided_layer_float32_with_and_without_the_kernel(combine, n, d, H, stride, monkeypatch):
+    gen = torch.Generator().manual_seed(n)
+    q, k, v, g = (torch.randn(1, H, n, d, generator=gen) for _ in range(4))
+    masks = patterns.head_masks("strided", n, H, combine, 1, stride=stride)
+    args = [t.double().numpy() for t in (q, k, v)]
+    out, _ = attend(*args, masks)
+    want = [torch.from_numpy(np.ascontiguousarray(a))
+            for a in (out, *attend_backward(*args, masks, g.double().numpy()))]
+    calls = []
+    for name in ("forward", "backward"):
+        real = getattr(cpu_window, name)
+        monkeypatch.setattr(cpu_window, name, lambda *a, real=real, name=name, **kw:
+                            calls.append(name) or real(*a, **kw))
+    with_kernel = _layer(q, k, v, g, combine, 1, stride)
+    assert "forward" in calls and "backward" in calls        # the kernel served the layer
+    monkeypatch.setattr(cpu_window, "_STATE", {"lib": None, "missing": "off for this test"})
+    calls.clear()
+    without = _layer(q, k, v, g, combine, 1, stride)
+    assert calls == []
+    m = torch.from_numpy(masks)
+    xp = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    s = (xp[0] @ xp[1].transpose(-1, -2)) / d ** 0.5
+    plain = torch.softmax(s.masked_fill(~m, float("-inf")), -1).nan_to_num(0.0) @ xp[2]
+    plain_all = [plain.detach(), *torch.autograd.grad((plain * g).sum(), xp)]
+    for name, a, b, w, p in zip(("out", "dq", "dk", "dv"), with_kernel, without, want, plain_all):
+        _rule(a, w, p, 1e-5, f"kernel {name}")
+        _rule(b, w, p, 1e-5, f"PyTorch kernel {name}")
+
+
+def test_the_full_plan_band_stays_with_pytorch_beyond_the_kernel_window():
+    """The "full" plan is one band of N rows: dense causal attention, PyTorch's job."""
+    band = strided.LocalBand(strided.WINDOW_KERNEL_MAX + 16, 1.0)
+    t = torch.zeros(1, strided.WINDOW_KERNEL_MAX + 16, 8)
+    assert not band._window(t, t, t)
