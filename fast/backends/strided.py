@@ -27,6 +27,13 @@ i = r l + s sit at row r, column s of that grid (n padded up to N = M l).
   (cut further by ``flash_cpu.spans`` when large) is a kernel output small
   enough for the allocator to reuse.
 
+In float32 on the CPU both pieces go through the CPU window kernel
+(``fast.backends.cpu_window``, where a C compiler built it): the column as l sequences of M
+rows, l rows apart, whose output and gradients it writes in natural order; the band as
+one window of l keys per row, merged into the column's output in place
+(``LocalBand.forward_into``) and adding into its gradients. What follows describes the
+pieces through PyTorch's kernel, which serves every other call.
+
 Each piece returns (start_row, out, lse) chunks -- out (G, R, d) in natural row
 order, or (G, R1, R2, d) with R1 R2 consecutive rows blocked as the kernel left
 them -- and its backward, given the merged out and lse (see
