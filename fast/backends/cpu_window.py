@@ -10,10 +10,12 @@ pair (docs/design.md, section 5). ``cpu_window.c`` takes them in 16-row blocks w
 products are register tiles, recomputes in a flash-style backward, and merges the band
 into the column's output in place (no merge pass).
 
-Measured in one process (B = 1, H = 4, d = 64, float32, n = 16,384, l = 128; the best of
-seven forwards and three backwards, the two kernels in the same run): column forward
-12.7 against 16.5 ms, band forward (merge included) 19.1 against 25.1 ms plus the 3-4 ms
-merge, column backward 29-35 against 45-52 ms, band backward 49 against 85-88 ms.
+Measured with ``fast.measure.pieces.piece_times("strided", 16384, rounds=5)`` (B = 1,
+H = 4, d = 64, float32, l = 128), once as it is and once with SPARSE_ATTENTION_CPU_KERNEL=0
+(PyTorch's kernel), one after the other on the project's 2-core machine: column forward 13.4
+against 17.7 ms, band forward 19.9 against 25.9 ms plus a 3.1 ms merge, column backward
+36.0 against 50.4 ms, band backward 48.5 against 88.6 ms; the whole layer 37.2 against
+48.7 ms forward, 122 against 191 ms forward + backward.
 The benchmark (``python -m fast bench``) measures the whole layer.
 
 When it runs (``usable``): CPU float32 tensors whose rows are contiguous (stride d, d a
