@@ -79,6 +79,8 @@ typedef struct {
     long gq, gk, gv, go_, gl, gg, gdq, gdk, gdv; /* head strides */
     long S, Nseq, step, seqoff;  /* sequences per head, rows each, natural rows between a
                                     sequence's rows, and between sequences' first rows */
+    long P, C, Nk, nseg;         /* prefix mode (P > 0): row i reads keys t < (i / P) C of
+                                    Nk; the backward's segments per head */
     int d, w, strict, merge, init;
     float scale;
 } Call;
@@ -180,6 +182,14 @@ static void ptx(const float *p, const float *x, long ds, int W, int d, float alp
 /* -inf where row i0 + r may not read key j0 + t: allowed iff i - w < j <= i (j < i if strict)
  * and i < n (rows past the sequence read nothing) */
 static void mask(float *s, long i0, long j0, int W, const Call *c, int nr) {
+    if (c->P) {                    /* prefix mode: row i reads keys below (i / P) C */
+        if (nr == R && j0 + W <= (i0 / c->P) * c->C) return;   /* every row reads them all */
+        for (int r = 0; r < R; r++) {
+            long hi = r < nr ? ((i0 + r) / c->P) * c->C - j0 : 0;
+            for (int t = hi < 0 ? 0 : (int)(hi < W ? hi : W); t < W; t++) s[t * R + r] = -INFINITY;
+        }
+        return;
+    }
     for (int t = 0; t < W; t++) {
         long j = j0 + t, lo = j - i0 + c->strict, hi = j + c->w - i0;
         if (hi > nr) hi = nr;
@@ -200,7 +210,13 @@ static void pack(const float *x, long xs, long i0, int nr, int d, float *xr) {
         for (int c = 0; c < d; c++) xr[r * d + c] = r < nr ? x[(i0 + r) * xs + c] : 0.0f;
 }
 
-static inline long key_lo(long i0, const Call *c) { return i0 - c->w + 1 > 0 ? i0 - c->w + 1 : 0; }
+/* the keys a block of rows [i0, i0 + nr) scores: [key_lo, key_hi) */
+static inline long key_lo(long i0, const Call *c) {
+    return c->P || i0 - c->w + 1 < 0 ? 0 : i0 - c->w + 1;
+}
+static inline long key_hi(long i0, int nr, const Call *c) {
+    return c->P ? ((i0 + nr - 1) / c->P) * c->C : i0 + nr;
+}
 
 /* one sequence: its rows' pointers and row strides (keys and values may be a packed copy) */
 typedef struct {
@@ -219,7 +235,7 @@ static void forward_block(const Call *c, const Seq *sq, long i0, float *buf) {
     memset(acc, 0, sizeof(float) * R * d);
     float m[R], z[R], mt[R], alpha[R];
     for (int r = 0; r < R; r++) m[r] = -INFINITY, z[r] = 0.0f;
-    long jhi = i0 + nr;
+    long jhi = key_hi(i0, nr, c);
     for (long j0 = key_lo(i0, c); j0 < jhi; j0 += KT) {
         int W = jhi - j0 < KT ? (int)(jhi - j0) : KT;
         scores_t(qt, k + j0 * ks, ks, W, d, s);
@@ -297,7 +313,7 @@ static void backward_block(const Call *c, const Seq *sq, long i0, float *buf) {
         lr[r] = r < nr ? lse[(i0 + r) * sq->ls] : INFINITY;
     }
     v8 l0 = ld(lr), l1 = ld(lr + 8), e0 = ld(dl), e1 = ld(dl + 8);
-    long jhi = i0 + nr;
+    long jhi = key_hi(i0, nr, c);
     for (long j0 = key_lo(i0, c); j0 < jhi; j0 += KT) {
         int W = jhi - j0 < KT ? (int)(jhi - j0) : KT;
         scores_t(qt, k + j0 * ks, ks, W, d, s);
@@ -348,6 +364,23 @@ static void *work(void *p) {
         return NULL;
     }
     float *kp = buf + n, *vp = kp + c->Nseq * d, *dkp = vp + c->Nseq * d, *dvp = dkp + c->Nseq * d;
+    if (c->P && wk->backward) {  /* prefix mode: task x = segment x mod nseg of head x / nseg,
+                                    its 16-row blocks x mod nseg, + nseg, ...; its own dk, dv */
+        for (long x = wk->id; x < wk->nseq * c->nseg; x += wk->nthreads) {
+            long g = x / c->nseg;
+            Seq sq = {.q = c->q + g * c->gq, .k = c->k + g * c->gk, .v = c->v + g * c->gv,
+                      .o = c->o + g * c->go_, .go = c->go + g * c->gg, .lsein = c->lsein + g * c->gl,
+                      .dq = c->dq + g * c->gdq, .dk = c->dk + x * c->gdk, .dv = c->dv + x * c->gdv,
+                      .rs = d, .ks = d, .ls = 1};
+            for (long i = 0; i < c->Nk; i++) {
+                memset(sq.dk + i * d, 0, sizeof(float) * d);
+                memset(sq.dv + i * d, 0, sizeof(float) * d);
+            }
+            for (long b = x % c->nseg; b < wk->nb; b += c->nseg) backward_block(c, &sq, b * R, buf);
+        }
+        free(buf);
+        return NULL;
+    }
     long per = (wk->nb + wk->seg - 1) / wk->seg;               /* segments per sequence */
     long mine = (per - wk->phase + wk->nphase - 1) / wk->nphase;  /* of this phase */
     long total = wk->nseq * mine;
@@ -401,7 +434,9 @@ static int run(const Call *c, long G, int backward, int nthreads) {
     long nseq = G * c->S, nb = (c->Nseq + R - 1) / R, seg = nb, nphase = 1;
     if (nthreads < 1) nthreads = 1;
     if (nthreads > 256) nthreads = 256;
-    if (c->step > 1) {
+    if (c->P) {
+        seg = backward ? nb : 1;                   /* prefix mode: see work */
+    } else if (c->step > 1) {
         seg = nb;                                  /* whole sequences: packed keys */
     } else if (!backward) {
         seg = 1;                                   /* blocks are independent */
@@ -462,5 +497,35 @@ int window_backward(const float *q, const float *k, const float *v, const float 
               .gg = gs[5], .gdq = gs[6], .gdk = gs[7], .gdv = gs[8], .S = S, .Nseq = Nseq,
               .step = step, .seqoff = seqoff, .d = d, .w = w, .strict = strict, .init = init,
               .scale = scale};
+    return run(&c, G, 1, nthreads);
+}
+
+/* Prefix mode (the fixed pattern's summaries of earlier blocks): row i of the N rows of
+ * each of G heads reads keys t < (i / P) C of its head's Nk gathered keys (k, v rows d
+ * apart); no upper triangle, no mask but at the blocks' edges. */
+int prefix_forward(const float *q, const float *k, const float *v, float *out, float *lse,
+                   const long *gs, long G, long N, long Nk, int d, long P, long C, int merge,
+                   float scale, int nthreads) {
+    if (P < 1 || C < 1 || ((N - 1) / P) * C > Nk) return 2;
+    Call c = {.q = q, .k = k, .v = v, .out = out, .lse = lse, .gq = gs[0], .gk = gs[1],
+              .gv = gs[2], .go_ = gs[3], .gl = gs[4], .S = 1, .Nseq = N, .step = 1,
+              .seqoff = 0, .P = P, .C = C, .Nk = Nk, .nseg = 1, .d = d, .w = 1, .merge = merge,
+              .scale = scale};
+    return run(&c, G, 0, nthreads);
+}
+
+/* Its backward: dq written (init) or added per row; the key gradients of segment s of head g
+ * written whole into rows [0, Nk) of dk[g nseg + s], dv[g nseg + s] (the caller sums the
+ * segments: they split a head's query blocks between threads without a race). */
+int prefix_backward(const float *q, const float *k, const float *v, const float *go,
+                    const float *o, const float *lse, float *dq, float *dk, float *dv,
+                    const long *gs, long G, long N, long Nk, int d, long P, long C, long nseg,
+                    int init, float scale, int nthreads) {
+    if (P < 1 || C < 1 || nseg < 1 || ((N - 1) / P) * C > Nk) return 2;
+    Call c = {.q = q, .k = k, .v = v, .go = go, .o = o, .lsein = lse, .dq = dq, .dk = dk,
+              .dv = dv, .gq = gs[0], .gk = gs[1], .gv = gs[2], .go_ = gs[3], .gl = gs[4],
+              .gg = gs[5], .gdq = gs[6], .gdk = gs[7], .gdv = gs[8], .S = 1, .Nseq = N,
+              .step = 1, .seqoff = 0, .P = P, .C = C, .Nk = Nk, .nseg = nseg, .d = d, .w = 1,
+              .init = init, .scale = scale};
     return run(&c, G, 1, nthreads);
 }

@@ -74,6 +74,11 @@ _STATE: dict = {}               # "lib": the loaded library, or "missing": why t
 # pairs the kernel computes from them, on "meta" tensors (shapes only, no call into C).
 OBSERVERS: list = []
 R = 16                          # query rows per block (cpu_window.c)
+# The longest window the callers hand the kernel: a window of N rows is dense causal
+# attention (the "full" plan's band), which PyTorch's kernel does at least as fast in
+# large blocks.
+WINDOW_MAX = 1024
+PREFIX_TASKS = 16               # prefix_backward's tasks at least (prefix_segments)
 
 
 def pairs(rows: int, window: int) -> int:
@@ -81,6 +86,12 @@ def pairs(rows: int, window: int) -> int:
     of R rows (the last one padded to R) scores every key from the first row's window start
     to its last row."""
     return sum(R * (min(rows, b + R) - max(0, b - window + 1)) for b in range(0, rows, R))
+
+
+def prefix_pairs(rows: int, block: int, keys: int) -> int:
+    """The pairs ``prefix_forward`` computes for one head of ``rows`` rows: each block of R
+    rows (the last one padded to R) scores every key its last row reads."""
+    return sum(R * ((min(rows, b + R) - 1) // block * keys) for b in range(0, rows, R))
 
 
 def cache_dir() -> Path:
@@ -142,7 +153,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     P, L, I, F = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
     lib.window_forward.argtypes = [P] * 6 + [L] * 5 + [I] * 4 + [F, I]
     lib.window_backward.argtypes = [P] * 10 + [L] * 5 + [I] * 4 + [F, I]
+    lib.prefix_forward.argtypes = [P] * 6 + [L] * 3 + [I, L, L, I, F, I]
+    lib.prefix_backward.argtypes = [P] * 10 + [L] * 3 + [I, L, L, L, I, F, I]
     lib.window_forward.restype = lib.window_backward.restype = I
+    lib.prefix_forward.restype = lib.prefix_backward.restype = I
     return lib
 
 
@@ -213,7 +227,7 @@ def forward(q, k, v, out, lse, *, window: int, scale: float, strict: bool = Fals
     if lse.stride(1) != 1:
         raise ValueError("lse rows must be contiguous")
     for observe in OBSERVERS:
-        observe(G * sequences, Nseq, window)
+        observe("window", G * sequences, Nseq, window)
     if q.device.type == "meta":
         return
     with torch.profiler.record_function("cpu_window_forward"):   # named in profiles
@@ -241,3 +255,66 @@ def backward(q, k, v, go, out, lse, dq, dk, dv, *, window: int, scale: float,
             _strides(q, k, v, out, lse, go, dq, dk, dv), G, sequences, Nseq, step, seqoff,
             q.shape[2], window, int(strict), int(init), scale, torch.get_num_threads()),
             "backward")
+
+
+def _prefix_geometry(q, ks, block: int, keys: int) -> tuple[int, int, int]:
+    """(G, N, Nk); ValueError when the last block's rows would read past the Nk keys."""
+    G, N, _ = q.shape
+    Nk = ks.shape[1]
+    if min(block, keys) < 1 or (N - 1) // block * keys > Nk:
+        raise ValueError(f"{N} rows in blocks of {block}, each reading {keys} more keys, "
+                         f"do not fit {Nk} keys")
+    return G, N, Nk
+
+
+def prefix_forward(q, ks, vs, out, lse, *, block: int, keys: int, scale: float,
+                   merge: bool = False) -> None:
+    """Prefix mode: write (``merge``: merge into) ``out`` (G, N, d) and ``lse`` (G, N) the
+    attention of every row i of q (G, N, d) over keys t < (i // block) * keys of ks, vs
+    (G, Nk, d) -- the fixed pattern's summaries of all earlier blocks, gathered in block
+    order (``fast.backends.fixed``). Rows of the first block read nothing (lse -inf)."""
+    G, N, Nk = _prefix_geometry(q, ks, block, keys)
+    if lse.stride(1) != 1:
+        raise ValueError("lse rows must be contiguous")
+    for observe in OBSERVERS:
+        observe("prefix", G, N, block, keys)
+    if q.device.type == "meta":
+        return
+    with torch.profiler.record_function("cpu_window_prefix_forward"):
+        _check(library().prefix_forward(
+            q.data_ptr(), ks.data_ptr(), vs.data_ptr(), out.data_ptr(), lse.data_ptr(),
+            _strides(q, ks, vs, out, lse), G, N, Nk, q.shape[2], block, keys, int(merge),
+            scale, torch.get_num_threads()), "prefix forward")
+
+
+def prefix_segments(G: int) -> int:
+    """Segments each head's query blocks are cut into in ``prefix_backward``: at least
+    PREFIX_TASKS tasks of about equal work in all (segment s takes the 16-row blocks s,
+    s + segments, ...), so that threads share them evenly. It depends on G alone, not on
+    the thread count, so that the sum over segments -- and so the result, bit for bit --
+    is the same for any number of threads."""
+    return -(-PREFIX_TASKS // G)
+
+
+def prefix_backward(q, ks, vs, go, out, lse, dq, dks, dvs, *, block: int, keys: int,
+                    scale: float, init: bool = False) -> None:
+    """The gradient of ``prefix_forward`` given the merged out and lse (rows whose lse is
+    +inf contribute nothing): added into dq (G, N, d) (``init``: written), and written whole
+    into dks, dvs (G, segments, Nk, d), contiguous, one slice per segment of a head's query
+    blocks (``prefix_segments``); the caller sums them over the segments."""
+    G, N, Nk = _prefix_geometry(q, ks, block, keys)
+    if lse.stride(1) != 1:
+        raise ValueError("lse rows must be contiguous")
+    if (dks.dim() != 4 or dks.shape[0] != G or dks.shape[2:] != ks.shape[1:]
+            or dks.shape != dvs.shape or not (dks.is_contiguous() and dvs.is_contiguous())):
+        raise ValueError(f"dks, dvs must be contiguous (G, segments, Nk, d) = ({G}, s, "
+                         f"{Nk}, {ks.shape[2]}), got {tuple(dks.shape)}, {tuple(dvs.shape)}")
+    if q.device.type == "meta":
+        return
+    flat = [t.flatten(0, 1) for t in (dks, dvs)]                   # (G segments, Nk, d)
+    with torch.profiler.record_function("cpu_window_prefix_backward"):
+        _check(library().prefix_backward(
+            q.data_ptr(), ks.data_ptr(), vs.data_ptr(), go.data_ptr(), out.data_ptr(),
+            lse.data_ptr(), dq.data_ptr(), dks.data_ptr(), dvs.data_ptr(),
+            _strides(q, ks, vs, out, lse, go, dq, *flat), G, N, Nk, q.shape[2], block, keys,
+            dks.shape[1], int(init), scale, torch.get_num_threads()), "prefix backward")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from fast.backends import cpu_window
 from fast.backends.flash_cpu import attention_backward, attention_forward
 from fast.core.precision import acc_dtype
 
@@ -112,13 +113,37 @@ class BlockCausal:
     def _blocks(self, t):
         return t.unflatten(1, (-1, self.l))                              # (G, M, l, ...) view
 
+    # -- the CPU window kernel: M sequences of l rows, l apart, each a window of l ----------
+    def kernel(self, *tensors) -> bool:
+        """Whether the CPU window kernel takes these (G, N, d) tensors
+        (``cpu_window.usable``, blocks of at most ``cpu_window.WINDOW_MAX`` rows)."""
+        return self.l <= cpu_window.WINDOW_MAX and cpu_window.usable(*tensors)
+
+    def kernel_forward(self, q, k, v, out, lse, merge: bool) -> None:
+        """Write (``merge``: merge into) out (G, N, d) and lse (G, N) through the kernel."""
+        cpu_window.forward(q, k, v, out, lse, window=self.l, scale=self.scale, merge=merge,
+                           sequences=q.shape[1] // self.l, rows=self.l, seqoff=self.l)
+
+    def kernel_backward(self, q, k, v, go, out, lse, dq, dk, dv) -> None:
+        """Add the gradient into dq, dk, dv (G, N, d) through the kernel."""
+        cpu_window.backward(q, k, v, go, out, lse, dq, dk, dv, window=self.l, scale=self.scale,
+                            sequences=q.shape[1] // self.l, rows=self.l, seqoff=self.l)
+
     def forward(self, q, k, v):
+        if self.kernel(q, k, v):
+            out, lse = q.new_empty(q.shape), q.new_empty(q.shape[:2])    # (G, N, d), (G, N)
+            self.kernel_forward(q, k, v, out, lse, merge=False)
+            return [(0, out, lse)]
         b = self._blocks
         o, lse = attention_forward(b(q), b(k), b(v), is_causal=True,
                                    scale=self.scale)                    # (G, M, l, d)
         return [(0, o, lse)]
 
     def backward(self, q, k, v, go, out, lse, grads=None):
+        if self.kernel(q, k, v, go, out, *(grads or ())) and lse.stride(1) == 1:
+            grads = [torch.zeros_like(q) for _ in range(3)] if grads is None else grads
+            self.kernel_backward(q, k, v, go, out, lse, *grads)
+            return grads
         b = self._blocks
         g = attention_backward(b(go), b(q), b(k), b(v), b(out), b(lse), is_causal=True,
                                scale=self.scale)                        # (G, M, l, d) each
@@ -206,6 +231,7 @@ class Summary:
         if block and (own or self.loop is not None):
             raise ValueError("block=True is the merged head: c must divide l and own=False")
         self.block = block
+        self.blocks = BlockCausal(l, scale)          # A(1) through the kernel, with block=True
 
     def pairs(self, n: int, heads: int) -> int:
         """Pairs ``heads`` rows of G (row g is head g mod len(los)) read among rows < n."""
@@ -256,11 +282,55 @@ class Summary:
         """Inverse of fold as a view: (G, g, (M-1) c, ...) -> (G, M-1, g, c, ...)."""
         return t.unflatten(2, (M - 1, self.c)).transpose(1, 2)
 
+    # -- the CPU window kernel's prefix mode -------------------------------------------
+    def _kernel(self, *tensors) -> bool:
+        """Whether the CPU window kernel takes the summaries of earlier blocks (prefix mode,
+        any c; with ``block``, A(1) too, through ``BlockCausal``'s kernel)."""
+        return (self.blocks.kernel(*tensors) if self.block else cpu_window.usable(*tensors))
+
+    def forward_into(self, q, k, v, out, lse) -> bool:
+        """Merge the summaries of earlier blocks into the group's out (G, N, d) and lse
+        (G, N) in place through the kernel (beside ``BlockCausal`` when c does not divide
+        l); False (nothing done) where it does not serve the call."""
+        if self.own or self.block or not (self._kernel(q, k, v, out) and lse.stride(1) == 1):
+            return False
+        ks, vs = self._summaries(k, v)
+        cpu_window.prefix_forward(q, ks, vs, out, lse, block=self.l, keys=self.c,
+                                  scale=self.scale, merge=True)
+        return True
+
+    def _summaries(self, k, v):
+        """The summaries of every block for every row: (G, M c, d) each, copies."""
+        G, N, _ = k.shape
+        idx = gather_index(G, N // self.l, self.l, self.c, self.los, k.device)
+        return _gather(k, idx), _gather(v, idx)
+
     def forward(self, q, k, v):
         G, N, d = q.shape
         l, c, M = self.l, self.c, N // self.l
-        idx = gather_index(G, M, l, c, self.los, q.device)
-        ks, vs = _gather(k, idx), _gather(v, idx)                        # (G, M c, d)
+        ks, vs = self._summaries(k, v)                                   # (G, M c, d)
+        if self._kernel(q, k, v):        # every row: earlier blocks (block 0 reads nothing)
+            out, lse = q.new_empty(G, N, d), q.new_empty(G, N)
+            cpu_window.prefix_forward(q, ks, vs, out, lse, block=l, keys=c, scale=self.scale)
+            if self.block:
+                self.blocks.kernel_forward(q, k, v, out, lse, merge=True)
+            chunks = [(0, out, lse)]
+        else:
+            chunks = self._flash_forward(q, k, v, ks, vs)
+        if self.own:
+            o, lse = attention_forward(q.unflatten(1, (M, l)), ks.unflatten(1, (M, c)),
+                                       vs.unflatten(1, (M, c)), scale=self.scale,
+                                       mask=self._own_mask(G, q.dtype, q.device))  # (G, M, l, d)
+            lo = _lo_rows(self.los, G, q.device)[:, None, None]
+            empty = torch.arange(l, device=q.device)[None, None, :] < lo    # (G, 1, l)
+            chunks.append((0, o, lse.masked_fill(empty, float("-inf"))))
+        return chunks
+
+    def _flash_forward(self, q, k, v, ks, vs):
+        """The earlier blocks (and, with ``block``, A(1)) through PyTorch's kernel: fold +
+        tail, or ``SummaryEarlier``'s loop when c does not divide l."""
+        G, N, d = q.shape
+        l, c, M = self.l, self.c, N // self.l
         chunks = []
         if M >= 2 and self.loop is not None:
             chunks += self.loop.forward(q, k, v)
@@ -287,22 +357,46 @@ class Summary:
                 chunks.append((l, o, lse.masked_fill(empty, float("-inf"))))
         if self.block:                                  # block 0: plain causal, (G, l, d)
             chunks.insert(0, (0, *causal_prefix_forward(q, k, v, l, self.scale)))
-        if self.own:
-            o, lse = attention_forward(q.unflatten(1, (M, l)), ks.unflatten(1, (M, c)),
-                                       vs.unflatten(1, (M, c)), scale=self.scale,
-                                       mask=self._own_mask(G, q.dtype, q.device))  # (G, M, l, d)
-            lo = _lo_rows(self.los, G, q.device)[:, None, None]
-            empty = torch.arange(l, device=q.device)[None, None, :] < lo    # (G, 1, l)
-            chunks.append((0, o, lse.masked_fill(empty, float("-inf"))))
         return chunks
 
     def backward(self, q, k, v, go, out, lse, grads=None):
         G, N, d = q.shape
         l, c, M = self.l, self.c, N // self.l
-        grads = [torch.zeros_like(q) for _ in range(3)] if grads is None else grads
+        ks, vs = self._summaries(k, v)                                   # (G, M c, d)
+        if self._kernel(q, k, v, go, out, *(grads or ())) and lse.stride(1) == 1:
+            first = grads is None               # dq: every row written once by the kernel
+            grads = ([torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)]
+                     if first else grads)
+            segments = cpu_window.prefix_segments(G)
+            dks, dvs = (q.new_empty(G, segments, M * c, d) for _ in range(2))
+            cpu_window.prefix_backward(q, ks, vs, go, out, lse, grads[0], dks, dvs, block=l,
+                                       keys=c, scale=self.scale, init=first)
+            dks, dvs = dks.sum(1), dvs.sum(1)                            # (G, M c, d)
+            if self.block:
+                self.blocks.kernel_backward(q, k, v, go, out, lse, *grads)
+        else:
+            grads = [torch.zeros_like(q) for _ in range(3)] if grads is None else grads
+            dks, dvs = self._flash_backward(q, k, v, go, out, lse, grads, ks, vs)
         dq, dk, dv = grads
+        if self.own:
+            r = lambda t: t.unflatten(1, (M, l))                          # (G, M, l, ...)
+            gq, gk, gv = attention_backward(
+                r(go), r(q), ks.unflatten(1, (M, c)), vs.unflatten(1, (M, c)), r(out), r(lse),
+                mask=self._own_mask(G, q.dtype, q.device), scale=self.scale)
+            r(dq).add_(gq)
+            dks.add_(gk.flatten(1, 2))
+            dvs.add_(gv.flatten(1, 2))
         idx = gather_index(G, M, l, c, self.los, q.device)
-        ks, vs = _gather(k, idx), _gather(v, idx)                        # (G, M c, d)
+        _scatter_add(dk, idx, dks)
+        _scatter_add(dv, idx, dvs)
+        return grads
+
+    def _flash_backward(self, q, k, v, go, out, lse, grads, ks, vs):
+        """``_flash_forward``'s gradient: added into grads (dq, dk, dv) (G, N, d), and
+        returned for the summaries as (dks, dvs) (G, M c, d)."""
+        G, N, d = q.shape
+        l, c, M = self.l, self.c, N // self.l
+        dq, dk, dv = grads
         dks = torch.zeros(G, M * c, d, dtype=dk.dtype, device=dk.device)
         dvs = torch.zeros_like(dks)
         if M >= 2 and self.loop is not None:
@@ -335,14 +429,4 @@ class Summary:
             dvs[:, :S].add_(gv.flatten(1, 2))
         if self.block:
             causal_prefix_backward(q, k, v, go, out, lse, dq, dk, dv, l, self.scale)
-        if self.own:
-            r = lambda t: t.unflatten(1, (M, l))                          # (G, M, l, ...)
-            gq, gk, gv = attention_backward(
-                r(go), r(q), ks.unflatten(1, (M, c)), vs.unflatten(1, (M, c)), r(out), r(lse),
-                mask=self._own_mask(G, q.dtype, q.device), scale=self.scale)
-            r(dq).add_(gq)
-            dks.add_(gk.flatten(1, 2))
-            dvs.add_(gv.flatten(1, 2))
-        _scatter_add(dk, idx, dks)
-        _scatter_add(dv, idx, dvs)
-        return grads
+        return dks, dvs

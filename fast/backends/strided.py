@@ -106,9 +106,7 @@ def _windows(t: torch.Tensor, l: int, C: int, a: int = 0, b: int | None = None,
                         t.storage_offset() + a * C * t.stride(1))
 
 
-# The longest band the CPU window kernel takes: the "full" plan's band of N rows is dense
-# causal attention, which PyTorch's kernel does at least as fast in large blocks.
-WINDOW_KERNEL_MAX = 1024
+WINDOW_KERNEL_MAX = cpu_window.WINDOW_MAX     # the longest band the CPU window kernel takes
 
 
 class LocalBand:

@@ -97,8 +97,8 @@ class _KernelCalls(TorchDispatchMode):
         super().__init__()
         self.calls: list[tuple] = []
 
-    def _window(self, problems: int, rows: int, window: int) -> None:
-        self.calls.append((problems, rows, window, "window"))
+    def _window(self, kind: str, problems: int, rows: int, *geometry: int) -> None:
+        self.calls.append((problems, rows, *geometry, kind))
 
     def __enter__(self):
         cpu_window.OBSERVERS.append(self._window)
@@ -124,9 +124,19 @@ def computed_pairs(pattern: str, n: int, heads: int = 4, **params) -> int:
     if pattern == "full":
         check_params(pattern, n, heads, "merged", 0, params)
         return heads * problem_pairs(n, n, causal=True)
-    return sum(count * (cpu_window.pairs(L, S) if causal == "window"
-                        else problem_pairs(L, S, causal))
-               for count, L, S, causal in forward_calls(pattern, n, heads, **params))
+    return sum(count * _call_pairs(rows, *rest)
+               for count, rows, *rest in forward_calls(pattern, n, heads, **params))
+
+
+def _call_pairs(rows: int, *rest) -> int:
+    """Pairs one problem of a recorded call computes (``forward_calls``' tuples, less the
+    count)."""
+    *geometry, kind = rest
+    if kind == "window":
+        return cpu_window.pairs(rows, *geometry)
+    if kind == "prefix":
+        return cpu_window.prefix_pairs(rows, *geometry)
+    return problem_pairs(rows, *geometry, causal=kind)
 
 
 def kernel_ceiling(pattern: str, n: int, heads: int = 4, **params) -> float:

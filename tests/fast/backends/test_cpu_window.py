@@ -127,6 +127,60 @@ def test_merge_and_init_give_the_merged_strided_head():
         _rule(a, b, c, 1e-5, name)
 
 
+# (G, N, d, block, keys): blocks of 16-row multiples (no mask inside) and not (a mask per
+# row), a first block that reads nothing, a sequence shorter than one block
+PREFIXES = [(3, 77, 48, 12, 5), (1, 100, 40, 7, 3), (2, 256, 64, 32, 8), (2, 45, 16, 50, 4),
+            (4, 200, 24, 16, 16)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("G,N,d,block,keys", PREFIXES)
+def test_prefix_forward_and_backward(G, N, d, block, keys):
+    """Prefix mode: row i reads keys t < (i // block) keys (the fixed pattern's summaries of
+    earlier blocks), forward and backward, dq added or written, key gradients per segment."""
+    q, _, _, go = _heads(G, N, d, seed=N + d)
+    Nk = (N - 1) // block * keys + 3                               # 3 keys nobody reads
+    gen = torch.Generator().manual_seed(d)
+    ks, vs = (torch.randn(G, Nk, d, generator=gen) for _ in range(2))
+    allowed = (np.arange(Nk)[None, :] < (np.arange(N)[:, None] // block) * keys)
+    geo = dict(block=block, keys=keys, scale=0.6)
+    out, lse = torch.full((G, N, d), 7.0), torch.full((G, N), 7.0)
+    cpu_window.prefix_forward(q, ks, vs, out, lse, **geo)
+    x64 = [t.double().requires_grad_(True) for t in (q, ks, vs)]
+    want, want_lse = _plain(*x64, allowed, 0.6)
+    plain, plain_lse = _plain(q, ks, vs, allowed, 0.6)
+    _rule(out, want.detach(), plain, 1e-6, "out")
+    reads = torch.from_numpy(allowed.any(1))
+    if reads.any():
+        _rule(lse[:, reads], want_lse[:, reads].detach(), plain_lse[:, reads], 1e-6, "lse")
+    assert torch.isneginf(lse[:, ~reads]).all() and (out[:, ~reads] == 0).all()
+
+    grads = torch.autograd.grad((want * go.double()).sum(), x64)
+    xp = [t.clone().requires_grad_(True) for t in (q, ks, vs)]
+    plain_grads = torch.autograd.grad((_plain(*xp, allowed, 0.6)[0] * go).sum(), xp)
+    lse_b = lse.masked_fill(torch.isneginf(lse), float("inf"))
+    segments = cpu_window.prefix_segments(G)
+    for init in (False, True):
+        dq = torch.full((G, N, d), float("nan") if init else 0.5)
+        dks, dvs = (torch.full((G, segments, Nk, d), float("nan")) for _ in range(2))  # written
+        cpu_window.prefix_backward(q, ks, vs, go, out, lse_b, dq, dks, dvs, init=init, **geo)
+        got = [dq if init else dq - 0.5, dks.sum(1), dvs.sum(1)]
+        for name, a, b, c in zip(("dq", "dk", "dv"), got, grads, plain_grads):
+            _rule(a, b, c, 1e-5, f"{name} init={init}")
+
+
+def test_bad_prefix_geometry_is_refused_with_what_is_wrong():
+    q, ks = torch.zeros(1, 40, 8), torch.zeros(1, 6, 8)
+    with pytest.raises(ValueError, match="40 rows in blocks of 8, each reading 2 more keys, "
+                                         "do not fit 6 keys"):
+        cpu_window.prefix_forward(q, ks, ks, q.clone(), torch.zeros(1, 40), block=8, keys=2,
+                                  scale=1.0)
+    with pytest.raises(ValueError, match=r"dks, dvs must be contiguous \(G, segments, Nk, d\)"):
+        cpu_window.prefix_backward(q, ks, ks, q, q, torch.zeros(1, 40), q.clone(),
+                                   torch.zeros(1, 6, 8), torch.zeros(1, 6, 8), block=8, keys=1,
+                                   scale=1.0)
+
+
 def test_bad_geometry_is_refused_with_what_is_wrong():
     q = torch.zeros(1, 10, 8)
     with pytest.raises(ValueError, match="3 sequences of 4 rows, 3 apart"):
@@ -191,39 +245,51 @@ def test_a_failed_build_says_why_and_can_be_turned_off(monkeypatch, tmp_path):
     assert cpu_window.library() is None and "turned off" in cpu_window.missing()
 
 
-# The strided layer in float32, kernel on and off, against reference/ in float64.
-LAYERS = [("merged", 97, 48, 4, 8), ("multihead", 100, 48, 1, 10), ("interleaved", 61, 40, 4, 6),
-          ("merged", 200, 64, 1, 33)]
+# The strided and fixed layers in float32, kernel on and off, against reference/ in float64:
+# (pattern, combine, n, d, H, params, the kernel's calls that must serve the layer). Fixed:
+# c | l (the merged head's A(1) through the window, the earlier summaries through the
+# prefix mode), c not dividing l (one head: BlockCausal, then the prefix merged into it),
+# A(1) and A(2) on separate heads (the own block's summaries through PyTorch's kernel).
+WINDOW, PREFIX = ("forward", "backward"), ("prefix_forward", "prefix_backward")
+LAYERS = [("strided", "merged", 97, 48, 4, {"stride": 8}, WINDOW),
+          ("strided", "multihead", 100, 48, 1, {"stride": 10}, WINDOW),
+          ("strided", "interleaved", 61, 40, 4, {"stride": 6}, WINDOW),
+          ("strided", "merged", 200, 64, 1, {"stride": 33}, WINDOW),
+          ("fixed", "merged", 97, 48, 4, {"stride": 16, "c": 4}, WINDOW + PREFIX),
+          ("fixed", "merged", 100, 40, 1, {"stride": 10, "c": 3}, WINDOW + PREFIX),
+          ("fixed", "multihead", 150, 48, 2, {"stride": 12, "c": 4}, WINDOW + PREFIX),
+          ("fixed", "interleaved", 61, 24, 3, {"stride": 8, "c": 2}, PREFIX)]
 
 
-def _layer(q, k, v, g, combine, layer, stride):
+def _layer(q, k, v, g, pattern, combine, layer, params):
     q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
-    out = sparse_attention(q, k, v, "strided", combine=combine, layer=layer,
-                           backend="structured", stride=stride)
+    out = sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
+                           backend="structured", **params)
     out.backward(g)
     return [out.detach(), q.grad, k.grad, v.grad]
 
 
 @needs_kernel
-@pytest.mark.parametrize("combine,n,d,H,stride", LAYERS)
-def test_strided_layer_float32_with_and_without_the_kernel(combine, n, d, H, stride, monkeypatch):
+@pytest.mark.parametrize("pattern,combine,n,d,H,params,served", LAYERS)
+def test_layer_float32_with_and_without_the_kernel(pattern, combine, n, d, H, params, served,
+                                                   monkeypatch):
     gen = torch.Generator().manual_seed(n)
     q, k, v, g = (torch.randn(1, H, n, d, generator=gen) for _ in range(4))
-    masks = patterns.head_masks("strided", n, H, combine, 1, stride=stride)
+    masks = patterns.head_masks(pattern, n, H, combine, 1, **params)
     args = [t.double().numpy() for t in (q, k, v)]
     out, _ = attend(*args, masks)
     want = [torch.from_numpy(np.ascontiguousarray(a))
             for a in (out, *attend_backward(*args, masks, g.double().numpy()))]
     calls = []
-    for name in ("forward", "backward"):
+    for name in WINDOW + PREFIX:
         real = getattr(cpu_window, name)
         monkeypatch.setattr(cpu_window, name, lambda *a, real=real, name=name, **kw:
                             calls.append(name) or real(*a, **kw))
-    with_kernel = _layer(q, k, v, g, combine, 1, stride)
-    assert "forward" in calls and "backward" in calls        # the kernel served the layer
+    with_kernel = _layer(q, k, v, g, pattern, combine, 1, params)
+    assert set(calls) == set(served)                          # the kernel served the layer
     monkeypatch.setattr(cpu_window, "_STATE", {"lib": None, "missing": "off for this test"})
     calls.clear()
-    without = _layer(q, k, v, g, combine, 1, stride)
+    without = _layer(q, k, v, g, pattern, combine, 1, params)
     assert calls == []
     m = torch.from_numpy(masks)
     xp = [t.clone().requires_grad_(True) for t in (q, k, v)]
@@ -259,6 +325,15 @@ def test_results_do_not_depend_on_the_thread_count():
             cpu_window.backward(q, k, v, go, out, lse, *grads, scale=0.3, init=True, **col)
             cpu_window.backward(q, k, v, go, out, lse, *grads, scale=0.3, window=10, strict=True)
             runs.append([out, lse, *grads])
+            ks, vs = k[:, :300], v[:, :300]                        # prefix mode, one head
+            out, lse = torch.empty(1, 700, 48), torch.empty(1, 700)
+            cpu_window.prefix_forward(q, ks, vs, out, lse, block=24, keys=10, scale=0.3)
+            dks, dvs = (torch.empty(1, cpu_window.prefix_segments(1), 300, 48) for _ in range(2))
+            dq = torch.empty(1, 700, 48)
+            lse = lse.masked_fill(torch.isneginf(lse), float("inf"))
+            cpu_window.prefix_backward(q, ks, vs, go, out, lse, dq, dks, dvs, block=24, keys=10,
+                                       scale=0.3, init=True)
+            runs[-1] += [out, lse, dq, dks.sum(1), dvs.sum(1)]
     finally:
         torch.set_num_threads(threads)
     for run in runs[1:]:
