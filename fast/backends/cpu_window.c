@@ -1,10 +1,12 @@
-/* Causal window attention on the CPU, float32: the strided pattern's band and column.
+/* Causal window attention on the CPU, float32: the strided pattern's band and column, the
+ * fixed pattern's own block, and (prefix mode) the fixed pattern's summaries of earlier blocks.
  *
- * Child et al., 2019, section 4.3 (A(1): the last l positions; A(2): every l-th one) and
- * section 5.5 (the column "by transposing the matrix and computing a local window"; the
- * softmax fused, the upper triangle never computed). Loaded by fast/backends/cpu_window.py,
- * which says when it runs, how it is built and what it was measured against
- * (docs/design.md, section 5).
+ * Child et al., 2019, section 4.3 (strided A(1): the last l positions; A(2): every l-th one;
+ * fixed A(1): the own block; A(2): the last c positions of every block) and section 5.5 (the
+ * column "by transposing the matrix and computing a local window"; fixed positions
+ * "aggregated and computed in blocks"; the softmax fused, the upper triangle never computed).
+ * Loaded by fast/backends/cpu_window.py, which says when it runs, how it is built and what it
+ * was measured against (docs/design.md, section 5).
  *
  * One call serves G heads, each holding S sequences of Nseq rows: row r of sequence s lies at
  * natural row s * seqoff + r * step of its head (the band: S = 1, step 1; the column: S = l,
@@ -29,7 +31,16 @@
  * its sequence's keys and values (and gradients) into contiguous buffers, since rows l apart
  * would share a cache set; those tasks write every row of their sequence once, so ``init``
  * (write, don't add) needs no zero-filled gradient buffers.
- * Returns 0, 1 when a thread could not get its scratch memory, 2 for init without packing.
+ *
+ * Prefix mode (P > 0; prefix_forward, prefix_backward): row i of a head's N natural rows reads
+ * the first (i / P) C of the head's Nk keys -- the fixed pattern's summaries, gathered in
+ * block order, of every block before row i's. A block of 16 rows inside one query block reads
+ * one key range whole (no mask); only blocks that straddle two query blocks mask per row. Its
+ * backward splits each head's 16-row blocks into nseg interleaved segments, each with key
+ * gradients of its own (written whole, the caller sums them), so no two tasks write a row.
+ *
+ * Returns 0, 1 when a thread could not get its scratch memory, 2 for init without packing or
+ * a prefix geometry that reads past the keys.
  */
 #include <math.h>
 #include <pthread.h>

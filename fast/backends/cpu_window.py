@@ -1,14 +1,22 @@
-"""The strided pattern's band and column through a CPU kernel of our own (C, float32).
+"""The strided and fixed patterns' pieces through a CPU kernel of our own (C, float32).
 
-Child et al., 2019, section 4.3 (A(1), the last l positions; A(2), every l-th one) and
-section 5.5 ("attention with a stride of k can be computed by transposing the matrix and
-computing a local window"). ``fast.backends.strided`` cuts the strided heads into short
-causal problems: the band, a window of l keys per row, and the column, M = n / l rows per
-sequence. PyTorch's CPU flash kernel takes problems that short in 32- or 64-row query
-blocks of general matrix products, at about half of dense attention's rate per computed
-pair (docs/design.md, section 5). ``cpu_window.c`` takes them in 16-row blocks whose
-products are register tiles, recomputes in a flash-style backward, and merges the band
-into the column's output in place (no merge pass).
+Child et al., 2019, section 4.3 (strided: A(1), the last l positions; A(2), every l-th
+one; fixed: A(1), the own block; A(2), the last c positions of every block) and section 5.5
+("attention with a stride of k can be computed by transposing the matrix and computing a
+local window"; "Fixed attention positions can be aggregated and computed in blocks").
+``fast.backends.strided`` cuts the strided heads into short causal problems: the band, a
+window of l keys per row, and the column, M = n / l rows per sequence. PyTorch's CPU flash
+kernel takes problems that short in 32- or 64-row query blocks of general matrix products,
+at about half of dense attention's rate per computed pair (docs/design.md, section 5).
+``cpu_window.c`` takes them in 16-row blocks whose products are register tiles, recomputes in
+a flash-style backward, and merges the band into the column's output in place (no merge
+pass). ``fast.backends.fixed`` hands it the fixed pattern's own block (``forward`` with
+sequences of l rows, l apart) and, in prefix mode (``prefix_forward``), the summaries of all
+earlier blocks: row i reads the first (i // l) c of the gathered summaries. That is the bulk
+of the fixed pattern's work; through PyTorch's kernel it was one causal problem of
+(n / l - 1) c rows per sub-block (a "fold") plus a masked tail, whose 512-key causal blocks
+computed 12% more than it needs, and in prefix mode it computes no pair it does not need
+but the few of 16-row blocks straddling two query blocks.
 
 Measured with ``fast.measure.pieces.piece_times("strided", 16384, rounds=5)`` (B = 1,
 H = 4, d = 64, float32, l = 128), once as it is and once with SPARSE_ATTENTION_CPU_KERNEL=0
@@ -16,6 +24,8 @@ H = 4, d = 64, float32, l = 128), once as it is and once with SPARSE_ATTENTION_C
 against 17.7 ms, band forward 19.9 against 25.9 ms plus a 3.1 ms merge, column backward
 36.0 against 50.4 ms, band backward 48.5 against 88.6 ms; the whole layer 37.2 against
 48.7 ms forward, 122 against 191 ms forward + backward.
+The fixed layer (``piece_times("fixed", 16384, rounds=3)``, l = 128, c = 32, the merged
+head: one piece), the same way: FIXED_NUMBERS.
 The benchmark (``python -m fast bench``) measures the whole layer.
 
 When it runs (``usable``): CPU float32 tensors whose rows are contiguous (stride d, d a
@@ -70,8 +80,9 @@ OPENMP = ["-fopenmp"]
 
 _LOCK = threading.Lock()
 _STATE: dict = {}               # "lib": the loaded library, or "missing": why there is none
-# Told (problems, rows, window) of every forward call: fast.measure.kernel_pairs counts the
-# pairs the kernel computes from them, on "meta" tensors (shapes only, no call into C).
+# Told ("window", problems, rows, window) or ("prefix", heads, rows, block, keys) of every
+# forward call: fast.measure.kernel_pairs counts the pairs the kernel computes from them,
+# on "meta" tensors (shapes only, no call into C).
 OBSERVERS: list = []
 R = 16                          # query rows per block (cpu_window.c)
 # The longest window the callers hand the kernel: a window of N rows is dense causal

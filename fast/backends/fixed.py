@@ -19,6 +19,17 @@ group, and row g of a (G, N, d) tensor (G = batch x heads) is head g mod len(los
 
 Pieces return (start_row, out, lse) chunks and add their share of the gradient
 given the merged out and lse (see ``fast.backends.strided`` for the chunk format).
+
+In float32 on the CPU, where a C compiler built it, the CPU window kernel
+(``fast.backends.cpu_window``) serves A(1) (``BlockCausal``: M sequences of l rows, l
+apart, each a window of l) and the summaries of earlier blocks (its prefix mode: row i
+reads the first floor(i / l) c gathered summaries, for any c), so the fold, the tail and
+``SummaryEarlier``'s loop run only where it does not (float64, CUDA, d not a multiple of 8,
+no compiler). The merged head is then two calls into one out and lse -- the prefix mode
+writes every row (block 0 reads nothing: lse -inf), A(1) merges into it in place -- and
+its backward two more, the prefix mode's key gradients summed over its segments
+(``cpu_window.prefix_segments``) and added into dk and dv through the gather index. The
+own block's summaries (``own=True``) stay with PyTorch's kernel, merged as a chunk.
 """
 
 from __future__ import annotations
@@ -231,7 +242,7 @@ class Summary:
         if block and (own or self.loop is not None):
             raise ValueError("block=True is the merged head: c must divide l and own=False")
         self.block = block
-        self.blocks = BlockCausal(l, scale)          # A(1) through the kernel, with block=True
+        self.blocks = BlockCausal(l, scale)          # A(1) beside the prefix mode (block=True)
 
     def pairs(self, n: int, heads: int) -> int:
         """Pairs ``heads`` rows of G (row g is head g mod len(los)) read among rows < n."""
@@ -285,8 +296,8 @@ class Summary:
     # -- the CPU window kernel's prefix mode -------------------------------------------
     def _kernel(self, *tensors) -> bool:
         """Whether the CPU window kernel takes the summaries of earlier blocks (prefix mode,
-        any c; with ``block``, A(1) too, through ``BlockCausal``'s kernel)."""
-        return (self.blocks.kernel(*tensors) if self.block else cpu_window.usable(*tensors))
+        any c; with ``block``, A(1) goes through ``BlockCausal``, kernel or not)."""
+        return cpu_window.usable(*tensors)
 
     def forward_into(self, q, k, v, out, lse) -> bool:
         """Merge the summaries of earlier blocks into the group's out (G, N, d) and lse
@@ -312,9 +323,11 @@ class Summary:
         if self._kernel(q, k, v):        # every row: earlier blocks (block 0 reads nothing)
             out, lse = q.new_empty(G, N, d), q.new_empty(G, N)
             cpu_window.prefix_forward(q, ks, vs, out, lse, block=l, keys=c, scale=self.scale)
-            if self.block:
-                self.blocks.kernel_forward(q, k, v, out, lse, merge=True)
             chunks = [(0, out, lse)]
+            if self.block and self.blocks.kernel(q, k, v):
+                self.blocks.kernel_forward(q, k, v, out, lse, merge=True)
+            elif self.block:                            # blocks beyond the kernel's window
+                chunks += self.blocks.forward(q, k, v)
         else:
             chunks = self._flash_forward(q, k, v, ks, vs)
         if self.own:
@@ -373,7 +386,7 @@ class Summary:
                                        keys=c, scale=self.scale, init=first)
             dks, dvs = dks.sum(1), dvs.sum(1)                            # (G, M c, d)
             if self.block:
-                self.blocks.kernel_backward(q, k, v, go, out, lse, *grads)
+                self.blocks.backward(q, k, v, go, out, lse, grads)
         else:
             grads = [torch.zeros_like(q) for _ in range(3)] if grads is None else grads
             dks, dvs = self._flash_backward(q, k, v, go, out, lse, grads, ks, vs)

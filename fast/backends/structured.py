@@ -18,7 +18,9 @@ Plan: the heads of a layer fall into groups that read the same pieces
   full     (any)         all                           LocalBand(l = N): one causal problem
 
 Summary(own=True) also reads the summaries of the query's own block (j <= i);
-it runs as SummaryEarlier internally when c does not divide l. The first piece
+it runs as SummaryEarlier internally when c does not divide l (and the CPU window
+kernel, where it serves, takes the summaries of earlier blocks for any c:
+``fast.backends.fixed``). The first piece
 of a group reads something in every row.
 
 Which heads read which parts comes from ``reference.heads.head_roles``; each

@@ -16,19 +16,24 @@ computed pair, the speed-up cannot pass
 
     kernel ceiling = pairs computed for dense / pairs computed for the pattern,
 
-which ``kernel_ceiling`` gives. The strided band and column go, in float32 and where a
-C compiler built it, through the CPU window kernel (``fast.backends.cpu_window``): 16-row
-query blocks that score every key from the first row's window start to the last row
-(``cpu_window.pairs``); its calls are counted too, so the ceiling is that of the kernels
-the forward uses on this machine. The pattern's pairs are counted from the kernel calls
-its forward makes (``forward_calls``): the plan's pieces run on "meta" tensors (shapes,
-no data, no arithmetic), which take the kernel's own call (``fast.backends.flash_cpu``),
-and a dispatch mode records every call of the kernel's operator as it passes, so the
-count follows the pieces as they are, with nothing in them swapped.
+which ``kernel_ceiling`` gives. The strided band and column and the fixed own block go,
+in float32 and where a C compiler built it, through the CPU window kernel
+(``fast.backends.cpu_window``): 16-row query blocks that score every key from the first
+row's window start to the last row (``cpu_window.pairs``); the fixed summaries of earlier
+blocks through its prefix mode, 16-row blocks that score every key their last row reads
+(``cpu_window.prefix_pairs``). Its calls are counted too, so the ceiling is that of the
+kernels the forward uses on this machine -- and since dense attention's own count keeps
+PyTorch's causal blocks, a pattern whose kernels waste less than dense's can have a ceiling
+above the keys-read ideal (the fixed pattern: 4.02x against 3.91x). The pattern's pairs
+are counted from the kernel calls its forward makes (``forward_calls``): the plan's pieces
+run on "meta" tensors (shapes, no data, no arithmetic), which take the kernel's own call
+(``fast.backends.flash_cpu``), and a dispatch mode records every call of the kernel's
+operator as it passes, so the count follows the pieces as they are, with nothing in them
+swapped.
 
     >>> from fast.measure.kernel_pairs import kernel_ceiling
     >>> round(kernel_ceiling("fixed", 16384, stride=128, c=32), 2)      # dense / fixed
-    3.48
+    4.02
 """
 
 from __future__ import annotations
@@ -67,7 +72,8 @@ def problem_pairs(L: int, S: int, causal: bool) -> int:
 def forward_calls(pattern: str, n: int, heads: int = 4, combine: str = "merged",
                   layer: int = 0, d: int = 64, **params) -> list[tuple]:
     """[(problems, L, S, causal)] for the flash kernel, (problems, rows, window, "window")
-    for the CPU window kernel: the kernel calls the structured forward makes for one
+    for the CPU window kernel, (problems, rows, block, keys, "prefix") for its prefix mode
+    (``fast.backends.cpu_window``): the kernel calls the structured forward makes for one
     batch element of ``heads`` heads at length n (padded to a multiple of the stride, as
     ``fast.backends.structured`` does), in the order it makes them. ValueError for a bad
     pattern, size or parameter (``reference.params.check_params``)."""
@@ -87,9 +93,9 @@ def forward_calls(pattern: str, n: int, heads: int = 4, combine: str = "merged",
 
 class _KernelCalls(TorchDispatchMode):
     """Records (problems, L, S, causal) for every call of the CPU flash kernel's forward
-    operator made while it is active, and (problems, rows, window, "window") for every
-    call of the CPU window kernel (``fast.backends.cpu_window``, told through its
-    ``OBSERVERS``), and lets every operator run as it would."""
+    operator made while it is active, and the CPU window kernel's calls
+    (``fast.backends.cpu_window``, told through its ``OBSERVERS``) as ``forward_calls``
+    lists them, and lets every operator run as it would."""
 
     KERNEL = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 

@@ -273,6 +273,18 @@ def _layer(q, k, v, g, pattern, combine, layer, params):
 @pytest.mark.parametrize("pattern,combine,n,d,H,params,served", LAYERS)
 def test_layer_float32_with_and_without_the_kernel(pattern, combine, n, d, H, params, served,
                                                    monkeypatch):
+    _check_layer(pattern, combine, n, d, H, params, served, monkeypatch)
+
+
+@needs_kernel
+def test_fixed_blocks_longer_than_the_kernel_window_take_pytorchs_kernel(monkeypatch):
+    """The merged head's A(1) beyond ``WINDOW_MAX`` rows: PyTorch's kernel, merged as a chunk
+    beside the prefix mode (WINDOW_MAX lowered so that a small layer shows it)."""
+    monkeypatch.setattr(cpu_window, "WINDOW_MAX", 8)
+    _check_layer("fixed", "merged", 70, 48, 2, {"stride": 16, "c": 4}, PREFIX, monkeypatch)
+
+
+def _check_layer(pattern, combine, n, d, H, params, served, monkeypatch):
     gen = torch.Generator().manual_seed(n)
     q, k, v, g = (torch.randn(1, H, n, d, generator=gen) for _ in range(4))
     masks = patterns.head_masks(pattern, n, H, combine, 1, **params)
