@@ -97,8 +97,8 @@ def bench_section(bench: dict) -> list[str]:
            f"process, the median; the ideal: the (query, key) pairs dense causal attention "
            f"reads over those the pattern reads; the kernel ceiling: the pairs the CPU "
            f"flash kernel computes for dense attention over those the CPU kernels compute "
-           f"for the pattern's pieces (the strided band and column: the project's window "
-           f"kernel), `fast.measure.kernel_pairs`):", "",
+           f"for the pattern's pieces (the strided band and column, the fixed own block and "
+           f"summaries: the project's window kernel), `fast.measure.kernel_pairs`):", "",
            "| target | goal | measured | one process | ideal (keys read) | kernel ceiling |",
            "|---|---|---|---|---|---|"]
     for pattern, label, goals, f in (("strided", "strided l=128", (">= 25x", ">= 18x"), ".1f"),
