@@ -53,10 +53,10 @@ PASSES = ("fwd", "fb")
 # The crossovers of figures/data/auto_cpu.json as committed (its "crossover"): used
 # where that file is not there. ``python -m fast bench --crossover`` rewrites the file.
 DEFAULT = {
-    "strided": {"16": {"fwd": 128, "fb": 128}, "32": {"fwd": 128, "fb": 256},
-                "64": {"fwd": 256, "fb": 256}, "128": {"fwd": 256, "fb": 512}},
-    "fixed": {"16": {"fwd": 256, "fb": 512}, "32": {"fwd": 256, "fb": 512},
-              "64": {"fwd": 64, "fb": 512}, "128": {"fwd": 128, "fb": 512}},
+    "strided": {"16": {"fwd": 64, "fb": 128}, "32": {"fwd": 128, "fb": 256},
+                "64": {"fwd": 128, "fb": 256}, "128": {"fwd": 256, "fb": 256}},
+    "fixed": {"16": {"fwd": 64, "fb": 256}, "32": {"fwd": 128, "fb": 256},
+              "64": {"fwd": 64, "fb": 256}, "128": {"fwd": 128, "fb": 256}},
 }
 
 SHAPE = {"crossover": Map(Map({"fwd": Int(1), "fb": Int(1)}))}

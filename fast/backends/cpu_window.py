@@ -20,13 +20,13 @@ but the few of 16-row blocks straddling two query blocks.
 
 Measured with ``fast.measure.pieces.piece_times("strided", 16384, rounds=5)`` (B = 1,
 H = 4, d = 64, float32, l = 128), once as it is and once with SPARSE_ATTENTION_CPU_KERNEL=0
-(PyTorch's kernel), one after the other on the project's 2-core machine: column forward 13.4
-against 17.7 ms, band forward 19.9 against 25.9 ms plus a 3.1 ms merge, column backward
-36.0 against 50.4 ms, band backward 48.5 against 88.6 ms; the whole layer 37.2 against
-48.7 ms forward, 122 against 191 ms forward + backward.
+(PyTorch's kernel), one after the other on the project's 2-core machine: column forward 11.7
+against 17.3 ms, band forward 17.9 against 25.3 ms plus a 2.6 ms merge, column backward
+27.3 against 49.2 ms, band backward 46.2 against 80.9 ms; the whole layer 32.5 against
+46.8 ms forward, 119 against 181 ms forward + backward.
 The fixed layer (``piece_times("fixed", 16384, rounds=3)``, l = 128, c = 32, the merged
-head: one piece), the same way: the piece's forward 232.6 against 262.2 ms, its backward
-559.4 against 703.5 ms; the whole layer 236.8 against 268.1 ms forward, 782 against 948 ms
+head: one piece), the same way: the piece's forward 220 against 281 ms, its backward
+530 against 753 ms; the whole layer 217 against 295 ms forward, 750 against 1,077 ms
 forward + backward.
 The benchmark (``python -m fast bench``) measures the whole layer.
 
