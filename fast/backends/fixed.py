@@ -293,17 +293,13 @@ class Summary:
         """Inverse of fold as a view: (G, g, (M-1) c, ...) -> (G, M-1, g, c, ...)."""
         return t.unflatten(2, (M - 1, self.c)).transpose(1, 2)
 
-    # -- the CPU window kernel's prefix mode -------------------------------------------
-    def _kernel(self, *tensors) -> bool:
-        """Whether the CPU window kernel takes the summaries of earlier blocks (prefix mode,
-        any c; with ``block``, A(1) goes through ``BlockCausal``, kernel or not)."""
-        return cpu_window.usable(*tensors)
-
+    # -- the CPU window kernel's prefix mode (any c; with ``block``, A(1) goes through
+    # ``BlockCausal``, kernel or not) --------------------------------------------------
     def forward_into(self, q, k, v, out, lse) -> bool:
         """Merge the summaries of earlier blocks into the group's out (G, N, d) and lse
         (G, N) in place through the kernel (beside ``BlockCausal`` when c does not divide
         l); False (nothing done) where it does not serve the call."""
-        if self.own or self.block or not (self._kernel(q, k, v, out) and lse.stride(1) == 1):
+        if self.own or self.block or not cpu_window.usable(q, k, v, out) or lse.stride(1) != 1:
             return False
         ks, vs = self._summaries(k, v)
         cpu_window.prefix_forward(q, ks, vs, out, lse, block=self.l, keys=self.c,
@@ -320,7 +316,7 @@ class Summary:
         G, N, d = q.shape
         l, c, M = self.l, self.c, N // self.l
         ks, vs = self._summaries(k, v)                                   # (G, M c, d)
-        if self._kernel(q, k, v):        # every row: earlier blocks (block 0 reads nothing)
+        if cpu_window.usable(q, k, v):   # every row: earlier blocks (block 0 reads nothing)
             out, lse = q.new_empty(G, N, d), q.new_empty(G, N)
             cpu_window.prefix_forward(q, ks, vs, out, lse, block=l, keys=c, scale=self.scale)
             chunks = [(0, out, lse)]
@@ -376,7 +372,7 @@ class Summary:
         G, N, d = q.shape
         l, c, M = self.l, self.c, N // self.l
         ks, vs = self._summaries(k, v)                                   # (G, M c, d)
-        if self._kernel(q, k, v, go, out, *(grads or ())) and lse.stride(1) == 1:
+        if cpu_window.usable(q, k, v, go, out, *(grads or ())) and lse.stride(1) == 1:
             first = grads is None               # dq: every row written once by the kernel
             grads = ([torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)]
                      if first else grads)
