@@ -387,10 +387,8 @@ static void *work(void *p) {
                       .o = c->o + g * c->go_, .go = c->go + g * c->gg, .lsein = c->lsein + g * c->gl,
                       .dq = c->dq + g * c->gdq, .dk = c->dk + x * c->gdk, .dv = c->dv + x * c->gdv,
                       .rs = d, .ks = d, .ls = 1};
-            for (long i = 0; i < c->Nk; i++) {
-                memset(sq.dk + i * d, 0, sizeof(float) * d);
-                memset(sq.dv + i * d, 0, sizeof(float) * d);
-            }
+            memset(sq.dk, 0, sizeof(float) * c->Nk * d);         /* contiguous (G nseg, Nk, d) */
+            memset(sq.dv, 0, sizeof(float) * c->Nk * d);
             for (long b = x % c->nseg; b < wk->nb; b += c->nseg) backward_block(c, &sq, b * R, buf);
         }
         free(buf);
