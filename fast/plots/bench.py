@@ -33,9 +33,15 @@ LABELS = {
 }
 
 
-def label(name: str) -> str:
+# On the CPU in float32 the structured path's strided band and column and fixed block and
+# summaries run in the project's C window kernel (``fast.backends.cpu_window``), built on
+# first use where a C compiler is found; PyTorch's flash kernel serves the other calls.
+CPU_LABELS = {**LABELS, "structured": "ours, structured (C window kernel)"}
+
+
+def label(name: str, labels: dict = LABELS) -> str:
     """What a contender is, for a legend."""
-    return LABELS.get(name, name)
+    return labels.get(name, name)
 
 
 def _legend(ax) -> None:
@@ -51,7 +57,7 @@ def _log_axes(ax) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
 
 
-def _time_panel(ax, rows, pattern, what, title, slopes=True):
+def _time_panel(ax, rows, pattern, what, title, slopes=True, labels: dict = LABELS):
     for name in contender_names(rows, pattern):
         pts = sorted((r["n"], r[what] * 1e3) for r in rows if r["contender"] == name
                      and r["pattern"] in (pattern, None) and r.get(what))
@@ -60,7 +66,8 @@ def _time_panel(ax, rows, pattern, what, title, slopes=True):
         ns, ts = zip(*pts)
         big = [(n, t) for n, t in pts if n >= SLOPE_FROM]
         slope = fitted_slope(*zip(*big)) if slopes and len(big) >= 2 else None
-        tag = f"{label(name)} (slope {slope:.2f})" if slope is not None else label(name)
+        name_ = label(name, labels)
+        tag = f"{name_} (slope {slope:.2f})" if slope is not None else name_
         ax.plot(ns, ts, marker=style.marker(name), color=style.color(name), label=tag)
     _log_axes(ax)
     ax.set_title(title, fontsize=10)
@@ -77,7 +84,8 @@ def plot(data: dict, path: Path, dtype: str = "float32") -> Path:
     for i, (pattern, params) in enumerate(PATTERN_PARAMS.items()):
         settings = ", ".join(f"{k}={v}" for k, v in params.items())
         for j, (what, text) in enumerate((("fwd_s", "forward"), ("fb_s", "forward + backward"))):
-            _time_panel(axes[i, j], rows, pattern, what, f"{pattern} ({settings}): {text}")
+            _time_panel(axes[i, j], rows, pattern, what, f"{pattern} ({settings}): {text}",
+                        labels=CPU_LABELS if dtype == "float32" else LABELS)
             axes[i, j].set_ylabel("milliseconds (min over repetitions)")
     m, c = data["machine"], data["config"]
     where = m.get("gpu") or f"{m['cpu']}, {m['cpu_count']} cores"

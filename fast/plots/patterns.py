@@ -250,7 +250,7 @@ def _kpq_style(label: str):
 
 def plot_keys_per_query(ns: np.ndarray, curves: dict[str, tuple[np.ndarray, np.ndarray]]):
     """Log-log, two panels. Left: keys read by the query that reads the most
-    against n, with the sqrt(n) and n guides. Right: query-key pairs of one head
+    against n, with a sqrt(n) guide (full attention's curve is n itself). Right: query-key pairs of one head
     (the sum over queries, n times the mean) divided by n sqrt(n): O(n sqrt n)
     is a flat line there. ``curves`` maps a label to (mean, max) arrays over
     ``ns``. Curves that coincide are drawn with different markers (hollow over
@@ -264,9 +264,8 @@ def plot_keys_per_query(ns: np.ndarray, curves: dict[str, tuple[np.ndarray, np.n
         left.loglog(ns, top, **kw)
         right.semilogx(ns, np.asarray(mean) * ns / ns ** 1.5, **kw)
     left.loglog(ns, np.sqrt(ns), ":", color="black", label="sqrt(n)")
-    left.loglog(ns, ns, ":", color="grey", label="n")
     left.set(xlabel="sequence length n", ylabel="keys read (the query that reads most)",
-             title="keys per query: O(sqrt n) with l = sqrt(n)")
+             title="keys read by the query that reads most")
     right.set_yscale("log")    # ticks at 1, 1.5, 2, 3, 5 of each decade, each labelled:
     right.yaxis.set_major_locator(LogLocator(base=10, subs=RATIO_TICKS))  # 1.5 can be read off
     right.yaxis.set_major_formatter(FormatStrFormatter("%g"))

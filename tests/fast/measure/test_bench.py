@@ -174,7 +174,7 @@ def test_cpu_figure_names_contenders_and_reads_in_ms(monkeypatch, tmp_path):
     fig = _drawn(monkeypatch, plots.plot, data, tmp_path)
     names = _legend_texts(fig)
     assert {"dense causal SDPA", "SDPA + boolean mask", "FlexAttention (BlockMask)",
-            "ours, PyTorch (structured)"} <= names, names
+            "ours, structured (C window kernel)"} <= names, names
     assert not names & {"dense", "naive", "flex", "structured"}
     assert all("milliseconds" in ax.get_ylabel() for ax in fig.axes)
     ys = [y for ax in fig.axes for line in ax.get_lines() for y in line.get_ydata()]
