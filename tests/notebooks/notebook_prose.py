@@ -165,6 +165,41 @@ PAPER_WORDS = {
         r"where the attention dominates the computation time, it is more worthwhile to perform "
         r"them one at a time and sequentially.",
     ),
+    "5.2": (
+        r"We found that Transformers were difficult to train with many layers, as noted by "
+        r"(Al-Rfou et al., 2018). Instead of incorporating auxiliary losses, we adopted the "
+        r"following architectural changes. First, we use the pre-activation residual block of "
+        r"(He et al., 2016), defining a network of $N$ layers in the following way:",
+        r"where embed is a function we describe in the next section, $W_{out}$ is a weight "
+        r"matrix, and resblock(h) normalizes the input to the attention block and a positionwise "
+        r"feedforward network in the following way:",
+        r"The norm function denotes Layer Normalization (Ba et al., 2016), and "
+        r"$ff(x) = W_2 f(W_1 x + b_1) + b_2$. Our choice of $f$ is the Gaussian Error Linear Unit "
+        r"(Hendrycks & Gimpel, 2016), $f(X) = X \odot \operatorname{sigmoid}(1.702 \cdot X)$, as "
+        r"used in (Radford et al., 2018). The output dimension of $W_1$ is 4.0 times the input "
+        r"dimension, unless otherwise noted. "
+        r"Observe that $H_N$ is the sum of $N$ applications of functions $a$ and $b$, and thus "
+        r"each function block receives a gradient directly from the output layer. We scale the "
+        r"initialization of $W_2$ and $W_p$ in Eq. 5 by $\frac{1}{\sqrt{2N}}$ to keep the ratio "
+        r"of input embedding scale to residual block scale invariant across values of $N$.",
+    ),
+    "5.3": (
+        r"In addition to the embedding of input symbols, positional embeddings are typically "
+        r"used in Transformers and other location-agnostic architectures to encode the spatial "
+        r"relationships of data (Gehring et al., 2017), (Parmar et al., 2018). "
+        r"We found using learned embeddings which either encoded the structure of the data or "
+        r"the factorized attention patterns were important for performance of our models. "
+        r"We added either $n_{emb} = d_{data}$ or $n_{emb} = d_{attn}$ embeddings to each input "
+        r"location, where $d_{data}$ refers to the number of dimensions of the data, and "
+        r"$d_{attn}$ is the number of dimensions of the factorized attention. If $\mathbf{x}_i$ "
+        r"is the one-hot encoded $i$th element in the sequence, and $\mathbf{o}_i^{(j)}$ "
+        r"represents the one-hot encoded position of $\mathbf{x}_i$ in the $j$th dimension "
+        r"$(1 \le j \le n_{emb})$, then:",
+        r"For images, we used data embeddings, where $d_{data} = 3$ for the row, column, and "
+        r"channel location of each input byte. For text and audio, we used two-dimensional "
+        r"attention embeddings, where $d_{attn} = 2$ and the index corresponds to each "
+        r"position's row and column index in a matrix of width equal to the stride.",
+    ),
     "5.4": (
         r"Gradient checkpointing has been shown to be effective in reducing the memory "
         r"requirements of training deep neural networks (Chen et al., 2016), (Gruslys et al., "
@@ -191,6 +226,15 @@ PAPER_WORDS = {
         r"at the same speed as a simple nonlinearity. The upper triangle of the attention matrix "
         r"is never computed, moreover, removing the need for the negative bias term of (Vaswani "
         r"et al., 2017) and halving the number of operations to be performed.",
+    ),
+    "5.6": (
+        r"We store network weights in single-precision floating-point, but otherwise compute "
+        r"network activations and gradients in half-precision, as in (Micikevicius et al., "
+        r"2017). This accelerates our training due to the usage of Tensor Core operations on the "
+        r"V100 GPU. During the gradient calculation, we use dynamic loss scaling to reduce "
+        r"numerical underflow, and we communicate half-precision gradients when averaging "
+        r"across multiple GPUs. When sampling, we cast the queries and keys to single-precision, "
+        r"as the query-key product can sometimes overflow the max value of half-precision.",
     ),
     "6": (
         r"We use the Adam optimizer with a linear warmup of 5000 iterations and a gradient "
