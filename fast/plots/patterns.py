@@ -250,11 +250,11 @@ def _kpq_style(label: str):
 
 def plot_keys_per_query(ns: np.ndarray, curves: dict[str, tuple[np.ndarray, np.ndarray]]):
     """Log-log, two panels. Left: keys read by the query that reads the most
-    against n, with a sqrt(n) guide (full attention's curve is n itself). Right: query-key pairs of one head
-    (the sum over queries, n times the mean) divided by n sqrt(n): O(n sqrt n)
-    is a flat line there. ``curves`` maps a label to (mean, max) arrays over
-    ``ns``. Curves that coincide are drawn with different markers (hollow over
-    filled), so none is hidden."""
+    against n, with a sqrt(n) guide (full attention's curve is n itself). Right:
+    query-key pairs of one head (the sum over queries, n times the mean) divided
+    by n sqrt(n): O(n sqrt n) is a flat line there. ``curves`` maps a label to
+    (mean, max) arrays over ``ns``. Curves that coincide are drawn with different
+    markers (hollow over filled), so none is hidden."""
     ns = np.asarray(ns, dtype=float)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10.6, 4.3))
     for idx, (label, (mean, top)) in enumerate(curves.items()):
