@@ -50,7 +50,8 @@ term
     In each notebook, a term's first use (in prose: not code, headings or the paper's
     quoted words; plural and hyphen or space between its words allowed) comes at or after
     its definition in that notebook, or its sentence links to a notebook that defines it
-    (``[merged heads](01_attention_patterns.ipynb#terms)``, the anchor optional).
+    (``[merged heads](01_attention_patterns.ipynb#terms)``, the anchor optional; a link to an
+    anchor of the same notebook, ``[§1](#1.-The-words)``, where that notebook defines it).
     Notebook 01 defines the words every notebook uses; a later notebook links its first
     use of each to 01, or defines a word of its own where it first needs it.
 
@@ -308,6 +309,7 @@ def setting_problems(text: str) -> list[tuple[str, str]]:
 # **TERM** in bold; a use of TERM before it must link to a notebook that defines it.
 DEFINE = re.compile(r"<!--\s*define:\s*(.+?)\s*-->")
 NOTEBOOK_LINK = re.compile(r"\]\(\s*(?:\./)?([\w.-]+\.ipynb)(?:#[^)\s]*)?\s*\)")
+SAME_NOTEBOOK_LINK = re.compile(r"\]\(\s*#[^)\s]*\s*\)")
 
 
 def term_pattern(term: str) -> re.Pattern:
@@ -390,7 +392,9 @@ def term_problems(nb, name: str, terms: dict[str, set[str]]) -> list[tuple[int, 
             if term in own and idx >= own[term]:
                 break                                  # defined here, at or before its first use
             start, end = _sentence_at(text, m.start())
-            links = {link for link in NOTEBOOK_LINK.findall(cell.source[start:end])}
+            links = set(NOTEBOOK_LINK.findall(cell.source[start:end]))
+            if term in own and SAME_NOTEBOOK_LINK.search(cell.source[start:end]):
+                links.add(name)                        # "[§1](#1.-The-words)": to this one
             if not links & where:
                 defined = ", ".join(sorted(where))
                 problems.append((idx, m.group(0),

@@ -236,6 +236,10 @@ def test_a_term_is_used_at_or_after_its_definition(tmp_path):
         ("term", 0, "merged head")]
     assert check_notebook(late) == []
     assert check_notebook(in_quote) == []            # the paper's words and headings are not uses
+    pointed = _book(tmp_path / "d", "01_a.ipynb",
+                    ["# 01\n\nA merged head ([§1](#1.-Words)) reads them once.",
+                     "## 1. Words\n" + MERGED])
+    assert check_notebook(pointed) == []             # a link to where this notebook defines it
 
 
 def test_a_term_defined_in_another_notebook_links_its_first_use(tmp_path):
