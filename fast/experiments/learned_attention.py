@@ -312,30 +312,42 @@ def beats_uniform(summary: dict) -> list[dict]:
     """Per layer, the head that departs most from uniform attention on each statistic:
     local, row, column and row+column pixel shares as multiples of uniform's (the row and
     column outside the local window, as the regions of ``fast.measure.attention_stats``;
-    uniform: the same shares of uniform attention over the same readable pixels), and the
-    lowest image entropy (1 = uniform). The numbers behind "which layers beat uniform, by
-    how much"; ``rowcol_heads`` lists the heads the rule labels row, column or row+column."""
+    uniform: the same shares of uniform attention over the same readable pixels), the
+    lowest image entropy (1 = uniform) and the largest data dependence. The numbers behind
+    "which layers beat uniform, by how much"; ``rowcol_heads`` lists the heads the rule labels
+    row, column or row+column.
+
+    A head labelled "start sink" parks most of its mass on the start token, so its pixel
+    shares and entropy describe a small remainder of its attention: the statistics of a
+    layer are taken over its other heads (``heads``), and ``sink_heads`` lists the sinks
+    (a layer whose heads are all sinks is measured over all of them, and says so). The
+    largest start-token mass is over every head."""
     shares, uni = np.asarray(summary["shares"]), np.asarray(summary["uniform"]["shares"])
     ent = np.asarray(summary["image_entropy"])
     start = np.asarray(summary["start"])
+    dep = np.asarray(summary["data_dependence"])
     rows = []
     for layer in range(len(shares)):
-        local = shares[layer, :, 0] / uni[0]
+        labels = summary["labels"][layer]
+        sinks = [h for h, label in enumerate(labels) if label == "start sink"]
+        heads = np.array([h for h in range(len(labels)) if h not in sinks] or range(len(labels)))
+        local = shares[layer, heads, 0] / uni[0]
         # a region uniform attention cannot read (outside a sparse pattern) has no lift
-        row, column = (np.divide(shares[layer, :, k], uni[k], out=np.zeros(len(shares[layer])),
+        row, column = (np.divide(shares[layer, heads, k], uni[k], out=np.zeros(len(heads)),
                                  where=uni[k] > 0) for k in (1, 2))
-        rowcol = (shares[layer, :, 1] + shares[layer, :, 2]) / (uni[1] + uni[2])
-        rows.append({"layer": layer, "local_x": float(local.max()),
-                     "local_head": int(local.argmax()), "rowcol_x": float(rowcol.max()),
-                     "rowcol_head": int(rowcol.argmax()), "row_x": float(row.max()),
-                     "row_head": int(row.argmax()), "column_x": float(column.max()),
-                     "column_head": int(column.argmax()),
-                     "rowcol_heads": [h for h, label in enumerate(summary["labels"][layer])
+        rowcol = (shares[layer, heads, 1] + shares[layer, heads, 2]) / (uni[1] + uni[2])
+        rows.append({"layer": layer, "heads": heads.tolist(), "sink_heads": sinks,
+                     "local_x": float(local.max()), "local_head": int(heads[local.argmax()]),
+                     "rowcol_x": float(rowcol.max()), "rowcol_head": int(heads[rowcol.argmax()]),
+                     "row_x": float(row.max()), "row_head": int(heads[row.argmax()]),
+                     "column_x": float(column.max()), "column_head": int(heads[column.argmax()]),
+                     "rowcol_heads": [h for h, label in enumerate(labels)
                                       if label in ROWCOL_LABELS],
-                     "min_entropy": float(ent[layer].min()),
+                     "min_entropy": float(ent[layer, heads].min()),
+                     "entropy_head": int(heads[ent[layer, heads].argmin()]),
                      "max_start": float(start[layer].max()),
-                     "max_data_dependence": float(np.max(summary["data_dependence"][layer])),
-                     "labels": summary["labels"][layer]})
+                     "max_data_dependence": float(dep[layer, heads].max()),
+                     "labels": labels})
     return rows
 
 

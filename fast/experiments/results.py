@@ -329,7 +329,8 @@ def fig2_section(la: dict, long: bool = False) -> list[str]:
     out = [f"Figure 2, `{command}`: a dense model ({cfg['n_layers']} layers, "
            f"d={cfg['d_model']}, {cfg['n_heads']} heads, {train['steps']} steps, "
            f"{train['test_bits']:.3f} test bits/dim{where}) on {la['images']}; per layer, "
-           f"the head that departs most from uniform attention (local within {dense['window']} px "
+           f"the head that departs most from uniform attention, start sinks left out (local "
+           f"within {dense['window']} px "
            f"and row+column: share of the pixel mass as a multiple of uniform's; image entropy: "
            f"1 = uniform; data dependence: 0 = the same weights for every image):", "",
            "| layer | head labels | local | row+column | lowest entropy | start token, max "

@@ -122,19 +122,21 @@ def draw_heads(maps: np.ndarray, image: np.ndarray, query: int, image_shape, lab
     if readable is not None and np.shape(readable) != (H, n, n):
         raise ValueError(f"readable must be one mask per head, (H, n, n) = {(H, n, n)}, "
                          f"got shape {np.shape(readable)}")
-    fig, axes = plt.subplots(L, H + 1, figsize=(1.3 * (H + 1) + 0.9, 1.35 * L + 0.6),
+    fig, axes = plt.subplots(L, H + 1, figsize=(1.3 * (H + 1) + 0.9, 1.5 * L + 0.7),
                              squeeze=False, layout="constrained")
     for layer in range(L):
         _show_image(axes[layer, 0], image, query, image_shape, f"layer {layer}")
         for head in range(H):
             row_mask = None if readable is None else readable[head, query]
+            start = float(maps[layer, head, query, 0])
             _panel(axes[layer, head + 1], maps[layer, head, query], query, image_shape, row_mask,
-                   f"h{head}: {labels[layer][head]}")
+                   f"h{head}: {labels[layer][head]}\nhere: start {start:.2f}")
     r, c = divmod(query // image_shape[2], image_shape[1])
     extra = "; grey = outside the pattern" if readable is not None else ""
     fig.suptitle(f"Fig. 2, {NAMES.get(pattern, pattern)} model: where pixel (row {r}, col {c}) "
                  f"looks (red); black = not yet generated{extra};\nsquare outside the corner = "
-                 f"start token; labels from the rule of fast.measure.attention_stats",
+                 f"start token. Labels: averages over many test images and query\npixels (one "
+                 f"image, one query drawn); 'here: start' = this panel's weight on the start token",
                  fontsize=8.5)
     _colorbar(fig, axes)
     return style.save(fig, path)
@@ -155,7 +157,8 @@ def draw_layers(maps: np.ndarray, image: np.ndarray, queries, image_shape, label
             _panel(axes[row, layer + 1], avg[layer, q], q, image_shape, None,   # a label a line
                    f"layer {layer}" + (f"\n{text}" if row == 0 else ""))
     fig.suptitle("dense model, head-averaged attention of every layer for three query pixels "
-                 "(one shared log scale; square = start token)", fontsize=8.5)
+                 "(one shared log scale; square = start token);\nlabels: every head's, averaged "
+                 "over many test images and query pixels, not over the three drawn", fontsize=8.5)
     _colorbar(fig, axes)
     return style.save(fig, path)
 

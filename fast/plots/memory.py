@@ -35,8 +35,9 @@ def _arrow(ax, a, b, rad=0.0):
 # The block's forward pass, bottom to top (eq. 10, 12-14): (text, kept for backward without
 # recomputation, rebuilt in backward with it). Measured (``fast.measure.memory.graph_saved``):
 # a and b themselves are never kept (only H + a, which the second norm reads, and f, which
-# W_2 reads, are), and torch.utils.checkpoint stops rebuilding once the last tensor backward
-# needs exists, so W_2 f is not recomputed.
+# W_2 reads, are); the GeLU keeps all three of its (n x 4d) tensors (u and s for its own
+# backward, f for W_2's); and torch.utils.checkpoint stops rebuilding once the last tensor
+# backward needs exists, so W_2 f is not recomputed.
 DATAFLOW = [
     ("H_{k-1}  (n x d)  block input", True, False),
     ("norm(H)  (n x d)", True, True),
@@ -44,8 +45,9 @@ DATAFLOW = [
     ("attention out (n x d) + lse", True, True),
     ("a = dropout(W_p out)  (n x d)", False, True),
     ("norm(H + a), and H + a  (n x d)", True, True),
-    ("W_1 x + b_1  (n x 4d)", True, True),
-    ("f = GeLU: x sigmoid(1.702 x)  (n x 4d)", True, True),
+    ("u = W_1 x + b_1  (n x 4d)", True, True),
+    ("s = sigmoid(1.702 u)  (n x 4d)", True, True),
+    ("f = u s, the GeLU  (n x 4d)", True, True),
     ("b = dropout(W_2 f + b_2)  (n x d)", False, False),
     ("H_k = H + a + b  (next block's input)", True, False),
 ]
@@ -63,7 +65,7 @@ def draw_dataflow(path, block_tensors=None, *, n=None, d=None, pattern=None):
     model of width d at length n saved (a row of ``memory.json``'s "depth" step,
     from ``fast.experiments.memory_report``), summed under the drawing.
     """
-    fig, axes = plt.subplots(1, 2, figsize=(10.4, 7.4))
+    fig, axes = plt.subplots(1, 2, figsize=(10.4, 8.0))
     step = 1.15
     top = step * (len(DATAFLOW) - 1)
     for ax, recompute in zip(axes, (False, True)):

@@ -3,7 +3,8 @@
 Child et al., 2019: the notebooks re-derive and quote the paper (sec. 4-7). The
 checker reads the committed ``.ipynb`` files (no execution); its rules are in
 ``tests/notebooks/notebook_prose.py``. Each rule is shown to fire on a small notebook built
-here, and a changed number in notebook 01's prose is shown to be caught.
+here (each new rule on the sentence of the notebooks that it would have caught), and a changed
+number in notebook 01's prose is shown to be caught.
 """
 
 from __future__ import annotations
@@ -13,8 +14,14 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from tests.notebooks.notebook_prose import PAPER_NUMBERS, PAPER_SECTIONS, PAPER_WORDS, check_notebook
 from tests.conftest import ROOT
+from tests.notebooks.notebook_prose import (
+    PAPER_NUMBERS,
+    PAPER_SECTIONS,
+    PAPER_SETTINGS,
+    PAPER_WORDS,
+    check_notebook,
+)
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -26,6 +33,7 @@ def test_notebook_prose_is_held_by_outputs_and_the_paper(path):
 
 def test_the_paper_registries_name_its_sections():
     assert set(PAPER_WORDS) <= PAPER_SECTIONS
+    assert set(PAPER_SETTINGS) == {"Enwik8", "CIFAR-10", "ImageNet"}
     for where in PAPER_NUMBERS:
         m = re.match(r"sec\. (\S+)$", where)
         assert m is None or m.group(1) in PAPER_SECTIONS, where
@@ -152,6 +160,104 @@ def test_a_section_reference_says_whose_section(tmp_path, prose, flagged):
     found = _found(tmp_path, [("md", "## 1. One"), ("md", prose)])
     print(found)
     assert [words for rule, words in found if rule == "reference"] == flagged
+
+
+@pytest.mark.parametrize("prose, printed, flagged", [
+    # notebook 09 once said this beside a printed -0.06 (in a cell nbval does not compare)
+    ("tops and bottoms of different crops paired at random -- still above zero", "-0.06",
+     [("number", "zero")]),
+    ("paired at random: near zero", "correlation 0.0", []),
+    ("the sparse cache holds about a quarter", "28%", []),
+    ("the sparse cache holds about a quarter", "0.50", [("number", "a quarter")]),
+    ("a step is about a hundred small operations", "ops 4496", [("number", "a hundred")]),
+    ("twice as fast", "ratio 1.9x", []),
+    ("padding slots are masked to zero; no pair is read twice", "", []),      # idioms
+])
+def test_a_quantity_in_words_is_printed_in_its_section(tmp_path, prose, printed, flagged):
+    found = _found(tmp_path, [("md", "## 1. A section"), ("code", "x = 1", printed),
+                              ("md", prose)])
+    print(prose, "|", printed, "->", found)
+    assert found == flagged
+
+
+@pytest.mark.parametrize("prose, flagged", [
+    # notebook 03 once said this of n = 16,384; the paper's Enwik8 context is 12,288 (sec. 7.2)
+    ("At the paper's Enwik8 sizes ($n = 16384$, $l = 128$, $c = 32$) they are small.",
+     ["setting"]),
+    ("At the paper's Enwik8 sizes ($n = 12{,}288$, $l = 128$, $c = 32$) they are small.", []),
+    ("the paper's CIFAR-10 images (n = 3072, d = 256)", []),
+    ("the paper's CIFAR-10 images (n = 1024)", ["setting"]),
+    ("here n = 16384, unlike the paper's Enwik8 model", []),   # no sizes given for the paper
+])
+def test_the_sizes_of_a_named_experiment_of_the_paper_are_the_papers(tmp_path, prose, flagged):
+    found = _found(tmp_path, [("md", prose)])
+    print(found)
+    assert [rule for rule, _ in found if rule == "setting"] == flagged
+
+
+@pytest.mark.parametrize("prose, flagged", [
+    # notebook 03 once said this where "## 9. The benchmark" was its benchmark
+    ("With $l$ fixed (128, the paper's text setting in sec. 7.2, and the benchmark's in §8)",
+     ["§8"]),
+    ("the benchmark's in §9", []),
+    ("the benchmark (§8)", ["§8"]),
+    ("the benchmark (§9)", []),
+    ("the heads one after another (§8)", []),
+    ("their sequences short (§8 prints both)", []),        # a pointer, not a name
+    ("printed per head in §8 and §9", []),                 # §9 stands beside no noun
+])
+def test_a_reference_beside_a_noun_points_at_the_section_named_by_it(tmp_path, prose, flagged):
+    cells = [("md", "## 8. Heads one after another (sec. 5.1)"), ("md", "## 9. The benchmark"),
+             ("md", prose)]
+    found = _found(tmp_path, cells)
+    print(found)
+    assert [words for rule, words in found if rule == "reference"] == flagged
+
+
+def _book(folder: Path, name: str, sources) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(s) for s in sources]
+    folder.mkdir(exist_ok=True)
+    nbformat.write(nb, folder / name)
+    return folder / name
+
+
+MERGED = ("<!-- define: merged head -->\nA **merged head** reads the union of the two "
+          "heads' positions.")
+
+
+def test_a_term_is_used_at_or_after_its_definition(tmp_path):
+    # notebook 01 once used "merged" in its first cell; notebook 02 defined it
+    early = _book(tmp_path, "01_a.ipynb", ["# 01\n\nA merged head reads them once.", MERGED])
+    late = _book(tmp_path / "b", "01_a.ipynb", ["# 01", MERGED, "The merged heads read more."])
+    in_quote = _book(tmp_path / "c", "01_a.ipynb",
+                     ["> which we call a *merged* head (sec. 5.1)", "## 1. Merged heads", MERGED])
+    assert [(f.rule, f.cell, f.words) for f in check_notebook(early)] == [
+        ("term", 0, "merged head")]
+    assert check_notebook(late) == []
+    assert check_notebook(in_quote) == []            # the paper's words and headings are not uses
+    pointed = _book(tmp_path / "d", "01_a.ipynb",
+                    ["# 01\n\nA merged head ([§1](#1.-Words)) reads them once.",
+                     "## 1. Words\n" + MERGED])
+    assert check_notebook(pointed) == []             # a link to where this notebook defines it
+
+
+def test_a_term_defined_in_another_notebook_links_its_first_use(tmp_path):
+    _book(tmp_path, "01_terms.ipynb", ["# 01", MERGED])
+    bare = _book(tmp_path, "02_b.ipynb", ["# 02\n\nEvery layer has two merged heads."])
+    assert [(f.rule, f.words) for f in check_notebook(bare)] == [("term", "merged heads")]
+    linked = _book(tmp_path, "02_b.ipynb", [
+        "# 02\n\nEvery layer has two [merged heads](01_terms.ipynb#terms). Merged heads read "
+        "more."])
+    assert check_notebook(linked) == []
+    elsewhere = _book(tmp_path, "02_b.ipynb", [
+        "# 02\n\nEvery layer has two merged heads. See [notebook 01](01_terms.ipynb)."])
+    assert [f.rule for f in check_notebook(elsewhere)] == ["term"]   # the link is in its sentence
+
+
+def test_a_definition_writes_its_term_in_bold(tmp_path):
+    path = _book(tmp_path, "01_a.ipynb", ["<!-- define: stride -->\nThe stride l is the period."])
+    assert [(f.rule, f.words) for f in check_notebook(path)] == [("term", "define: stride")]
 
 
 # ---------------------------------------------------------------------------

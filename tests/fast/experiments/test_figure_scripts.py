@@ -360,6 +360,25 @@ def test_row_and_column_lifts_are_measured_against_uniform():
                                                                 whole["shares"])
 
 
+def test_a_layers_verdict_leaves_out_its_start_sinks():
+    """A start sink (most of its mass on the start token) whose small pixel remainder sits on
+    the pixel above the query would make its layer look local and concentrated; the layer's
+    statistics come from its other head, uniform attention, and name the sink apart."""
+    _, w, _ = LA.SHAPE
+    sink = 0.3 * _one_key(w - 1)                     # 0.3 on the pixel above ...
+    sink[..., 0] += 0.7                              # ... and 0.7 on the start token
+    n = sink.shape[-1]
+    uniform = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    maps = np.concatenate([sink, np.broadcast_to(uniform, sink.shape)], axis=2)   # H = 2
+    s = LA.summarise(maps)
+    assert s["labels"] == [["start sink", "global"]]
+    row = LA.beats_uniform(s)[0]
+    assert row["sink_heads"] == [0] and row["heads"] == [1]
+    assert np.isclose(row["local_x"], 1.0) and np.isclose(row["min_entropy"], 1.0)
+    assert row["local_head"] == row["entropy_head"] == 1
+    assert np.isclose(row["max_start"], 0.7)          # the start mass is every head's
+
+
 def test_table2_profile_and_output_init_options(capsys):
     """``table2 --profile`` measures and trains nothing, so it refuses training options in
     one line; ``--output-init`` takes the config's two values only."""
