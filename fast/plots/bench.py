@@ -27,6 +27,7 @@ LABELS = {
     "dense": "dense causal SDPA",
     "naive": "SDPA + boolean mask",
     "flex": "FlexAttention (BlockMask)",
+    "flex flash": "FlexAttention, FLASH backend",
     "structured": "ours, PyTorch (structured)",
     "triton block-sparse": "ours, Triton block-sparse",
     "triton natural order": "Triton, natural order (no transposition)",
