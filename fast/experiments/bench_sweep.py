@@ -265,6 +265,7 @@ def config(sweep: Sweep) -> dict:
         "memory": ("torch.cuda.max_memory_allocated above the inputs" if sweep.device == "cuda"
                    else cpu_memory),
         "default_variant": DEFAULT,
+        "flex_peer": contenders.FLEX_PEER,
         "variant_settings": {name: variant_settings(VARIANTS[name])
                              for name in sweep.variants or (DEFAULT,)}})
     return json.loads(json.dumps(out))               # tuples as lists, as read back

@@ -75,6 +75,10 @@ NAMES = ("dense", "naive", "flex", "flex flash", "structured", "triton block-spa
 TRITON = ("triton block-sparse", "triton natural order")
 FLEX = {"flex": None, "flex flash": {"BACKEND": "FLASH"}}   # name -> kernel_options
 DYNAMO_CACHE_LIMIT = 256                         # recompiles allowed before dynamo gives up
+# What a record's "flex" rows ran (its config's "flex_peer"): this peer; "first peer" marks
+# the records of the first GPU run, whose FlexAttention compiled with dynamic shapes on a
+# create_block_mask BlockMask (about 4x slower than this peer on an H200).
+FLEX_PEER = "flex_sparse_attention"
 
 # aten operator of each SDPA backend (the first one found names the backend)
 SDPA_OPS = (("cudnn", "_scaled_dot_product_cudnn_attention"),

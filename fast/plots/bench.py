@@ -34,8 +34,15 @@ LABELS = {
 }
 
 
-def label(name: str) -> str:
-    """What a contender is, for a legend."""
+# the "flex" rows of a record whose config says "flex_peer": "first peer"
+FIRST_FLEX = "FlexAttention, first peer (dynamic shapes: not its best)"
+
+
+def label(name: str, config: dict | None = None) -> str:
+    """What a contender is, for a legend (``config``: the record's, which says which
+    FlexAttention peer its "flex" rows ran)."""
+    if name == "flex" and (config or {}).get("flex_peer") == "first peer":
+        return FIRST_FLEX
     return LABELS.get(name, name)
 
 
@@ -52,7 +59,7 @@ def _log_axes(ax) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
 
 
-def _time_panel(ax, rows, pattern, what, title, slopes=True):
+def _time_panel(ax, rows, pattern, what, title, slopes=True, config=None):
     for name in contender_names(rows, pattern):
         pts = sorted((r["n"], r[what] * 1e3) for r in rows if r["contender"] == name
                      and r["pattern"] in (pattern, None) and r.get(what))
@@ -61,7 +68,8 @@ def _time_panel(ax, rows, pattern, what, title, slopes=True):
         ns, ts = zip(*pts)
         big = [(n, t) for n, t in pts if n >= SLOPE_FROM]
         slope = fitted_slope(*zip(*big)) if slopes and len(big) >= 2 else None
-        tag = f"{label(name)} (slope {slope:.2f})" if slope is not None else label(name)
+        name_of = label(name, config)
+        tag = f"{name_of} (slope {slope:.2f})" if slope is not None else name_of
         ax.plot(ns, ts, marker=style.marker(name), color=style.color(name), label=tag)
     _log_axes(ax)
     ax.set_title(title, fontsize=10)
@@ -105,22 +113,24 @@ def plot_gpu(data: dict, path: Path, dtype: str | None = None, shape=None) -> Pa
     for i, pattern in enumerate(patterns):
         settings = ", ".join(f"{k}={v}" for k, v in c["patterns"][pattern].items())
         for j, (what, text) in enumerate((("fwd_s", "forward"), ("fb_s", "forward + backward"))):
-            _time_panel(axes[i, j], rows, pattern, what, f"{pattern} ({settings}): {text}")
+            _time_panel(axes[i, j], rows, pattern, what, f"{pattern} ({settings}): {text}",
+                        config=c)
             axes[i, j].set_ylabel(f"milliseconds (median, {timer})")
-        _speedup_panel(axes[i, 2], rows, pattern)
+        _speedup_panel(axes[i, 2], rows, pattern, c)
     if long:
         _long_panels(axes[-1], long)
     m = data["machine"]
     where = m.get("gpu") or f"{m['cpu']} (wall clock)"
     sdpa = data["calibration"]["sdpa_backend"].get(dtype, "?")
+    variant = f", kernel variant {c['default_variant']}" if c.get("default_variant") else ""
     fig.suptitle(f"Sparse attention vs dense causal SDPA ({sdpa}) on {where}: B={B}, H={H}, "
-                 f"d={c['d']}, {dtype}, block {c['block']}; torch {m['torch']}, "
+                 f"d={c['d']}, {dtype}, block {c['block']}{variant}; torch {m['torch']}, "
                  f"Triton {m.get('triton')}", fontsize=10)
     fig.tight_layout()
     return style.save(fig, path)
 
 
-def _speedup_panel(ax, rows, pattern):
+def _speedup_panel(ax, rows, pattern, config=None):
     """Speed-up over dense of every contender (forward solid, forward+backward dashed)
     and the ideal of the structured layout (dotted)."""
     for name in contender_names(rows, pattern):
@@ -131,7 +141,7 @@ def _speedup_panel(ax, rows, pattern):
                          and r["pattern"] == pattern and r.get(what, {}).get("speedup"))
             if pts:
                 ax.plot(*zip(*pts), ls=ls, marker=style.marker(name), color=style.color(name),
-                        label=f"{label(name)}, {'fwd' if what == 'fwd' else 'fwd+bwd'}")
+                        label=f"{label(name, config)}, {'fwd' if what == 'fwd' else 'fwd+bwd'}")
     ideal = sorted({(r["n"], r["ideal"]) for r in rows if r["pattern"] == pattern
                     and r.get("ideal")})
     if ideal:

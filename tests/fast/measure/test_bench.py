@@ -442,6 +442,12 @@ def test_the_sweep_measures_only_n_in_the_range_asked_for(argv):
      "'100000'; allowed: an integer in [1, 16777216] that is a power of two"),
     (["--n-min", "4096", "--n-max", "2048"], "--n-min 4096 with --n-max 2048; allowed: "
      "--n-min <= --n-max"),
+    (["--points", "4x16x1000"], "argument --points: got '4x16x1000'; allowed: BxHxN with B and "
+     "H in [1, 4096] and N a power of two"),
+    (["--points", "4x16"], "argument --points: got '4x16'; allowed: BxHxN"),
+    (["--cap-s", "0"], "argument --cap-s: got '0'; allowed: a finite number in (0.0,"),
+    (["--device", "cuda", "--only-long", "--points", "1x4x4096"],
+     "--points with --only-long; allowed: --points with a sweep"),
 ])
 def test_bench_refuses_an_n_range_it_would_leave(argv, says, capsys):
     """An end of the sweep that is not a power of two is refused in one line (it was
