@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fast.backends.naive import masked_attention
 from fast.measure import host_reads as H
 from fast.transformer.network.model import check_token_ids
 
@@ -64,6 +65,13 @@ def test_the_reads_made_on_the_cpu_only_are_told_apart():
     assert "on the CPU only" in H.describe(got)
     # off the CPU the same check reads nothing (a read of a meta tensor would raise)
     assert H.host_reads(lambda: check_token_ids(ids.to("meta"), 10)) == []
+    # the naive path likewise looks for rows that read nothing on the CPU only
+    q, mask = torch.randn(1, 2, 5, 4), torch.ones(5, 5, dtype=torch.bool).tril()
+    got = H.host_reads(lambda: masked_attention(q, q, q, mask))
+    assert len(got) == 1 and "naive path" in H.on_the_cpu_only(got[0])
+    meta = H.host_reads(lambda: masked_attention(q.to("meta"), q.to("meta"), q.to("meta"),
+                                                 mask.to("meta")))
+    assert meta == []
     other = H.host_reads(lambda: torch.ones(2).sum().item())
     assert H.on_the_cpu_only(other[0]) is None
     assert H.summary(other) == [{"op": "item", "device": "cpu", "where": other[0].where,
