@@ -26,8 +26,8 @@ TORCH_STAMP := $(VENV)/.torch-installed
 LAB_STAMP   := $(VENV)/.lab-installed
 
 .PHONY: install test test-quick lint notebooks figures bench lab clean help FORCE
-.PHONY: test-gpu gpu-check gpu-tests gpu-tests-0 gpu-tests-1 gpu-tests-2 gpu-variants gpu-bench gpu-long
-.PHONY: gpu-train-time gpu-layout-time
+.PHONY: test-gpu gpu-check gpu-check-all gpu-tests gpu-tests-0 gpu-tests-1 gpu-tests-2
+.PHONY: gpu-variants gpu-variants-all gpu-bench gpu-bench-all gpu-long gpu-train-time gpu-layout-time
 
 help:
 	@echo "make figures  - install, then regenerate every figure in figures/"
@@ -38,8 +38,9 @@ help:
 	@echo "make bench    - CPU attention benchmark (figures/data/bench_cpu.json, auto_cpu.json, compile_cpu.json)"
 	@echo "make lint     - ruff and the import-layer contract (part of make test)"
 	@echo "TORCH=cpu (default) | cu128 | ... | pypi picks the PyTorch build (see Makefile)"
-	@echo "make gpu-check OUT=dir - GPU tests, variant sweep, benchmark, long sweep, training time"
-	@echo "                        (docs/gpu.md; each part alone: make gpu-variants, ...)"
+	@echo "make gpu-check OUT=dir - a GPU session in 9 minutes: the gpu tests, the variants and the"
+	@echo "                        benchmark at the targets, the training time (docs/gpu.md;"
+	@echo "                        each part alone: make gpu-variants, ...; every part: gpu-check-all)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -103,20 +104,23 @@ lab: $(LAB_STAMP)
 	$(VENV)/bin/jupyter lab notebooks
 
 # GPU (docs/gpu.md). test-gpu: the tests marked gpu with the kernels compiled, when CUDA
-# is present (one line saying why not otherwise). gpu-check: everything a GPU session
-# runs, in order, results and logs under OUT, by one driver (python -m fast gpu-check,
-# which needs no make: docs/gpu.md gives its command lines); each part is also its own
-# target, for a machine that limits one command to 10 minutes:
-#   gpu-tests-0, -1, -2       the gpu tests: those without a kernel variant, then each
-#                             half of the variants (gpu-tests: all three)
-#   gpu-variants              every kernel variant at the targets' points; the winners
-#   gpu-bench                 the benchmark (bench_cuda.json, bench_cuda.png)
+# is present (one line saying why not otherwise). gpu-check: a GPU session, fitted to 9
+# minutes of commands on an H100 / H200, results and logs under OUT, by one driver
+# (python -m fast gpu-check, which needs no make: docs/gpu.md gives its command lines);
+# each part is also its own target:
+#   gpu-tests                 every gpu test, by pytest-xdist workers where installed
+#   gpu-variants              every kernel variant at the target point (4, 16, 16384)
+#   gpu-bench                 the benchmark at the targets' points (bench_cuda.json, .png)
+#   gpu-train-time            Table 2's time per training iteration, with its floor
+# and the longer ones, not in the session (gpu-check-all runs every part):
+#   gpu-tests-0, -1, -2       the gpu tests split by kernel variant, one process each
+#   gpu-variants-all          every kernel variant at every target point
+#   gpu-bench-all             the whole benchmark (float16 and bfloat16, every n)
 #   gpu-long                  the long sweep, n = 2^17 .. 2^20
-#   gpu-train-time            Table 2's time per training iteration
 #   gpu-layout-time           the host's part of a first call at n = 2^20
 # They use $(PY) as it is: make install first, or pass PY=python3 where torch is installed.
 # GPU_TEST_ARGS: more pytest arguments for the gpu tests, e.g. GPU_TEST_ARGS="-x -k strided";
-# GPU_CHECK_ARGS: more driver options, e.g. GPU_CHECK_ARGS="--minutes 9.5" or "--dry-run".
+# GPU_CHECK_ARGS: more driver options, e.g. GPU_CHECK_ARGS="--minutes 8" or "--dry-run".
 OUT ?= gpu-results
 GPU_CHECK = $(PY) -m fast gpu-check --out $(OUT) $(if $(GPU_TEST_ARGS),--test-args="$(GPU_TEST_ARGS)") $(GPU_CHECK_ARGS)
 
@@ -128,10 +132,10 @@ test-gpu:
 gpu-check:
 	$(GPU_CHECK)
 
-gpu-tests:
-	$(GPU_CHECK) --parts tests-0 tests-1 tests-2
+gpu-check-all:
+	$(GPU_CHECK) --all
 
-gpu-tests-0 gpu-tests-1 gpu-tests-2 gpu-variants gpu-bench gpu-long gpu-train-time gpu-layout-time:
+gpu-tests gpu-tests-0 gpu-tests-1 gpu-tests-2 gpu-variants gpu-variants-all gpu-bench gpu-bench-all gpu-long gpu-train-time gpu-layout-time:
 	$(GPU_CHECK) --parts $(patsubst gpu-%,%,$@)
 
 clean:

@@ -15,7 +15,11 @@ and BigBird: every head reads the same mask.
   ``BlockMask.from_kv_blocks``: no n x n evaluation (``create_block_mask`` would
   run the mask_mod on all n^2 pairs).
 * ``flex_sparse_attention``: q, k, v -> output, with the BlockMask and the compiled
-  ``flex_attention`` cached.
+  ``flex_attention`` cached: FlexAttention's fastest documented configuration,
+  ``torch.compile(flex_attention, dynamic=False)`` (one kernel per shape, its sizes
+  constants) on a BlockMask whose full blocks are apart (no mask_mod evaluated in
+  them); ``cached_block_mask`` is that BlockMask. The attention benchmark's
+  FlexAttention peer calls this function (``fast.measure.contenders``).
 
 FlexAttention sees the natural order, where strided and fixed touch almost every
 causal 128-block (at l = 128 every query block reads every earlier key block): it
@@ -160,6 +164,15 @@ def _cached_block_mask(pattern, n, n_heads, combine, layer, device, items):
     return block_mask(pattern, n, n_heads, combine, layer, device=device, **dict(items))
 
 
+def cached_block_mask(pattern: str, n: int, n_heads: int, combine: str = "merged",
+                      layer: int = 0, device="cpu", params: dict | None = None) -> BlockMask:
+    """The BlockMask ``flex_sparse_attention`` uses for self-attention over n positions
+    (the same object, from the same cache): ``params`` as its keywords (stride, c, ...)."""
+    params = check_params(pattern, n, n_heads, combine, layer, dict(params or {}))
+    return _cached_block_mask(pattern, n, n_heads, combine, layer, str(torch.device(device)),
+                              tuple(sorted(params.items())))
+
+
 # What torch 2.13.0's compiled FlexAttention takes on the CPU (float64 fails inside
 # the compiler with an internal error)
 CPU_COMPILED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -169,7 +182,7 @@ def flex_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pat
                           stride=None, c=None, combine: str = "merged", layer: int = 0,
                           scale=None, compile: bool = True, check_finite: bool | None = None,
                           lengths=None, offsets=None, enable_gqa: bool = False,
-                          **params) -> torch.Tensor:
+                          kernel_options: dict | None = None, **params) -> torch.Tensor:
     """FlexAttention with the pattern's BlockMask: q (B, H, n_q, d), k (B, Hkv, n_k, d),
     v (B, Hkv, n_k, d_v) -> output (B, H, n_q, d_v). Rows that read nothing give 0.
 
@@ -195,6 +208,10 @@ def flex_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pat
     FlexAttention call when a non-finite value is present (on the CPU; on a GPU every
     call, as it cannot look without waiting); None: True on the CPU, and on a GPU
     FlexAttention as it is (the benchmarks' peer).
+
+    kernel_options: passed to FlexAttention as they are (e.g. ``{"BACKEND": "FLASH"}``
+    for its FlashAttention-4 kernel on CUDA, where torch and the flash-attn-4 package
+    offer it); None: FlexAttention's defaults.
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(f"q, k, v must be (B, H, n, d), got shapes {tuple(q.shape)}, "
@@ -225,8 +242,10 @@ def flex_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pat
         mask = _aligned_block_mask(pattern, B, n_heads, n_q, n, combine, layer, q.device,
                                    params, lengths, offsets)
     attend = _compiled_flex() if compile else flex_attention
-    gqa = {"enable_gqa": True} if kv_heads != n_heads else {}
-    run = lambda q, k, v: attend(q, k, v, block_mask=mask, scale=scale, **gqa)
+    extra = {"enable_gqa": True} if kv_heads != n_heads else {}
+    if kernel_options is not None:
+        extra["kernel_options"] = dict(kernel_options)
+    run = lambda q, k, v: attend(q, k, v, block_mask=mask, scale=scale, **extra)
     if check_finite:
         reject_non_finite(q, k, v)
     if check_finite is False:
@@ -263,4 +282,4 @@ def _wide(run, width: int = 16):
     return wide
 
 
-__all__ = ["mask_mod", "block_mask", "flex_sparse_attention"]
+__all__ = ["mask_mod", "block_mask", "cached_block_mask", "flex_sparse_attention"]

@@ -45,10 +45,12 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     (B, H, n_q, n_k). Returns (B, H, n_q, d); empty rows give 0."""
     gqa = {"enable_gqa": True} if enable_gqa else {}
     reads_any = mask.any(dim=-1, keepdim=True)                          # (.., n_q, 1)
-    # Eager calls look first (one read on the host) and skip the fix when every row reads
-    # something; a compiled graph cannot look without breaking, so it always applies the
-    # fix, which changes nothing in a row that reads something (the same numbers).
-    if torch.compiler.is_compiling() or not bool(reads_any.all()):
+    # Eager calls on the CPU look first (one read on the host, which costs no wait there) and
+    # skip the fix when every row reads something; a compiled graph cannot look without
+    # breaking, and a GPU only by waiting for the device, so both always apply the fix, which
+    # changes nothing in a row that reads something (the same numbers).
+    if (torch.compiler.is_compiling() or mask.device.type != "cpu"
+            or not bool(reads_any.all())):
         first = torch.arange(mask.shape[-1], device=mask.device) == 0    # (n_k,)
         mask = mask | (first & ~reads_any)             # an empty row reads key 0 ...
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)

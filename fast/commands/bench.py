@@ -71,6 +71,20 @@ def shape(text: str) -> tuple[int, int]:
     return b, h
 
 
+def bhn(text: str) -> tuple[int, int, int]:
+    """'4x16x16384' -> (B, H, n) = (4, 16, 16384): B and H in [1, 4096], n a power of two."""
+    try:
+        b, h, n = (int(x) for x in text.lower().split("x"))
+        if not (1 <= b <= 4096 and 1 <= h <= 4096 and 1 <= n <= cli.MAX_SEQUENCE
+                and n & (n - 1) == 0):
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: BxHxN with B and H in "
+                                         f"[1, 4096] and N a power of two, e.g. "
+                                         f"4x16x16384") from None
+    return b, h, n
+
+
 def parser() -> cli.Parser:
     """The parser of ``python -m fast bench``; measures nothing."""
     n = cli.integer(1, cli.MAX_SEQUENCE)
@@ -113,6 +127,14 @@ def parser() -> cli.Parser:
                    help="fewest repetitions of a short call (fresh process 3, same process 5)")
     p.add_argument("--max-minutes", type=cli.finite(0.0, 10**4, lo_open=True), default=None,
                    help="start no new point after this (default 9 on CUDA)")
+    p.add_argument("--points", nargs="+", type=bhn, default=None,
+                   help="(B, H, n) measured after the sweep's shapes and n, in the first "
+                        "dtype, as BxHxN; default 1x16x65536 on CUDA, the variant sweep "
+                        "1x4x16384 1x16x65536, none on the CPU")
+    p.add_argument("--cap-s", type=cli.finite(0.0, 86400.0, lo_open=True), default=None,
+                   help="seconds one contender may spend at one point, compilation included "
+                        "(no new phase of it starts past the cap, and it is not run at the "
+                        "larger n of its shape); default 60 on CUDA, none on the CPU")
     p.add_argument("--long", action="store_true",
                    help="add the long sweep (B=1, H=8, l=256; one process: CUDA or "
                         "--same-process)")
@@ -167,6 +189,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         flag = "--only-long" if args.only_long else "--long"
         cli.fail(PROG, f"{flag} with the CPU's fresh process per point; allowed: {flag} with "
                        f"--same-process or --device cuda (the long sweep runs in one process)")
+    if args.points and args.only_long:
+        cli.fail(PROG, "--points with --only-long; allowed: --points with a sweep (the long "
+                       "sweep has its own n: --long-n-min, --long-n-max)")
     if args.crossover and args.compile:
         cli.fail(PROG, "--crossover with --compile; allowed: one of them (each is its own run)")
     for alone in ("crossover", "compile"):
@@ -229,17 +254,18 @@ def sweep_from(args: argparse.Namespace) -> Sweep:
         else ()
     base = Sweep.defaults(args.device, same, variants)
     target = 0.3 if args.quick and args.target is None else args.target
-    method = base.method.with_(target_s=target, min_reps=args.min_reps)
+    method = base.method.with_(target_s=target, min_reps=args.min_reps, cap_s=args.cap_s)
     if method.min_reps > method.max_reps:
         method = method.with_(max_reps=method.min_reps)
     n_max = min(args.n_max, QUICK_N_MAX) if args.quick else args.n_max
     chosen = args.contenders or [c for c in base.contenders if not (args.quick and c == "flex")]
+    given = tuple(args.points) if args.points else None
     if variants:
         ns = powers(args.n_min, n_max) if args.n_given else None
-        target_points = () if args.n_given or args.shapes else None
+        target_points = given or (() if args.n_given or args.shapes else None)
     else:
         ns = () if args.only_long else powers(args.n_min, n_max)
-        target_points = () if args.only_long else None
+        target_points = () if args.only_long else given
     return Sweep.defaults(
         args.device, same, variants, method=method, ns=ns,
         dtypes=tuple(args.dtypes) if args.dtypes else None,

@@ -43,9 +43,11 @@ COMMANDS = {
     "layout-time": ("fast.commands.layout_time", "seconds to build the kernels' layouts at n = "
                                                  "2^20 (the host's part of a first call)"),
     "train-time": ("fast.commands.train_time", "seconds per training iteration of dense, fixed "
-                                               "and strided models at Table 2's shapes (GPU)"),
-    "gpu-check": ("fast.commands.gpu_check", "everything a GPU session runs: the gpu tests, "
-                                             "the variant sweep, the benchmark, Table 2's time"),
+                                               "and strided models at Table 2's shapes, against "
+                                               "the attention-free floor (GPU)"),
+    "gpu-check": ("fast.commands.gpu_check", "a GPU session in 9 minutes: the gpu tests, the "
+                                             "variants and the benchmark at the targets, Table "
+                                             "2's time (--all: the longer sweeps too)"),
 }
 
 

@@ -1,8 +1,10 @@
-"""``python -m fast train-time``: seconds per training iteration on a GPU, dense / fixed / strided.
+"""``python -m fast train-time``: seconds per training iteration on a GPU, against the floor.
 
-Child et al., 2019, Table 2's time column. What is timed and how is
-``fast.experiments.gpu_iteration_time``; this command writes
-figures/data/gpu_iteration_time.json (``--out``: DIR/data/...).
+Child et al., 2019, Table 2's time column: dense / fixed / strided, and the same model
+with no attention work (``none``, the floor every row is read against). What is timed
+and how is ``fast.experiments.gpu_iteration_time``; this command writes
+figures/data/gpu_iteration_time.json (``--out``: DIR/data/...) after every row, marked
+``"complete": false`` until the last.
 
     python -m fast train-time [--shapes enwik8 cifar10] [--batch 8] [--out DIR]
 """
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from fast.commands import cli
 from fast.core.files import write_json
-from fast.experiments.gpu_iteration_time import PATTERNS, SHAPES, run
+from fast.experiments.gpu_iteration_time import ROWS, SHAPES, run
 from fast.experiments.paths import DATA
 from fast.transformer.network.devices import resolve_device
 
@@ -24,7 +26,9 @@ def parser() -> cli.Parser:
     """The parser of ``python -m fast train-time``; builds nothing."""
     p = cli.Parser(COMMAND, description=cli.about(__doc__))
     p.add_argument("--shapes", nargs="+", type=cli.choice(SHAPES), default=list(SHAPES))
-    p.add_argument("--patterns", nargs="+", type=cli.choice(PATTERNS), default=list(PATTERNS))
+    p.add_argument("--patterns", nargs="+", type=cli.choice(ROWS), default=list(ROWS),
+                   help="rows per shape, measured in the order none (attention-free: the "
+                        "floor), full, fixed, strided; default all")
     p.add_argument("--batch", type=cli.integer(1, 4096), default=8, help="sequences per step")
     p.add_argument("--warm", type=cli.integer(0, 10**4), default=10, help="untimed steps first")
     p.add_argument("--steps", type=cli.integer(1, 10**4), default=10, help="timed steps")
@@ -44,9 +48,9 @@ def main(argv=None) -> int:
                           f"fast.experiments.gpu_iteration_time.run with a small shape)")
     folder = Path(args.out) / "data" if args.out else DATA
     cli.writable_or_exit(COMMAND, folder)
-    data = run({s: SHAPES[s] for s in args.shapes}, args.patterns, args.batch, device,
-               warm=args.warm, steps=args.steps)
     path = folder / "gpu_iteration_time.json"
-    write_json(path, data, indent=1)
+    run({s: SHAPES[s] for s in args.shapes}, args.patterns, args.batch, device,
+        warm=args.warm, steps=args.steps, save=lambda data: write_json(path, data, indent=1),
+        log=lambda line: print(line, flush=True))
     print(f"wrote {path}")
     return 0

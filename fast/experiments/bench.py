@@ -6,8 +6,8 @@ asks for, point after point (``fast.measure.bench_point``: in a fresh process pe
 point or in this one, by the sweep's method), then the CPU sweep's long-lived
 check and the long sweep; every row gets its speed-up over dense measured in the
 same run, the ideal, the % of ideal and the floor (``fast.measure.bench.derive``),
-and the record its targets. The JSON is rewritten after every (dtype, shape), so
-an interrupted run keeps what it measured; the record says whether its sweep ended:
+and the record its targets. The JSON is rewritten after every row, so an
+interrupted run keeps what it measured; the record says whether its sweep ended:
 "complete" is false while it runs (and so in what an interrupted run leaves), true once
 every part is measured (a record from before the key counts as complete).
 ``python -m fast bench --replot`` and ``python -m fast results`` say in one line when
@@ -102,7 +102,8 @@ def say(row: dict, t0: float) -> str:
             cells.append(f"{what} {row[key] * 1e3:9.3f} ms{sp}{floor}")
     if row.get("bwd_over_fwd"):
         cells.append(f"bwd/fwd {row['bwd_over_fwd']:.2f}")
-    return f"{head} {'; '.join(cells)}; first call {row['first_fwd_s']:.2f} s"
+    capped = f"; capped: {row['capped']}" if row.get("capped") else ""
+    return f"{head} {'; '.join(cells)}; first call {row['first_fwd_s']:.2f} s{capped}"
 
 
 @dataclass
@@ -112,6 +113,8 @@ class _Run:
     copy_bps: float                 # the copy bandwidth measured at the start
     log: Callable[[str], None]
     t0: float = dataclasses.field(default_factory=time.time)
+    emit: Callable[[dict], None] = lambda row: None   # a measured row: into the record
+    capped: dict = dataclasses.field(default_factory=dict)  # (contender, ...) -> row capped
 
     def spent(self) -> str | None:
         """Why no new point starts: the time budget is spent; None while it is not."""
@@ -120,9 +123,15 @@ class _Run:
             return f"--max-minutes {minutes} spent before this point"
         return None
 
-    def skip(self, name: str, pattern: str | None, dtype: str, H: int, n: int) -> str | None:
-        """``skip_reason``, or the time budget spent."""
-        return skip_reason(self.sweep, name, pattern, dtype, H, n) or self.spent()
+    def skip(self, name: str, pattern: str | None, dtype: str, H: int, n: int,
+             B: int = 1, variant: str | None = None) -> str | None:
+        """``skip_reason``, the time budget spent, or the contender's time cap passed at a
+        smaller n of this dtype, shape and pattern (a longer call would pass it too)."""
+        why = skip_reason(self.sweep, name, pattern, dtype, H, n) or self.spent()
+        capped = self.capped.get((name, variant, pattern, dtype, B, H))
+        if why is None and capped is not None:
+            why = (f"capped at n={capped['n']} ({capped['capped']}): not run at a larger n")
+        return why
 
     def say(self, row: dict, suffix: str = "") -> None:
         self.log(say(row, self.t0) + suffix)
@@ -130,8 +139,8 @@ class _Run:
 
 def run(sweep: Sweep, save=None, log=print) -> dict:
     """Measure the sweep; returns the record the JSON holds. ``save(data)`` is called
-    after every (dtype, shape) with what is measured so far; ``log`` gets one line per
-    row."""
+    after every row with what is measured so far; ``log`` gets one line per row (and,
+    in one process, one as each measurement starts)."""
     t0 = time.time()
     info = bench.machine_info(sweep.device)
     info["loadavg_start"] = os.getloadavg()
@@ -146,7 +155,6 @@ def run(sweep: Sweep, save=None, log=print) -> dict:
         f"{sweep.method.describe()}; estimated at most {cost['estimate_s'] / 60:.1f} min "
         f"(dense at {ASSUME_TFLOPS[sweep.device]} TFLOP/s, every contender at most 3x dense)")
     copy = bench_point.copy_bandwidth(sweep.device, COPY_MIB[sweep.device] * 2**20, SAME)
-    state = _Run(sweep, copy["bytes_per_s"], log, t0)
     data = {"machine": info, "config": config(sweep), "estimate": cost, "complete": False,
             "calibration": {"copy": copy, "sdpa_backend": {}}, "results": [], "long": []}
 
@@ -156,16 +164,17 @@ def run(sweep: Sweep, save=None, log=print) -> dict:
         if save is not None:
             save(data)
 
-    last = None
+    def emit(row):
+        data["results"].append(row)
+        keep()
+
+    state = _Run(sweep, copy["bytes_per_s"], log, t0, emit)
     for dt, B, H, n in points(sweep):
-        if last not in (None, (dt, B, H)):
-            keep()
-        last = (dt, B, H)
         if dt not in data["calibration"]["sdpa_backend"]:
             q, k, v, _ = bench_point.inputs(B, H, n, D, sweep.device, DTYPES[dt])
             data["calibration"]["sdpa_backend"][dt] = contenders.sdpa_backend(q, k, v)
             del q, k, v
-        data["results"] += run_point(state, dt, B, H, n)
+        run_point(state, dt, B, H, n)
     for key, part, wanted in (("same_process", run_long_lived, sweep.long_lived_ns),
                               ("pieces", run_pieces, sweep.long_lived_ns
                                and "structured" in sweep.contenders),
@@ -195,7 +204,10 @@ def incomplete(data: dict) -> str | None:
 def run_point(state: _Run, dt: str, B: int, H: int, n: int) -> list[dict]:
     """Every contender at one (dtype, B, H, n): dense first, then each pattern's (a
     Triton contender once per kernel variant, ``Sweep.variants_of``); a row each,
-    measured by the sweep's method or skipped with the reason."""
+    measured by the sweep's method or skipped with the reason, given to ``state.emit``
+    as it is done (the JSON is rewritten then). Returns the rows. A row whose
+    measurement passed the method's time cap (``capped``) keeps that contender from the
+    larger n of its dtype, shape and pattern."""
     sweep, rows, dense = state.sweep, [], None
     for pattern, params in [(None, {})] + list(PATTERN_PARAMS.items()):
         for name in sweep.contenders:
@@ -204,10 +216,13 @@ def run_point(state: _Run, dt: str, B: int, H: int, n: int) -> list[dict]:
             check = _Agreement(sweep, name, pattern, params, dt, B, H, n)
             for variant in sweep.variants_of(name):
                 row = _row(name, pattern, dt, B, H, n, variant)
-                reason = state.skip(name, pattern, dt, H, n)
+                reason = state.skip(name, pattern, dt, H, n, B, variant)
                 if reason is not None:
                     row["skipped"] = reason
                 else:
+                    if sweep.method.process == "same":
+                        state.log(f"[{time.time() - state.t0:5.0f} s] {dt} B={B} H={H} "
+                                  f"n={n:6d} {pattern or '':8} {_name(row):30} started")
                     start = time.time()
                     row.update(bench_point.run(bench_point.spec(
                         name, pattern, params, B, H, n, sweep.device, dt, sweep.method,
@@ -217,10 +232,16 @@ def run_point(state: _Run, dt: str, B: int, H: int, n: int) -> list[dict]:
                         _derived(row, row if name == "dense" else dense, params,
                                  state.copy_bps)
                         check(row)
+                    why = row.get("capped") or (row["skipped"] if str(
+                        row.get("skipped", "")).startswith("capped: ") else None)
+                    if why is not None:
+                        state.capped[(name, variant, pattern, dt, B, H)] = {"n": n,
+                                                                            "capped": why}
                 if name == "dense":
                     dense = row
                 rows.append(row)
                 state.say(row)
+                state.emit(row)
     return rows
 
 

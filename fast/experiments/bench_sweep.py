@@ -21,17 +21,21 @@ same_process, variants)`` gives the runs the command makes:
 * the same in one process (``--same-process``): every point with ``SAME``;
 * CUDA (``make gpu-bench``): float16 and bfloat16, (B, H) = (1, 4) and (4, 16),
   dense, FlexAttention, the structured path and the Triton kernels, with
-  ``SAME`` (CUDA events), and one more point, (B, H, n) = (1, 16, 65536), for the
-  long-n target; the run starts no new point after 9 minutes. The long sweep
+  ``SAME`` (CUDA events) and each contender capped at ``CAP_S`` seconds a point
+  (``Method.cap_s``: a contender that passes it is not run at the larger n of its
+  shape), and one more point, (B, H, n) = (1, 16, 65536), for the long-n target
+  (``--points`` replaces it); the run starts no new point after 9 minutes. The long sweep
   (``long_ns``, ``make gpu-long``): B = 1, H = 8, l = 256, n = 2^17 .. 2^20, the
   layout build, the first call and the peak memory against the bytes of q, k, v, o;
 * the variant sweep (``--variants``, ``make gpu-variants``): every kernel variant
   of ``fast.kernels.variants.VARIANTS`` (``variants``) side by side in one
   process, against dense causal SDPA and FlexAttention measured in the same run,
-  at the GPU targets' points: float16, (B, H, n) = (4, 16, 16384), then
-  (1, 4, 16384) and (1, 16, 65536) (``VARIANT_POINTS``), strided and fixed at
-  each; at most ``VARIANT_METHOD.max_reps`` repetitions a measurement, and no new
-  point after 7 minutes, so that it should end within 8 on an H100. The Triton
+  at the GPU targets' points: float16, (B, H, n) = (4, 16, 16384) first, then
+  (1, 4, 16384) and (1, 16, 65536) (``VARIANT_POINTS``; ``--points`` or ``--shapes``,
+  ``--n-min``, ``--n-max`` replace the last two), strided and fixed at each; at most
+  ``VARIANT_METHOD.max_reps`` repetitions a measurement, each contender capped at
+  ``CAP_S`` seconds a point, and no new point after 7 minutes, so that it should end
+  within 8 on an H100. The Triton
   contenders are measured once per variant (``variants_of``), FlexAttention and
   dense once. With ``--same-process`` on the CPU it is a check of the method, at
   (1, 4, 128) by default (the kernels interpreted, float32).
@@ -59,7 +63,9 @@ TARGET_POINT = (1, 16, 65536)     # CUDA: one more point, for the long-n target
 # the variant sweep on CUDA: the targets' points, the one that costs most last
 VARIANT_POINTS = ((4, 16, 16384), (1, 4, 16384), (1, 16, 65536))
 VARIANT_CONTENDERS = ("dense", "triton block-sparse", "flex")
-VARIANT_METHOD = SAME.with_(max_reps=100)
+CAP_S = 60.0                      # CUDA: seconds one contender may spend at one point
+GPU_METHOD = SAME.with_(cap_s=CAP_S)
+VARIANT_METHOD = GPU_METHOD.with_(max_reps=100)
 VARIANT_MINUTES = 7.0
 LONG_SHAPE = (1, 8)               # (B, H) of the long sweep
 ASSUME_TFLOPS = {"cpu": 0.05, "cuda": 300.0}   # dense throughput the estimate assumes
@@ -155,7 +161,7 @@ class Sweep:
                        flex_ns=None if cuda else cls.flex_ns, same_process_ns=(),
                        max_minutes=VARIANT_MINUTES)
         elif device == "cuda":
-            base = cls(device="cuda", method=SAME, dtypes=("float16", "bfloat16"),
+            base = cls(device="cuda", method=GPU_METHOD, dtypes=("float16", "bfloat16"),
                        shapes=((1, 4), (4, 16)), contenders=contenders.default_names("cuda"),
                        dense_n_max=None, naive_n_max=None, flex_ns=None,
                        target_points=(TARGET_POINT,), same_process_ns=(), max_minutes=9.0)
@@ -213,7 +219,7 @@ def skip_reason(sweep: Sweep, name: str, pattern: str | None, dtype: str, H: int
     if name == "naive" and contenders.mask_bytes(pattern, n, H) > sweep.mask_gb * 2**30:
         return (f"the n x n mask needs {contenders.mask_bytes(pattern, n, H) / 2**30:.1f}"
                 f" GiB > --mask-gb {sweep.mask_gb}")
-    if name == "flex" and sweep.flex_ns is not None and n not in sweep.flex_ns:
+    if name in contenders.FLEX and sweep.flex_ns is not None and n not in sweep.flex_ns:
         return "FlexAttention compiles per n (~25 s on a CPU): only run at --flex-n"
     return None
 
@@ -259,6 +265,7 @@ def config(sweep: Sweep) -> dict:
         "memory": ("torch.cuda.max_memory_allocated above the inputs" if sweep.device == "cuda"
                    else cpu_memory),
         "default_variant": DEFAULT,
+        "flex_peer": contenders.FLEX_PEER,
         "variant_settings": {name: variant_settings(VARIANTS[name])
                              for name in sweep.variants or (DEFAULT,)}})
     return json.loads(json.dumps(out))               # tuples as lists, as read back

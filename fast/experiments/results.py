@@ -5,7 +5,12 @@ fast bench``), recomputation memory (sec. 5.4 and the blog's table, ``python -m
 fast memory``), Table 2 (``python -m fast table2``) and where its training step's time
 goes (``python -m fast table2 --profile``), Table 3 (``python -m fast table3``) and
 Figure 2's per-layer statistics (``python -m fast fig2``), also against depth
-(``python -m fast fig2 --depth``). Every number in the
+(``python -m fast fig2 --depth``); and the GPU's records, each with its provenance (the
+GPU, torch, Triton, the commit and the date it measured): the kernel variants at the
+target point (figures/data/gpu_variants_h200.json, the first GPU run's numbers), the
+benchmark (``python -m fast bench --device cuda``) and Table 2's time per iteration
+(``python -m fast train-time``). ``gpu_results`` loads those three in one call (what
+notebook 04 prints). Every number in the
 README's "Results" section is written by ``report``, so it can be checked
 against a fresh ``python -m fast figures``:
 
@@ -26,8 +31,11 @@ import numpy as np
 from fast.core.schema import Map, Number, OneOf, Optional, ShapeError, Tuple, check
 from fast.experiments.bench import incomplete
 from fast.experiments.cache import CacheError, read_cache
+from fast.experiments.gpu_iteration_time import FLOOR, PAPER_S
+from fast.experiments.paths import DATA
 from fast.experiments.table2 import TIMING_ROW
 from fast.experiments.table3 import standard_error, steps
+from fast.measure.bench import gpu_targets
 from fast.plots.style import PATTERN_ORDER, display_name
 
 GIB = 2.0 ** 30
@@ -82,6 +90,35 @@ SHAPES = {
     "make_figures.json": Map(object),
 }
 SHAPES["learned_attention_long.json"] = SHAPES["learned_attention.json"]
+# The GPU's records (present after a GPU run; never asked for by ``make figures``)
+PROVENANCE = {"gpu": str, "torch": str, "triton": str, "commit": str, "date": str}
+NUM = OneOf(float, None)
+GPU_SHAPES = {
+    "gpu_variants_h200.json": {
+        "provenance": PROVENANCE,
+        "point": {"B": int, "H": int, "n": int, "d": int, "dtype": str,
+                  "patterns": Map(Map(int))},
+        "harnesses": Map({"command": str}),
+        "rows": [{"harness": str, "contender": str, "variant": OneOf(str, None),
+                  "pattern": OneOf(str, None), "fwd_ms": float, "fb_ms": NUM}],
+        "ideal": Map(float), "floor_ms": Map(Map(float)),
+        "tests": {"passed": int, "failed": int, "variant_tests_passed": int,
+                  "seconds": float, "failed_names": [str]}},
+    "bench_cuda.json": {
+        "provenance": Optional(PROVENANCE),
+        "machine": {"gpu": str, "torch": str, "triton": OneOf(str, None)},
+        "config": {"shapes": [[int]], "dtypes": [str], "default_variant": Optional(str),
+                   "flex_peer": Optional(str)},
+        "results": [{"contender": str, "pattern": OneOf(str, None), "dtype": str, "B": int,
+                     "H": int, "n": int, "fwd_s": Optional(float), "fb_s": Optional(float)}]},
+    "gpu_iteration_time.json": {
+        "provenance": Optional(PROVENANCE),
+        "machine": {"gpu": str, "torch": str},
+        "config": {"batch": int, "warm": int, "steps": int},
+        "rows": [{"shape": str, "pattern": str, "s_per_iter": float, "n": int, "d": int,
+                  "heads": int, "layers": int, "syncs_per_step": OneOf(int, None)}]},
+}
+SHAPES.update(GPU_SHAPES)
 
 
 def bench_section(bench: dict) -> list[str]:
@@ -496,6 +533,212 @@ def figures_section(log: dict) -> list[str]:
     return ["`make figures` steps: " + ", ".join(parts) + "."] if parts else []
 
 
+def _provenance(record: dict) -> str:
+    """'NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, main at 81a3fc0, 2026-11-28' (the
+    record's provenance, else its machine)."""
+    p = record.get("provenance") or {}
+    m = record.get("machine", {})
+    words = [p.get("gpu") or m.get("gpu"), f"torch {p.get('torch') or m.get('torch')}"]
+    triton = p.get("triton") or m.get("triton")
+    if triton:
+        words.append(f"Triton {triton}")
+    if p.get("commit"):
+        words.append(f"main at {p['commit']}")
+    if p.get("date"):
+        words.append(p["date"])
+    return ", ".join(w for w in words if w)
+
+
+def gpu_variants_section(v: dict) -> list[str]:
+    """The kernel variants at the target point, both harnesses side by side: each
+    contender's time and speed-up over dense causal SDPA timed by the same harness."""
+    pt = v["point"]
+    rows = v["rows"]
+    names = list(dict.fromkeys((r["contender"], r["variant"]) for r in rows
+                               if r["contender"] != "dense"))
+
+    def cell(harness, name, variant, pattern, what):
+        r = next((r for r in rows if (r["harness"], r["contender"], r["variant"]) ==
+                  (harness, name, variant) and r["pattern"] == pattern
+                  and r.get(what) is not None), None)
+        d = next((r for r in rows if (r["harness"], r["contender"]) == (harness, "dense")
+                  and r["pattern"] in (pattern, None) and r.get(what) is not None), None)
+        if r is None or d is None:
+            return "-"
+        return f"{r[what]:.3f} ms ({d[what] / r[what]:.2f}x)"
+
+    t = v["tests"]
+    out = [f"Kernel variants on a GPU ({_provenance(v)}; {pt['dtype']}, B={pt['B']}, "
+           f"H={pt['H']}, n={pt['n']}, d={pt['d']}; strided l=128, fixed l=128 c=32; each "
+           f"cell: time and speed-up over dense causal SDPA timed by the same harness, the "
+           f"variant sweep's CUDA-event medians / triton.testing.do_bench medians; `-`: not "
+           f"reached):", "",
+           "| contender | strided fwd, sweep | strided fwd, do_bench | strided fwd+bwd, sweep "
+           "| strided fwd+bwd, do_bench | fixed fwd, do_bench |", "|---|---|---|---|---|---|"]
+    dense = {h: {(r["pattern"] or "any", w): r.get(w) for r in rows if r["harness"] == h
+                 and r["contender"] == "dense" for w in ("fwd_ms", "fb_ms")}
+             for h in ("sweep", "do_bench")}
+    out.append("| dense causal SDPA | " + " | ".join(
+        "-" if x is None else f"{x:.3f} ms" for x in (
+            dense["sweep"].get(("any", "fwd_ms")), dense["do_bench"].get(("strided", "fwd_ms")),
+            dense["sweep"].get(("any", "fb_ms")), dense["do_bench"].get(("strided", "fb_ms")),
+            dense["do_bench"].get(("fixed", "fwd_ms")))) + " |")
+    for name, variant in names:
+        label = f"{name} ({variant})" if variant else name
+        out.append(f"| {label} | " + " | ".join(
+            cell(h, name, variant, pattern, what) for h, pattern, what in (
+                ("sweep", "strided", "fwd_ms"), ("do_bench", "strided", "fwd_ms"),
+                ("sweep", "strided", "fb_ms"), ("do_bench", "strided", "fb_ms"),
+                ("do_bench", "fixed", "fwd_ms"))) + " |")
+    ideal = ", ".join(f"{p} {x:.3g}x" for p, x in v["ideal"].items())
+    floor = ", ".join(f"{p} fwd {f['fwd']:.3f} ms, fwd+bwd {f['fb']:.3f} ms"
+                      for p, f in v["floor_ms"].items())
+    out += ["", f"- Tile-count ideal: {ideal}; the benchmark's floor: {floor}.",
+            f"- The gpu tests on that machine: {t['passed']} passed, {t['failed']} failed "
+            f"({t['variant_tests_passed']} kernel-variant tests among the passed) in "
+            f"{t['seconds']:.0f} s; the failures counted host waits in a training step."]
+    return out
+
+
+def gpu_bench_section(b: dict) -> list[str]:
+    """The GPU benchmark: per (B, H) the speed-up of the Triton kernel and FlexAttention
+    over dense causal SDPA at every n measured (float16), then the targets."""
+    c = b["config"]
+    rows = [r for r in b["results"] if r["dtype"] == "float16" and "skipped" not in r]
+    peer = ("its first FlexAttention peer (dynamic shapes, about 4x slower than "
+            "flex_sparse_attention)" if c.get("flex_peer") == "first peer"
+            else "FlexAttention as flex_sparse_attention runs it")
+    out = [f"Attention on a GPU, `python -m fast bench --device cuda` ({_provenance(b)}; "
+           f"float16, d=64, kernel variant {c.get('default_variant', '?')}, {peer}; "
+           f"speed-up over dense causal SDPA, forward / forward+backward; `-`: not "
+           f"measured):"]
+
+    def sp(name, pattern, n, B, H, what):
+        r = next((r for r in rows if (r["contender"], r["pattern"], r["n"], r["B"], r["H"]) ==
+                  (name, pattern, n, B, H) and r.get(what, {}).get("speedup")), None)
+        return "-" if r is None else f"{r[what]['speedup']:.2f}x"
+
+    for B, H in c["shapes"]:
+        ns = sorted({r["n"] for r in rows if (r["B"], r["H"]) == (B, H)})
+        if not ns:
+            continue
+        out += ["", f"| B={B}, H={H}: n | dense fwd / fwd+bwd | Triton strided | Triton fixed "
+                    f"| FlexAttention strided | FlexAttention fixed |", "|---|---|---|---|---|---|"]
+        for n in ns:
+            d = next((r for r in rows if (r["contender"], r["n"], r["B"], r["H"]) ==
+                      ("dense", n, B, H)), {})
+            dense = " / ".join("-" if not d.get(k) else f"{d[k] * 1e3:.3f} ms"
+                               for k in ("fwd_s", "fb_s"))
+            cells = [" / ".join(sp(name, p, n, B, H, w) for w in ("fwd", "fb"))
+                     for name, p in (("triton block-sparse", "strided"),
+                                     ("triton block-sparse", "fixed"), ("flex", "strided"),
+                                     ("flex", "fixed"))]
+            out.append(f"| {n} | {dense} | " + " | ".join(cells) + " |")
+    out.append("")
+    for B, H in c["shapes"]:
+        spans = []
+        for pattern in ("strided", "fixed"):
+            for key, what in (("fwd_s", "forward"), ("fb_s", "forward+backward")):
+                ts = [r[key] * 1e3 for r in rows if (r["contender"], r["pattern"], r["B"],
+                      r["H"]) == ("triton block-sparse", pattern, B, H) and r.get(key)]
+                if ts:
+                    spans.append(f"{pattern} {what} {min(ts):.2f}-{max(ts):.2f} ms")
+        ns = sorted({r["n"] for r in rows if (r["B"], r["H"]) == (B, H)})
+        if spans:
+            out.append(f"- Triton at B={B}, H={H}, n = {ns[0]} .. {ns[-1]}: "
+                       + ", ".join(spans) + ".")
+    targets = gpu_targets(b["results"])
+    met = [k for k, g in targets.items() if g["speedup"] is not None and g["speedup"] >= g["goal"]]
+    missed = [f"{k} {g['speedup']:.2f}x (goal {g['goal']:g}x)" for k, g in targets.items()
+              if g["speedup"] is not None and g["speedup"] < g["goal"]]
+    unmeasured = [k for k, g in targets.items() if g["speedup"] is None]
+    out += [f"- Targets met: {len(met)} of {len(targets)}"
+            + (f" ({'; '.join(met)})" if met else "") + ".",
+            "- Missed: " + ("; ".join(missed) or "none") + ".",
+            "- Not measured in this record: " + ("; ".join(unmeasured) or "none") + "."]
+    return out
+
+
+def gpu_train_time_section(t: dict) -> list[str]:
+    """Table 2's time per iteration on a GPU: each row against dense and against the
+    attention-free floor where the record has it; how much of the paper's speed-up is
+    attainable now."""
+    c = t["config"]
+    rows = t["rows"]
+    out = [f"Table 2's time per iteration on a GPU, `python -m fast train-time` "
+           f"({_provenance(t)}; batch {c['batch']}, {c['warm']} warm-up and {c['steps']} "
+           f"timed steps, the median; fp16 autocast with loss scaling, recomputation, "
+           f"AdamW; merged heads; `-`: not measured):", "",
+           "| shape | row | ms per iteration | vs dense | above the attention-free floor "
+           "| host waits per step | paper: s per iteration (vs dense) |",
+           "|---|---|---|---|---|---|---|"]
+    notes = []
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        sel = {r["pattern"]: r for r in rows if r["shape"] == shape}
+        dense, floor = sel.get("full"), sel.get(FLOOR)
+        paper = PAPER_S.get(shape, {})
+        for pattern in (FLOOR, "full", "fixed", "strided"):
+            r = sel.get(pattern)
+            if r is None:
+                continue
+            s = r["s_per_iter"]
+            vs = f"{dense['s_per_iter'] / s:.2f}x" if dense and pattern not in (
+                "full", FLOOR) else "-"
+            above = f"{(s - floor['s_per_iter']) * 1e3:.1f} ms" if floor and pattern != FLOOR \
+                else "-"
+            p = paper.get(pattern)
+            paper_cell = "-" if p is None else (
+                f"{p} s" + (f" ({paper['full'] / p:.2f}x)" if pattern != "full" else ""))
+            waits = "-" if r["syncs_per_step"] is None else str(r["syncs_per_step"])
+            name = "attention-free (floor)" if pattern == FLOOR else pattern
+            out.append(f"| {shape} (n={r['n']}, d={r['d']}, {r['heads']} heads, {r['layers']} "
+                       f"layers) | {name} | {s * 1e3:.1f} | {vs} | {above} | {waits} | "
+                       f"{paper_cell} |")
+        if dense is None:
+            continue
+        d = dense["s_per_iter"]
+        for pattern in ("fixed", "strided"):
+            if pattern not in paper or pattern not in sel:
+                continue
+            ratio = paper["full"] / paper[pattern]
+            need = d / ratio
+            got = d / sel[pattern]["s_per_iter"]
+            line = (f"- {shape}, {pattern}: {got:.2f}x dense here, the paper's {ratio:.2f}x. "
+                    f"Even with its attention at no cost a step is {ratio:.2f}x faster than "
+                    f"dense only if the rest of it (the attention-free floor) takes at most "
+                    f"{need * 1e3:.1f} ms ({need / d:.0%} of dense's {d * 1e3:.1f} ms)")
+            if floor is not None:
+                f = floor["s_per_iter"]
+                line += (f"; it takes {f * 1e3:.1f} ms (the floor): at most {d / f:.2f}x is "
+                         f"attainable now, {'enough' if d / f >= ratio else 'short of it'}.")
+            else:
+                line += ("; this record has no attention-free row to say whether it does "
+                         "(`python -m fast train-time` measures it).")
+            notes.append(line)
+    said = (t.get("provenance") or {}).get("waits")
+    if said:
+        notes.append(f"- Host waits: {said}.")
+    return out + ([""] + notes if notes else [])
+
+
+def gpu_results(data: Path = DATA) -> dict:
+    """The GPU's records in figures/data, loaded and shape-checked in one call: {"variants":
+    gpu_variants_h200.json, "bench": bench_cuda.json, "train_time": gpu_iteration_time.json}
+    (None for a file not there), and "text": their sections as ``python -m fast results``
+    prints them. A damaged file raises ``CacheError``."""
+    out = {}
+    for key, name, section in (("variants", "gpu_variants_h200.json", gpu_variants_section),
+                               ("bench", "bench_cuda.json", gpu_bench_section),
+                               ("train_time", "gpu_iteration_time.json",
+                                gpu_train_time_section)):
+        out[key] = read_cache(Path(data) / name, SHAPES[name],
+                              advice=f"run {WRITERS[name]} to rewrite it")
+        out.setdefault("sections", []).append(
+            None if out[key] is None else "\n".join(section(out[key])))
+    out["text"] = "\n\n".join(s for s in out.pop("sections") if s)
+    return out
+
+
 # The command that writes each file: the way to produce or replace it (results computes
 # nothing).
 WRITERS = {"bench_cpu.json": "python -m fast bench", "memory.json": "python -m fast memory",
@@ -505,7 +748,12 @@ WRITERS = {"bench_cpu.json": "python -m fast bench", "memory.json": "python -m f
            "table3.json": "python -m fast table3", "learned_attention.json": "python -m fast fig2",
            "learned_attention_long.json": "python -m fast fig2 --long",
            "learned_attention_depth.json": "python -m fast fig2 --depth",
-           "make_figures.json": "python -m fast figures"}
+           "make_figures.json": "python -m fast figures",
+           "gpu_variants_h200.json": "git checkout figures/data/gpu_variants_h200.json (a "
+                                     "record of the first GPU run; a new run writes "
+                                     "data/bench_cuda_variants.json)",
+           "bench_cuda.json": "python -m fast bench --device cuda",
+           "gpu_iteration_time.json": "python -m fast train-time"}
 
 
 def bench_lacks(bench: dict) -> str | None:
@@ -550,7 +798,10 @@ def report(data: Path) -> tuple[str, list[str], list[str]]:
                 ("learned_attention.json", fig2_section),
                 ("learned_attention_long.json", lambda la: fig2_section(la, long=True)),
                 ("learned_attention_depth.json", fig2_depth_section),
-                ("make_figures.json", figures_section)]
+                ("make_figures.json", figures_section),
+                ("gpu_variants_h200.json", gpu_variants_section),
+                ("bench_cuda.json", gpu_bench_section),
+                ("gpu_iteration_time.json", gpu_train_time_section)]
     text, missing, lacking = [], [], []
     for name, section in sections:
         path = Path(data) / name
@@ -563,7 +814,8 @@ def report(data: Path) -> tuple[str, list[str], list[str]]:
                 continue
         payload = read_cache(path, SHAPES[name], advice=advice)
         if payload is None:
-            missing.append(name)
+            if name not in GPU_SHAPES:          # a GPU record is there after a GPU run only
+                missing.append(name)
             continue
         try:
             text.append("\n".join(section(payload)) + "\n")

@@ -23,7 +23,10 @@ differ in how the work is laid out on a GPU:
 
 ``VARIANTS`` names the ones a benchmark sweep times side by side, each with its
 prediction (what it should save, and why); ``baseline`` is the kernel as first
-measured (docs/gpu.md) and the default until a GPU run picks the winners.
+measured (docs/gpu.md), the reference of every ratio. ``DEFAULT`` is ``fused``: the
+first GPU run of every variant (docs/gpu.md, "Kernel variants"; the numbers in
+figures/data/gpu_variants_h200.json) passed every test with it and found it the
+fastest at every entry it measured at the target point; the others stay selectable.
 ``fast.kernels.triton_attention.triton_sparse_attention(..., variant=name)`` and
 ``fast.sparse_attention(..., backend="triton", variant=name)`` run one; a sweep
 builds its own with ``dataclasses.replace``.
@@ -137,7 +140,7 @@ VARIANTS = {v.name: v for v in (
             prediction=("Every lever at once: the product of their gains if they are "
                         "independent.")),
 )}
-DEFAULT = "baseline"
+DEFAULT = "fused"    # the measured winner (module docstring)
 
 
 def resolve(variant) -> Variant:

@@ -21,6 +21,12 @@ steady state starts after it. On the CPU every repetition's process CPU seconds
 and minor page faults are kept beside its time (``fwd_cpu_s_all``,
 ``fwd_faults_all``, ...; ``fast.measure.timing``).
 
+With a time cap (``Method.cap_s``, the GPU sweeps' way to keep one slow contender from
+spending the session) no phase starts once the contender's seconds at the point, its
+compilation included, have passed the cap: a forward that passed it leaves the forward
++ backward unmeasured (``capped`` says so), a compilation that passed it leaves the point
+skipped.
+
 ``run(spec, method)`` measures a point described by a JSON-able spec in this
 process or, for the ``FRESH`` method, in a fresh one (``fast.measure.child``, so
 that its peak memory is its own); a point that fails, runs out of time or out of
@@ -54,6 +60,14 @@ def measure(fn, q, k, v, grad, method: Method, *, backward: bool = True) -> dict
     device = q.device
     builds_mask = getattr(fn, "builds_mask", False)
     res: dict = {}
+    start = time.perf_counter()
+
+    def over(what: str) -> str | None:
+        spent = time.perf_counter() - start
+        if method.cap_s is None or spent <= method.cap_s:
+            return None
+        return f"{what} not measured: {spent:.0f} s spent, past the cap of {method.cap_s:g} s"
+
     try:
         def fwd():
             with torch.no_grad():
@@ -64,8 +78,14 @@ def measure(fn, q, k, v, grad, method: Method, *, backward: bool = True) -> dict
             fwd()
             synchronize(device)
             res["compile_s"] = time.perf_counter() - t
+            why = over("the point")
+            if why is not None:
+                return {**res, "skipped": "capped: " + why}
         res.update(_timed("fwd", fwd, device, method, builds_mask))
-        if backward:
+        why = over("the forward+backward") if backward else None
+        if why is not None:
+            res["capped"] = why
+        elif backward:
             qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
 
             def fb():

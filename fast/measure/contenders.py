@@ -11,12 +11,18 @@ merged heads), each contender is a function ``fn(q, k, v) -> out``, q (B, H, n, 
   naive                 SDPA with the pattern's boolean mask (``fast.backends.naive``):
                         dense work and an n x n mask, built inside its first call
                         (so it counts in that call's peak memory) and reused after
-  flex                  FlexAttention as its documentation says: one
-                        torch.compile(flex_attention) for the process, a BlockMask
-                        from create_block_mask(mask_mod, ..., _compile=True) once per
-                        n (inside the first call), dynamo's cache limit raised so
-                        that it never falls back to the unfused path; its block
+  flex                  FlexAttention in its fastest documented configuration,
+                        by calling ``fast.backends.flex.flex_sparse_attention``:
+                        one torch.compile(flex_attention, dynamic=False) (a kernel
+                        per shape, no dynamic sizes in it), the BlockMask built from
+                        the natural-order layout with its full blocks apart (no
+                        mask_mod evaluated inside them), cached per n; its block
                         density is recorded
+  flex flash            the same with kernel_options={"BACKEND": "FLASH"}:
+                        FlexAttention's FlashAttention-4 (CuTe DSL) kernel, on CUDA
+                        only and where torch offers that backend and the
+                        flash-attn-4 package (``flash_attn.cute``) is installed;
+                        elsewhere it is recorded as skipped with the reason
   structured            fast.sparse_attention(backend="structured"): ours, PyTorch
   triton block-sparse   ours, the Triton kernel on the structured layout
   triton natural order  the same kernel on the one-part natural-order layout: a
@@ -29,14 +35,15 @@ variant sweep (``python -m fast bench --variants``) builds them once per variant
 What runs where (``why_not``, ``has_backward``, ``default_names``):
 
 * every contender runs on the CPU and on CUDA, in every dtype its function takes,
-  except the Triton kernels, which are compiled on CUDA only; on the CPU they run
+  except the Triton kernels and FlexAttention's FLASH backend, which are compiled on
+  CUDA only; on the CPU the Triton kernels run
   in Triton's interpreter (``TRITON_INTERPRET=1``, float32), which checks them
   but times NumPy, not the kernel;
 * FlexAttention has no backward on the CPU ("does not support backward on CPU"):
-  forward only there;
+  forward only there; its FLASH backend runs on CUDA only (``flash_why_not``);
 * the defaults: on the CPU dense, naive, flex and structured (the interpreted
-  kernels are left out: their time says nothing); on CUDA dense, flex,
-  structured and both Triton layouts (naive, an n x n mask per point, is left
+  kernels are left out: their time says nothing); on CUDA dense, flex, flex
+  flash, structured and both Triton layouts (naive, an n x n mask per point, is left
   out: at the GPU sweep's (B, H) = (4, 16) and n = 65536 it cannot fit, and the
   CPU figure already shows its O(n^2));
 * the sweep (``fast.experiments.bench_sweep``) limits the O(n^2) contenders on the
@@ -45,16 +52,16 @@ What runs where (``why_not``, ``has_backward``, ``default_names``):
 
 from __future__ import annotations
 
-import functools
+import importlib.util
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import FlexKernelOptions
 from torch.profiler import ProfilerActivity, profile
 
 from fast.attention import sparse_attention
 from fast.backends import masks as masks_torch
-from fast.backends.flex import mask_mod
+from fast.backends.flex import cached_block_mask, flex_sparse_attention
 from fast.backends.naive import masked_attention
 from fast.kernels.variants import resolve
 from fast.layout.costs import DEFAULT_BLOCK
@@ -63,10 +70,15 @@ D = 64                                            # head dimension of every swee
 PATTERN_PARAMS = {"strided": {"stride": 128}, "fixed": {"stride": 128, "c": 32}}
 LONG_PARAMS = {"strided": {"stride": 256}, "fixed": {"stride": 256, "c": 32}}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-NAMES = ("dense", "naive", "flex", "structured", "triton block-sparse", "triton natural order")
+NAMES = ("dense", "naive", "flex", "flex flash", "structured", "triton block-sparse",
+         "triton natural order")
 TRITON = ("triton block-sparse", "triton natural order")
-FLEX_BLOCK = 128                                 # FlexAttention's default block
+FLEX = {"flex": None, "flex flash": {"BACKEND": "FLASH"}}   # name -> kernel_options
 DYNAMO_CACHE_LIMIT = 256                         # recompiles allowed before dynamo gives up
+# What a record's "flex" rows ran (its config's "flex_peer"): this peer; "first peer" marks
+# the records of the first GPU run, whose FlexAttention compiled with dynamic shapes on a
+# create_block_mask BlockMask (about 4x slower than this peer on an H200).
+FLEX_PEER = "flex_sparse_attention"
 
 # aten operator of each SDPA backend (the first one found names the backend)
 SDPA_OPS = (("cudnn", "_scaled_dot_product_cudnn_attention"),
@@ -93,6 +105,8 @@ def _check(names, device, dtype) -> None:
 def why_not(name: str, device, dtype: torch.dtype) -> str | None:
     """Why contender ``name`` does not run on ``device`` in ``dtype``; None when it does."""
     _check([name], device, dtype)
+    if name == "flex flash":
+        return flash_why_not(device)
     if name not in TRITON:
         return None
     try:
@@ -112,15 +126,34 @@ def why_not(name: str, device, dtype: torch.dtype) -> str | None:
     return None
 
 
+def flash_why_not(device) -> str | None:
+    """Why FlexAttention's FLASH backend does not run here, or None: it runs on CUDA, with a
+    torch whose FlexAttention takes ``kernel_options={"BACKEND": "FLASH"}`` and the
+    flash-attn-4 package (``flash_attn.cute``) it compiles into."""
+    if torch.device(device).type != "cuda":
+        return "FlexAttention's FLASH backend runs on CUDA only"
+    if "BACKEND" not in getattr(FlexKernelOptions, "__annotations__", {}):
+        return (f"torch {torch.__version__} has no FlexAttention backend choice "
+                f"(kernel_options BACKEND)")
+    try:
+        found = importlib.util.find_spec("flash_attn.cute") is not None
+    except ImportError:
+        found = False
+    if not found:
+        return ("FlexAttention's FLASH backend needs the flash-attn-4 package (flash_attn.cute),"
+                " which is not installed here")
+    return None
+
+
 def has_backward(name: str, device) -> bool:
     """Whether ``name`` has a backward on ``device`` (FlexAttention has none on the CPU)."""
-    return not (name == "flex" and torch.device(device).type == "cpu")
+    return not (name in FLEX and torch.device(device).type == "cpu")
 
 
 def default_names(device) -> tuple[str, ...]:
     """The contenders a sweep on ``device`` runs unless told otherwise (module docstring)."""
     if torch.device(device).type == "cuda":
-        return ("dense", "flex", "structured", *TRITON)
+        return ("dense", "flex", "flex flash", "structured", *TRITON)
     return ("dense", "naive", "flex", "structured")
 
 
@@ -161,8 +194,8 @@ def build(pattern: str, params: dict, n_heads: int, device, dtype: torch.dtype,
             out[name] = dense
         elif name == "naive":
             out[name] = naive(pattern, params)
-        elif name == "flex":
-            out[name] = flex(pattern, params, n_heads, device)
+        elif name in FLEX:
+            out[name] = flex(pattern, params, n_heads, device, FLEX[name])
         elif name == "structured":
             out[name] = structured(pattern, params)
     if any(name in names for name in TRITON):
@@ -199,50 +232,39 @@ def naive(pattern: str, params: dict):
     return fn
 
 
-@functools.lru_cache(maxsize=1)
-def compiled_flex():
-    """One ``torch.compile(flex_attention)`` for the process; dynamo may recompile for
-    new shapes and dtypes up to ``DYNAMO_CACHE_LIMIT`` times (its default, 8, makes a
-    sweep fall back to the unfused path, which materialises the n x n scores)."""
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit,
-                                                DYNAMO_CACHE_LIMIT)
-    torch._dynamo.config.accumulated_cache_size_limit = max(
-        torch._dynamo.config.accumulated_cache_size_limit, DYNAMO_CACHE_LIMIT)
-    return torch.compile(flex_attention)
-
-
-_MASK_MODS: dict = {}
-
-
-def _mask_mod(pattern, n, n_heads, device, items):
-    """One mask_mod per (pattern, H, device, parameters): those of full, strided and fixed
-    do not depend on n, so one function serves every n of the run (a new function object
-    at every n would make dynamo compile flex_attention again)."""
-    key = (pattern, n_heads, device, items) + (() if pattern in ("full", "strided", "fixed")
-                                               else (n,))
-    if key not in _MASK_MODS:
-        _MASK_MODS[key] = mask_mod(pattern, n, n_heads, device=device, **dict(items))
-    return _MASK_MODS[key]
-
-
-def flex(pattern: str, params: dict, n_heads: int, device):
-    """FlexAttention with the pattern's mask_mod (``fast.backends.flex.mask_mod``), its
-    BlockMask made by ``create_block_mask(_compile=True)`` on the first call at each n
-    (cached). ``fn.density`` records {n: fraction of blocks computed}."""
-    masks, density = {}, {}
+def flex(pattern: str, params: dict, n_heads: int, device, kernel_options: dict | None = None):
+    """FlexAttention as ``fast.backends.flex.flex_sparse_attention`` runs it (module
+    docstring): this contender calls it, so the benchmark's peer is what the project
+    offers, compiled and masked alike. ``kernel_options`` go to FlexAttention (the
+    FLASH backend). ``fn.density`` records {n: fraction of blocks computed}, of the
+    BlockMask the call uses (``fast.backends.flex.cached_block_mask``); ``fn.compiles``:
+    its first call compiles. On the CPU ``flex_sparse_attention`` checks q, k, v for NaN
+    and inf first (one pass over each); on a GPU it reads nothing."""
+    density = {}
+    allow_recompiles()
 
     def fn(q, k, v):
         n = q.shape[2]
-        if n not in masks:
-            mod = _mask_mod(pattern, n, n_heads, str(device), tuple(sorted(params.items())))
-            masks.clear()
-            masks[n] = create_block_mask(mod, None, n_heads, n, n, device=device,
-                                         BLOCK_SIZE=FLEX_BLOCK, _compile=True)
-            density[n] = block_density(masks[n])
-        return compiled_flex()(q, k, v, block_mask=masks[n])
+        if n not in density:
+            mask = cached_block_mask(pattern, n, n_heads, "merged", 0, q.device, params)
+            density[n] = block_density(mask)
+        return flex_sparse_attention(q, k, v, pattern, kernel_options=kernel_options,
+                                     **params)
 
     fn.density, fn.compiles = density, True
     return fn
+
+
+def allow_recompiles() -> None:
+    """Let dynamo compile FlexAttention for every shape of a sweep: compiled with
+    ``dynamic=False`` it compiles once per (B, H, n, dtype, pattern, with or without a
+    backward), and past dynamo's default limit of 8 it would fall back to the unfused
+    path (the n x n scores: out of memory at n = 32768). Raised to ``DYNAMO_CACHE_LIMIT``
+    for the process, never lowered."""
+    config = torch._dynamo.config
+    config.cache_size_limit = max(config.cache_size_limit, DYNAMO_CACHE_LIMIT)
+    config.accumulated_cache_size_limit = max(config.accumulated_cache_size_limit,
+                                              DYNAMO_CACHE_LIMIT)
 
 
 def block_density(mask) -> float:

@@ -43,6 +43,11 @@ run. The rules, written once here and used by every measurement that times work
   on shared cores wait for each other): docs/design.md, sec. 7 says what was
   measured, and the CPU sweep reports its target n measured both ways.
 
+A contender's measurement at one point may be capped (``Method.cap_s``): one process
+cannot interrupt a compilation or a kernel, so the cap is checked between the phases
+(compilation, the forward, the forward + backward): past it no new phase starts, and the
+record says what was left out (``fast.measure.bench_point.measure``).
+
 The cost of a measurement follows from its method: at most the first call plus
 ``(warmup + max(min_reps, target_s / t))`` calls of t seconds (``estimate_s``),
 which is how the GPU sweep estimates itself before it starts.
@@ -82,6 +87,8 @@ class Method:
     alone_s: float | None = None  # a first call longer than this is the only repetition
     probe_first: bool = False   # size the repetitions by the first call's time (no probe
                                 # calls spent), or by the median of min_reps timed calls
+    cap_s: float | None = None  # a contender's seconds at one point, compilation included,
+                                # after which no new phase of it starts (None: no cap)
 
     def __post_init__(self):
         if self.process not in PROCESSES:
@@ -90,6 +97,8 @@ class Method:
             raise ValueError(f"statistic must be one of {STATISTICS}, got {self.statistic!r}")
         if not (math.isfinite(self.target_s) and self.target_s >= 0):
             raise ValueError(f"target_s must be a finite number >= 0, got {self.target_s!r}")
+        if self.cap_s is not None and not (math.isfinite(self.cap_s) and self.cap_s > 0):
+            raise ValueError(f"cap_s must be a finite number > 0 or None, got {self.cap_s!r}")
         if not 1 <= self.min_reps <= self.max_reps or self.warmup < 0:
             raise ValueError(f"repetitions must satisfy 1 <= min_reps <= max_reps and "
                              f"warmup >= 0, got min_reps={self.min_reps}, max_reps="
@@ -101,9 +110,10 @@ class Method:
 
     def describe(self) -> str:
         where = "a fresh process per point" if self.process == "fresh" else "one process"
+        cap = "" if self.cap_s is None else f"; each contender capped at {self.cap_s:g} s a point"
         return (f"{where}; first call apart; {self.statistic} of steady-state repetitions "
                 f"(~{self.target_s:g} s of calls, {self.min_reps}..{self.max_reps}, "
-                f"{self.warmup} warm-up calls after the first)")
+                f"{self.warmup} warm-up calls after the first){cap}")
 
 
 FRESH = Method("fresh", "min", target_s=1.0, warmup=0, min_reps=3, max_reps=20, short_s=0.3,

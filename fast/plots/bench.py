@@ -27,6 +27,7 @@ LABELS = {
     "dense": "dense causal SDPA",
     "naive": "SDPA + boolean mask",
     "flex": "FlexAttention (BlockMask)",
+    "flex flash": "FlexAttention, FLASH backend",
     "structured": "ours, PyTorch (structured)",
     "triton block-sparse": "ours, Triton block-sparse",
     "triton natural order": "Triton, natural order (no transposition)",
@@ -38,9 +39,15 @@ LABELS = {
 # first use where a C compiler is found; PyTorch's flash kernel serves the other calls.
 CPU_LABELS = {**LABELS, "structured": "ours, structured (C window kernel)"}
 
+# the "flex" rows of a record whose config says "flex_peer": "first peer"
+FIRST_FLEX = "FlexAttention, first peer (dynamic shapes: not its best)"
 
-def label(name: str, labels: dict = LABELS) -> str:
-    """What a contender is, for a legend."""
+
+def label(name: str, config: dict | None = None, labels: dict = LABELS) -> str:
+    """What a contender is, for a legend (``config``: the record's, which says which
+    FlexAttention peer its "flex" rows ran; ``labels``: the names for this device)."""
+    if name == "flex" and (config or {}).get("flex_peer") == "first peer":
+        return FIRST_FLEX
     return labels.get(name, name)
 
 
@@ -57,7 +64,8 @@ def _log_axes(ax) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
 
 
-def _time_panel(ax, rows, pattern, what, title, slopes=True, labels: dict = LABELS):
+def _time_panel(ax, rows, pattern, what, title, slopes=True, config=None,
+                labels: dict = LABELS):
     for name in contender_names(rows, pattern):
         pts = sorted((r["n"], r[what] * 1e3) for r in rows if r["contender"] == name
                      and r["pattern"] in (pattern, None) and r.get(what))
@@ -66,8 +74,8 @@ def _time_panel(ax, rows, pattern, what, title, slopes=True, labels: dict = LABE
         ns, ts = zip(*pts)
         big = [(n, t) for n, t in pts if n >= SLOPE_FROM]
         slope = fitted_slope(*zip(*big)) if slopes and len(big) >= 2 else None
-        name_ = label(name, labels)
-        tag = f"{name_} (slope {slope:.2f})" if slope is not None else name_
+        name_of = label(name, config, labels)
+        tag = f"{name_of} (slope {slope:.2f})" if slope is not None else name_of
         ax.plot(ns, ts, marker=style.marker(name), color=style.color(name), label=tag)
     _log_axes(ax)
     ax.set_title(title, fontsize=10)
@@ -112,22 +120,24 @@ def plot_gpu(data: dict, path: Path, dtype: str | None = None, shape=None) -> Pa
     for i, pattern in enumerate(patterns):
         settings = ", ".join(f"{k}={v}" for k, v in c["patterns"][pattern].items())
         for j, (what, text) in enumerate((("fwd_s", "forward"), ("fb_s", "forward + backward"))):
-            _time_panel(axes[i, j], rows, pattern, what, f"{pattern} ({settings}): {text}")
+            _time_panel(axes[i, j], rows, pattern, what, f"{pattern} ({settings}): {text}",
+                        config=c)
             axes[i, j].set_ylabel(f"milliseconds (median, {timer})")
-        _speedup_panel(axes[i, 2], rows, pattern)
+        _speedup_panel(axes[i, 2], rows, pattern, c)
     if long:
         _long_panels(axes[-1], long)
     m = data["machine"]
     where = m.get("gpu") or f"{m['cpu']} (wall clock)"
     sdpa = data["calibration"]["sdpa_backend"].get(dtype, "?")
+    variant = f", kernel variant {c['default_variant']}" if c.get("default_variant") else ""
     fig.suptitle(f"Sparse attention vs dense causal SDPA ({sdpa}) on {where}: B={B}, H={H}, "
-                 f"d={c['d']}, {dtype}, block {c['block']}; torch {m['torch']}, "
+                 f"d={c['d']}, {dtype}, block {c['block']}{variant}; torch {m['torch']}, "
                  f"Triton {m.get('triton')}", fontsize=10)
     fig.tight_layout()
     return style.save(fig, path)
 
 
-def _speedup_panel(ax, rows, pattern):
+def _speedup_panel(ax, rows, pattern, config=None):
     """Speed-up over dense of every contender (forward solid, forward+backward dashed)
     and the ideal of the structured layout (dotted)."""
     for name in contender_names(rows, pattern):
@@ -138,7 +148,7 @@ def _speedup_panel(ax, rows, pattern):
                          and r["pattern"] == pattern and r.get(what, {}).get("speedup"))
             if pts:
                 ax.plot(*zip(*pts), ls=ls, marker=style.marker(name), color=style.color(name),
-                        label=f"{label(name)}, {'fwd' if what == 'fwd' else 'fwd+bwd'}")
+                        label=f"{label(name, config)}, {'fwd' if what == 'fwd' else 'fwd+bwd'}")
     ideal = sorted({(r["n"], r["ideal"]) for r in rows if r["pattern"] == pattern
                     and r.get("ideal")})
     if ideal:

@@ -31,6 +31,7 @@ DPI = 110
 
 BLUE, ORANGE, GREY, GREEN = "#2b6cb0", "#dd6b20", "#4a5568", "#38a169"
 LIGHT_GREY, BLACK, RED, PURPLE = "#a0aec0", "#1a202c", "#c53030", "#805ad5"
+TEAL = "#2c7a7b"
 
 # The paper's Table 2 rows, as reference.patterns names: dense, then fixed and strided.
 PATTERN_ORDER = ("full", "fixed", "strided")
@@ -40,10 +41,10 @@ COLORS = {
     # the patterns
     "dense": GREY, "fixed": BLUE, "strided": ORANGE,
     # the benchmark's other contenders (fast.measure.contenders)
-    "naive": LIGHT_GREY, "flex": GREEN, "structured": PURPLE,
+    "naive": LIGHT_GREY, "flex": GREEN, "flex flash": TEAL, "structured": PURPLE,
     "triton block-sparse": RED, "triton natural order": BLACK,
 }
-MARKERS = {"dense": "o", "naive": "s", "flex": "^", "structured": "D",
+MARKERS = {"dense": "o", "naive": "s", "flex": "^", "flex flash": "<", "structured": "D",
            "triton block-sparse": "v", "triton natural order": "P"}
 
 

@@ -122,8 +122,19 @@ def train_step(net, model, x, y, optimizer, scheduler, scaler, precision, device
           grad_clip: float) -> torch.Tensor:
     """One optimiser step on batch (x, y): forward under autocast, backward (loss-scaled
     when fp16), gradient clipping, update, and the schedule's step if the update was
-    made (the loss scaler skips it when the gradients overflow, and lowers its scale
-    exactly then). Returns the loss (nats)."""
+    made (the loss scaler skips it when the gradients overflow). Returns the loss (nats).
+
+    The host waits for the GPU once: inside ``GradScaler.step``, which reads whether the
+    gradients overflowed. Whether the update was made is taken from that same read (the
+    optimizer's step hook runs only when the scaler calls ``optimizer.step``), not by
+    reading the scale before and after (``scaler.get_scale()``: two more waits). The
+    optimizer must be one the scaler skips, not one that applies the scaling itself
+    (``fused=True``: it is always called; ValueError)."""
+    if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+        # the attribute GradScaler.step itself reads to decide whether to skip
+        raise ValueError("train_step with an optimizer that applies the loss scaling itself "
+                         "(fused=True); allowed: one the GradScaler skips "
+                         "(fast.transformer.training.optim.make_optimizer's AdamW)")
     with autocast(precision, device):
         logits = net(x)                                                  # (B, n, vocab)
     loss = loss_fn(logits, y)
@@ -137,10 +148,14 @@ def train_step(net, model, x, y, optimizer, scheduler, scaler, precision, device
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     updated = True
     if scaler is not None:
-        scale = scaler.get_scale()
-        scaler.step(optimizer)
+        stepped = []
+        hook = optimizer.register_step_post_hook(lambda *_: stepped.append(True))
+        try:
+            scaler.step(optimizer)                  # the step's one wait: the check for inf
+        finally:
+            hook.remove()
         scaler.update()
-        updated = scaler.get_scale() >= scale                       # lowered: step skipped
+        updated = bool(stepped)                     # skipped: the gradients overflowed
     else:
         optimizer.step()
     if updated:

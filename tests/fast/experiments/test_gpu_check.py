@@ -21,6 +21,7 @@ from fast.commands import bench as bench_cli
 from fast.commands import gpu_check as command
 from fast.commands import layout_time, train_time
 from fast.experiments import gpu_check as driver
+from fast.experiments.bench_sweep import points
 from fast.kernels.variants import VARIANTS
 from tests import conftest
 from tests.conftest import ROOT
@@ -28,27 +29,67 @@ from tests.conftest import ROOT
 
 def test_every_part_is_a_command_line_its_command_accepts(tmp_path):
     every = {p.name: p for p in driver.parts(tmp_path, workers=4, test_args=("-x",))}
-    assert tuple(every) == driver.PART_NAMES == ("tests-0", "tests-1", "tests-2", "variants",
-                                                 "bench", "long", "train-time", "layout-time")
-    for name in ("variants", "bench", "long"):
+    assert tuple(every) == driver.PART_NAMES == (
+        "tests", "variants", "bench", "train-time", "tests-0", "tests-1", "tests-2",
+        "variants-all", "bench-all", "long", "layout-time")
+    assert driver.SESSION == driver.PART_NAMES[:4]
+    sweeps = {}
+    for name in ("variants", "bench", "long", "variants-all", "bench-all"):
         argv = list(every[name].argv)
         assert argv[:3] == ["-m", "fast", "bench"]
-        sweep = bench_cli.sweep_from(bench_cli.parse_args(argv[3:]))
-        assert sweep.device == "cuda" and bool(sweep.variants) == (name == "variants")
+        sweeps[name] = sweep = bench_cli.sweep_from(bench_cli.parse_args(argv[3:]))
+        assert sweep.device == "cuda" and bool(sweep.variants) == name.startswith("variants")
         assert bool(sweep.long_ns) == (name == "long")
         out = Path(argv[argv.index("--out") + 1])
-        assert out == (tmp_path / "long" if name == "long" else tmp_path)
+        assert out == (tmp_path if name in ("variants", "bench") else tmp_path / name)
+    # the session's variant sweep: the target point only, every variant against dense
+    assert points(sweeps["variants"]) == [("float16", 4, 16, 16384)]
+    assert sweeps["variants"].contenders == ("dense", "triton block-sparse")
+    assert sweeps["variants"].variants == tuple(VARIANTS)
+    # the session's benchmark: the target point first, then (1, 4, n) for the small target
+    assert points(sweeps["bench"]) == [("float16", 4, 16, 16384)] + [
+        ("float16", 1, 4, n) for n in (4096, 8192, 16384, 32768, 65536)]
+    assert sweeps["bench"].flex_ns == (16384,) and sweeps["bench"].max_minutes == 2.5
+    assert "flex" in sweeps["bench"].contenders and "flex flash" in sweeps["bench"].contenders
+    for sweep in sweeps.values():                       # every contender has its time cap
+        assert sweep.method.cap_s == 60
+    assert points(sweeps["variants-all"])[0] == ("float16", 4, 16, 16384)
     assert every["variants"].writes == ("data/bench_cuda_variants.json",)
-    train_time.parser().parse_args(list(every["train-time"].argv[3:]))
+    tt = train_time.parser().parse_args(list(every["train-time"].argv[3:]))
+    assert (tt.warm, tt.steps, tt.patterns) == (3, 5, ["none", "full", "fixed", "strided"])
     layout_time.parser().parse_args(list(every["layout-time"].argv[3:]))
     files = driver.gpu_test_files()
     assert "tests/fast/kernels/test_triton_gpu.py" in files and "tests/test_install.py" not in files
-    for name in driver.TEST_GROUPS:
+    for name in ("tests", *driver.TEST_GROUPS):
         argv = every[name].argv
         assert argv[:2 + len(files) + 3] == ("-m", "pytest", *files, "-m", "gpu", "-p")
-        assert argv[argv.index("--kernel-variants") + 1] == ",".join(driver.TEST_GROUPS[name])
         assert argv[-3:] == ("-n", "4", "-x") and every[name].env == {"TRITON_INTERPRET": "0"}
+        assert ("--kernel-variants" in argv) == (name != "tests")
+    for name in driver.TEST_GROUPS:
+        argv = every[name].argv
+        assert argv[argv.index("--kernel-variants") + 1] == ",".join(driver.TEST_GROUPS[name])
     assert "-n" not in driver.parts(tmp_path, workers=1)[0].argv
+
+
+def test_the_session_fits_nine_minutes_on_the_gpu_that_measured_it(tmp_path, monkeypatch):
+    """The session's parts on an H200-class machine (16 cores, pytest-xdist: 14 workers, as
+    the run that took 110 s for every gpu test) add up to at most 9 minutes; without
+    pytest-xdist the plan says the tests take one process, and how to split them."""
+    monkeypatch.setattr(driver, "xdist_installed", lambda: True)
+    monkeypatch.setattr(driver.os, "cpu_count", lambda: 16)
+    assert driver.test_workers() == 14 and driver.test_workers(3) == 3
+    session = [p for p in driver.parts(tmp_path, driver.test_workers())
+               if p.name in driver.SESSION]
+    assert [p.name for p in session] == list(driver.SESSION)
+    assert sum(p.minutes for p in session) <= driver.SESSION_MINUTES
+    assert session[0].minutes == 1.9                         # measured: 110 s
+    assert driver.warnings_for(session, 14) == []
+    monkeypatch.setattr(driver, "xdist_installed", lambda: False)
+    assert driver.test_workers() == 1
+    alone = [p for p in driver.parts(tmp_path, 1) if p.name in driver.SESSION]
+    said = driver.warnings_for(alone, 1)
+    assert len(said) == 2 and "tests-0, tests-1, tests-2" in said[0]
+    assert said[1].startswith("the session is estimated at ")
 
 
 def test_the_test_groups_hold_every_variant_once():
@@ -104,21 +145,29 @@ def _stand_in(name, code, minutes=0.001, env=None):
 
 def test_the_driver_logs_each_part_goes_on_after_a_failure_and_keeps_to_its_time(tmp_path):
     lines = []
+    record = tmp_path / driver.RECORD
     chosen = [_stand_in("one", "import os; print('hello', os.environ['TRITON_INTERPRET'])",
                         env={"TRITON_INTERPRET": "0"}),
               _stand_in("two", "import sys; print('broken'); sys.exit(3)"),
               _stand_in("big", "print('never')", minutes=60.0),
-              _stand_in("three", "print('still run')")]
-    record = driver.run(chosen, tmp_path, minutes=1.0, log=lines.append, again="CMD")
-    assert [(e["name"], e["status"], e.get("rc")) for e in record["parts"]] == [
+              # the record while a part runs: partial, marked, the parts before it in it
+              _stand_in("three", f"import json; d = json.load(open({str(record)!r})); "
+                                 f"print('partial', d['complete'], len(d['parts']))")]
+    got = driver.run(chosen, tmp_path, minutes=1.0, log=lines.append, again="CMD")
+    assert [(e["name"], e["status"], e.get("rc")) for e in got["parts"]] == [
         ("one", "ok", 0), ("two", "failed", 3), ("big", "not started", None),
         ("three", "ok", 0)]
     assert (tmp_path / "one.log").read_text().splitlines()[1:] == ["hello 0"]
     assert "TRITON_INTERPRET=0" in (tmp_path / "one.log").read_text().splitlines()[0]
     assert (tmp_path / "two.log").read_text().endswith("broken\n")
     assert not (tmp_path / "big.log").exists() and "hello 0" in lines
-    assert json.loads((tmp_path / driver.RECORD).read_text())["parts"] == record["parts"]
-    assert "estimated 60 min, " in record["parts"][2]["why"]
+    assert "partial False 3" in lines                           # progress written as it goes
+    saved = json.loads(record.read_text())
+    assert saved["parts"] == got["parts"] and saved["complete"] is True
+    assert "estimated 60 min, " in got["parts"][2]["why"]
+    starts = [line for line in lines if line.startswith("== [")]
+    assert [line.split(": ")[0] for line in starts] == [
+        "== [ 0.0 min] part 1 of 4", "== [ 0.0 min] part 2 of 4", "== [ 0.0 min] part 4 of 4"]
     said = lines[-1]
     assert "two          failed (exit 3)" in said
     assert said.endswith("not started: big; next: CMD --parts big")
@@ -130,9 +179,13 @@ def test_gpu_check_prints_its_plan_anywhere_and_refuses_to_run_without_cuda(tmp_
                          "variants", "train-time"]) == 0
     assert not (tmp_path / "a").exists()                    # a dry run makes no folder
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0].startswith("variants     ~ 8.0 min  python -m fast bench --device cuda "
-                                 "--variants --out ")
-    assert printed[1].startswith("train-time") and printed[-1] == "estimated 12 min in all"
+    assert printed[0].startswith("variants     ~ 1.5 min  python -m fast bench --device cuda "
+                                 "--variants --contenders dense 'triton block-sparse' ")
+    assert printed[1].startswith("train-time") and printed[-1] == "estimated 2.5 min in all"
+    assert command.main(["--dry-run", "--test-workers", "14"]) == 0      # the session
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in printed[:-1]] == list(driver.SESSION)
+    assert printed[-1] == "estimated 7.7 min in all"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as end:
         command.main(["--out", str(tmp_path / "c")])
@@ -143,9 +196,11 @@ def test_gpu_check_prints_its_plan_anywhere_and_refuses_to_run_without_cuda(tmp_
 
 
 @pytest.mark.parametrize("argv,says", [
-    (["--parts", "bench", "tests"], "argument --parts: got 'tests'; allowed: one of tests-0,"),
+    (["--parts", "bench", "test"], "argument --parts: got 'test'; allowed: one of tests, "
+                                   "variants,"),
     (["--test-args", "-k 'open"], "argument --test-args: got \"-k 'open\"; allowed: arguments"),
     (["--minutes", "0"], "argument --minutes: got '0'; allowed: a finite number in (0.0,"),
+    (["--all", "--parts", "long"], "--all with --parts; allowed: one of them"),
 ])
 def test_gpu_check_refuses_bad_options_in_one_line(argv, says, capsys, tmp_path):
     with pytest.raises(SystemExit) as end:

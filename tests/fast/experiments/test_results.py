@@ -113,6 +113,11 @@ DAMAGED = [
         {"layer": 0}]}}, "train": {}, "images": "x"}).encode(), "['models']['full']['layers'][0]"),
     ("make_figures.json", json.dumps({"steps": {"bench": {"seconds": "long"}}}).encode(),
      "['steps']['bench']['seconds'] is 'long'"),
+    ("gpu_iteration_time.json", json.dumps({"machine": {"gpu": "G", "torch": "2"},
+                                            "config": {"batch": 8, "warm": 1, "steps": 2},
+                                            "rows": [{"shape": "x"}]}).encode(),
+     "['rows'][0] has no"),
+    ("gpu_variants_h200.json", b"{}", "has no 'provenance'"),
 ]
 
 
@@ -232,6 +237,44 @@ def test_fig2_depth_section_of_a_run_still_training_says_so():
     lines = results.fig2_depth_section({"train": {"24": {}, "6": {}}})
     assert lines == ["Figure 2 against depth, `python -m fast fig2 --depth`: models of 6, 24 "
                      "layers trained, not measured yet (run it again to measure them)."]
+
+
+def test_the_gpu_records_load_in_one_call_with_their_provenance():
+    """What notebook 04 prints: the committed GPU records, shape-checked, and their sections."""
+    got = results.gpu_results()
+    assert got["variants"]["provenance"]["commit"] == "81a3fc0"
+    assert got["bench"]["machine"]["gpu"] == got["train_time"]["machine"]["gpu"] == "NVIDIA H200"
+    text = got["text"]
+    assert text.count("NVIDIA H200, torch 2.11.0+cu130, Triton 3.6.0, main at 81a3fc0, "
+                      "2026-11-28") == 3
+    assert "| triton block-sparse (fused) | 0.690 ms (6.73x) | 0.698 ms (7.28x) |" in text
+    assert "kernel variant baseline, its first FlexAttention peer" in text
+    empty = results.gpu_results(ROOT / "tests")            # a folder without them
+    assert empty["bench"] is None and empty["text"] == ""
+
+
+def test_the_attention_free_floor_says_how_much_of_the_papers_speed_up_is_attainable(tmp_path,
+                                                                                   capsys):
+    def row(pattern, s):
+        return {"shape": "enwik8", "pattern": pattern, "s_per_iter": s, "n": 12288, "d": 512,
+                "heads": 8, "layers": 6, "syncs_per_step": 1}
+
+    record = {"machine": {"gpu": "Test GPU", "torch": "2.x"},
+              "config": {"batch": 8, "warm": 3, "steps": 5},
+              "rows": [row("none", 0.080), row("full", 0.200), row("fixed", 0.150),
+                       row("strided", 0.100)]}
+    (tmp_path / "gpu_iteration_time.json").write_text(json.dumps(record))
+    text = results.gpu_results(tmp_path)["text"]
+    print(text)
+    assert "| enwik8 (n=12288, d=512, 8 heads, 6 layers) | attention-free (floor) | 80.0 | - |" \
+        in text
+    assert "| strided | 100.0 | 2.00x | 20.0 ms | 1 | 0.35 s (3.74x) |" in text
+    # dense / floor = 2.5x attainable: short of the paper's strided 3.74x, enough for 2.38x
+    assert "takes 80.0 ms (the floor): at most 2.50x is attainable now, short of it." in text
+    assert "fixed: 1.33x dense here, the paper's 2.38x" in text
+    assert text.count("at most 2.50x is attainable now, enough.") == 1
+    assert results_command.main(["--data", str(tmp_path)]) == 0
+    assert "Table 2's time per iteration on a GPU" in capsys.readouterr().out
 
 
 def test_the_readme_holds_every_line_the_committed_results_print(capsys):

@@ -12,9 +12,10 @@ kernels compiled: ``make test`` runs them in a second pass
 Every kernel variant (``fast.kernels.variants.VARIANTS``) runs every case on the
 GPU. Each GPU test has a CPU twin that runs the same function on small sizes in
 float32 under the Triton interpreter (``make test``'s first pass), so the checks
-themselves are exercised on every machine: the baseline on every case, each other
-variant on the cases that take its code paths (the interpreter is slow; the
-cross product is the GPU's).
+themselves are exercised on every machine: the default variant
+(``fast.kernels.variants.DEFAULT``, what every call that names none runs) on every
+case, each other variant on the cases that take its code paths (the interpreter is
+slow; the cross product is the GPU's).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from fast import sparse_attention
 from fast.attention import resolve_backend
 from fast.kernels.launch import BlockSparseAttention
-from fast.kernels.variants import Launch
+from fast.kernels.variants import DEFAULT, Launch
 from tests.fast.kernels.triton_helpers import (
     DEVICE,
     T,
@@ -84,7 +85,7 @@ def test_gpu_head_width_48_is_padded_inside(dtype, variant):
 def test_cpu_twin_pattern_combine(pattern, combine, layer, _, params):
     """The GPU test's function, small and in float32, under the interpreter."""
     check_case(pattern, combine, layer, params, torch.float32, "cpu", B=1, H=4, n=75, d=16,
-               block_size=16, variant="baseline")
+               block_size=16, variant=DEFAULT)
 
 
 # (pattern, combine, layer, params, H, n, d) at block 16 under the interpreter
@@ -100,11 +101,13 @@ SMALL = {
     "bigbird": ("bigbird", "merged", 0, dict(window=4, n_random=2, n_global=2, seed=1), 1, 100,
                 16),
 }
-# Each variant on the cases that take its code paths: fused on one part, on parts that
-# do not cover every row (the fixed summary's keys, Longformer's global queries); grouped
+# Each variant on the cases that take its code paths (the default, fused, runs every case
+# above): baseline's zero-filled float32 buffers and cast on the two-part patterns and on
+# parts that do not cover every row, fused on one part and on such parts too; grouped
 # on the parts it groups (local, block, window); index on the transposed, gathered and
 # natural slot maps; ranges on listed and range tables and on a part with non-range rows.
 VARIANT_CASES = {
+    "baseline": ["strided", "fixed48", "longformer"],
     "fused": ["full", "fixed48", "longformer"],
     "grouped": ["strided48", "fixed", "longformer"],
     "tuned": ["strided48"],       # float32: its larger tiles are float16 / bfloat16 only
@@ -116,7 +119,7 @@ TWIN = [(v, c) for v, cases in VARIANT_CASES.items() for c in cases]
 
 
 def test_every_variant_has_cpu_cases():
-    assert set(VARIANT_CASES) | {"baseline"} == set(T.VARIANTS)
+    assert set(VARIANT_CASES) == set(T.VARIANTS) and DEFAULT in VARIANT_CASES
 
 
 @pytest.mark.slow

@@ -259,7 +259,7 @@ def test_time_budget_records_the_points_it_skips(tmp_path):
 def test_sweep_cost_is_estimated_from_its_size():
     sweep = bench_cli.sweep_from(bench_cli.parse_args(["--device", "cuda"]))
     small = sweeps.estimate(sweep)
-    assert small["measurements"] == 2 * (len(sweeps.points(sweep))) * (1 + 2 * 4)
+    assert small["measurements"] == 2 * (len(sweeps.points(sweep))) * (1 + 2 * 5)
     bigger = sweeps.estimate(dataclasses.replace(sweep, ns=sweep.ns + (131072,),
                                                  long_ns=sweeps.powers(2**17, 2**20)))
     assert bigger["estimate_s"] > small["estimate_s"]
@@ -268,6 +268,10 @@ def test_sweep_cost_is_estimated_from_its_size():
     assert sweep.shapes == ((1, 4), (4, 16)) and sweep.ns[0] == 1024
     assert sweep.method.process == "same" and sweep.method.statistic == "median"
     assert sweep.target_points == ((1, 16, 65536),) and sweep.long_lived_ns == ()
+    assert sweep.method.cap_s == sweeps.CAP_S == 60
+    given = bench_cli.sweep_from(bench_cli.parse_args(["--device", "cuda", "--points",
+                                                       "4x16x16384", "2x2x64", "--cap-s", "5"]))
+    assert given.target_points == ((4, 16, 16384), (2, 2, 64)) and given.method.cap_s == 5
 
 
 def test_floor_and_ideal_arithmetic():
@@ -370,7 +374,7 @@ def test_contenders_honour_names_device_and_dtype():
 
 def test_what_runs_where():
     assert contenders.default_names("cpu") == ("dense", "naive", "flex", "structured")
-    assert contenders.default_names("cuda") == ("dense", "flex", "structured",
+    assert contenders.default_names("cuda") == ("dense", "flex", "flex flash", "structured",
                                                 "triton block-sparse", "triton natural order")
     assert not contenders.has_backward("flex", "cpu") and contenders.has_backward("flex", "cuda")
     assert contenders.why_not("structured", "cpu", torch.float16) is None
@@ -438,6 +442,12 @@ def test_the_sweep_measures_only_n_in_the_range_asked_for(argv):
      "'100000'; allowed: an integer in [1, 16777216] that is a power of two"),
     (["--n-min", "4096", "--n-max", "2048"], "--n-min 4096 with --n-max 2048; allowed: "
      "--n-min <= --n-max"),
+    (["--points", "4x16x1000"], "argument --points: got '4x16x1000'; allowed: BxHxN with B and "
+     "H in [1, 4096] and N a power of two"),
+    (["--points", "4x16"], "argument --points: got '4x16'; allowed: BxHxN"),
+    (["--cap-s", "0"], "argument --cap-s: got '0'; allowed: a finite number in (0.0,"),
+    (["--device", "cuda", "--only-long", "--points", "1x4x4096"],
+     "--points with --only-long; allowed: --points with a sweep"),
 ])
 def test_bench_refuses_an_n_range_it_would_leave(argv, says, capsys):
     """An end of the sweep that is not a power of two is refused in one line (it was
@@ -692,7 +702,9 @@ def test_an_interrupted_sweep_leaves_a_record_that_says_so(monkeypatch, tmp_path
     def point(state, dt, B, H, n):
         if saved and interrupt[0]:                   # Ctrl-C during the second shape
             raise KeyboardInterrupt
-        return [{**runs._row("dense", None, dt, B, H, n), "fwd_s": 1.0, "fb_s": 3.0}]
+        row = {**runs._row("dense", None, dt, B, H, n), "fwd_s": 1.0, "fb_s": 3.0}
+        state.emit(row)                              # as run_point gives each row
+        return [row]
 
     monkeypatch.setattr(runs, "run_point", point)
     with pytest.raises(KeyboardInterrupt):
@@ -707,6 +719,38 @@ def test_an_interrupted_sweep_leaves_a_record_that_says_so(monkeypatch, tmp_path
     assert bench_cli.main(["--replot", "--out", str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bench_cpu.json is incomplete" in err
+
+
+def test_a_sweep_says_each_start_writes_every_row_and_caps_each_contender(monkeypatch):
+    """In one process: a line as each measurement starts, the record given to ``save`` after
+    every row (marked incomplete: the complete one is what ``run`` returns, and what
+    ``measure_and_save`` writes last), and a contender past its time cap at a
+    point (here 1 ns: the forward measured, the forward+backward not) is capped, said so,
+    and not run at the larger n of its shape."""
+    monkeypatch.setattr(bench_point, "copy_bandwidth", lambda *a: {"bytes_per_s": 1e10})
+    method = sweeps.SAME.with_(target_s=0.0, min_reps=1, warmup=0, cap_s=1e-9)
+    sweep = sweeps.Sweep(ns=(32, 64), contenders=("dense", "structured"), method=method,
+                         same_process_ns=())
+    saved, lines = [], []
+    data = runs.run(sweep, save=lambda d: saved.append(json.loads(json.dumps(d))),
+                    log=lines.append)
+    rows = data["results"]
+    assert [len(d["results"]) for d in saved] == list(range(1, len(rows) + 1))
+    assert not any(d["complete"] for d in saved) and data["complete"] is True
+    at = {(r["contender"], r["pattern"], r["n"]): r for r in rows}
+    for key in (("dense", None, 32), ("structured", "strided", 32), ("structured", "fixed", 32)):
+        r = at[key]
+        assert r["fwd_s"] > 0 and "fb_s" not in r
+        assert r["capped"].startswith("the forward+backward not measured: ")
+        assert "past the cap of 1e-09 s" in r["capped"]
+    for key in (("dense", None, 64), ("structured", "strided", 64)):
+        assert at[key]["skipped"].startswith("capped at n=32 (the forward+backward not")
+    started = [line for line in lines if line.endswith(" started")]
+    assert len(started) == 3 and "n=    32" in started[0]
+    assert any("; capped: the forward+backward not measured" in line for line in lines)
+    assert "each contender capped at 1e-09 s a point" in data["config"]["timing"]["method"]
+    with pytest.raises(ValueError, match="cap_s must be a finite number > 0 or None"):
+        sweeps.SAME.with_(cap_s=0.0)
 
 
 def test_a_cpu_row_is_held_to_the_pairs_it_reads_a_triton_row_to_its_tiles():

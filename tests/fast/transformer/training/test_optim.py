@@ -45,3 +45,17 @@ def test_a_step_the_loss_scaler_skips_does_not_advance_the_schedule(digits):
     training.train_step(model, model, x, y, optimizer, scheduler, scaler, "fp16", device, 1.0)
     assert scaler.get_scale() == 2.0 ** 8 and scheduler.last_epoch == 1
     assert not all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))
+
+
+def test_an_optimizer_that_scales_itself_is_refused_with_loss_scaling(digits):
+    """train_step learns whether the scaler made the update from the scaler's own read (the
+    optimizer's step hook), which an optimizer that handles the scaling itself (fused AdamW:
+    always called) would fool: it is refused, not silently mis-scheduled."""
+    m, t = tiny_digits(".", d_model=16, n_layers=1, precision="fp16")
+    model = training.SparseTransformer(m)
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+    scheduler = make_scheduler(optimizer, t)
+    x, y = digits.batch("train", 2, m.n_ctx, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="applies the loss scaling itself"):
+        training.train_step(model, model, x, y, optimizer, scheduler,
+                            torch.amp.GradScaler("cpu"), "fp16", torch.device("cpu"), 1.0)
