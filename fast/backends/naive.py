@@ -10,7 +10,10 @@ ANDed with the pattern, and dropout.
 
 A row that reads nothing outputs 0 (never NaN) on every SDPA backend: such a row
 is given one harmless key (j = 0) so the softmax is defined, and its output is
-then multiplied by 0, which also zeroes every gradient that flows through it.
+then multiplied by 0, which also zeroes every gradient that flows through it. A row
+that reads keys whose scores may overflow (finite inputs near 1e20 in float32:
+``fast.core.precision.overflow_rows``) outputs NaN: SDPA would give 0 where every
+score it reads overflowed to -inf, as for a row that reads nothing.
 
 Dropout (``dropout_p`` > 0) drops each (query, key) weight after the softmax with
 probability p and scales the kept ones by 1 / (1 - p), as SDPA does; the mask is
@@ -35,7 +38,7 @@ import torch.nn.functional as F
 
 from fast.backends import masks as masks_torch
 from fast.backends import padding
-from fast.core.precision import acc_dtype
+from fast.core.precision import acc_dtype, overflow_rows
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -45,14 +48,18 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     (B, H, n_q, n_k). Returns (B, H, n_q, d); empty rows give 0."""
     gqa = {"enable_gqa": True} if enable_gqa else {}
     reads_any = mask.any(dim=-1, keepdim=True)                          # (.., n_q, 1)
-    # Eager calls look first (one read on the host) and skip the fix when every row reads
-    # something; a compiled graph cannot look without breaking, so it always applies the
-    # fix, which changes nothing in a row that reads something (the same numbers).
-    if torch.compiler.is_compiling() or not bool(reads_any.all()):
+    overflow = overflow_rows(q, k, q.shape[-1] ** -0.5 if scale is None else scale)
+    # Eager calls look first (one read on the host) and skip the fixes when every row reads
+    # something and no score can overflow; a compiled graph cannot look without breaking,
+    # nor can "meta" tensors (shapes only), so they always apply them, which changes
+    # nothing in such a row (the same numbers).
+    if (torch.compiler.is_compiling() or q.device.type == "meta"
+            or not bool(reads_any.all() & ~overflow.any())):
         first = torch.arange(mask.shape[-1], device=mask.device) == 0    # (n_k,)
         mask = mask | (first & ~reads_any)             # an empty row reads key 0 ...
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
-        return out * reads_any.to(out.dtype)           # ... and outputs 0
+        out = out * reads_any.to(out.dtype)            # ... and outputs 0
+        return out.masked_fill(overflow, float("nan"))  # overflowed scores: NaN, never 0
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
 
 
