@@ -9,11 +9,11 @@ whole and as it was built:
 
 * **Where**: ``$SPARSE_ATTENTION_CACHE``, else ``$XDG_CACHE_HOME/sparse-transformer``,
   else ``~/.cache/sparse-transformer`` (``cache_dir``).
-* **Private**: a folder this code creates is 0700 and the library in it 0700, whatever
-  the umask (missing parent folders are made 0700 too). A folder found there is used
-  only if it is owned by the current user and writable by nobody else (group and
-  others: no write bit); a file only if, besides, it is a regular file (a link is not
-  followed). The folder is judged through the descriptor it is opened by, and every file
+* **Private**: the folder this code creates is 0700 and the library in it 0700, whatever
+  the umask (missing parents are made as ``mkdir -p`` makes them). A folder found there
+  is used only if it is owned by the current user and writable by nobody else (group
+  and others: no write bit); a file only if, besides, it is a regular file (a link is
+  not followed). The folder is judged through the descriptor it is opened by, and every file
   is opened and read relative to that descriptor, so the folder judged is the folder
   read, whatever happens to the path meanwhile.
 * **Whole**: a library's name carries the SHA-256 of its bytes
@@ -35,9 +35,10 @@ whole and as it was built:
   does not run here.
 
 When the folder cannot be used -- not private, not creatable, not writable (a
-read-only or missing HOME, a full disk) -- the library is built in a private temporary
-folder and loaded from there for this process alone, with one ``CacheWarning`` that
-says why and how to fix it; nothing in an untrusted folder is ever read. What it
+read-only HOME, or one that is a file; a full disk) -- the library is built in a
+private temporary folder and loaded from there for this process alone, with one
+``CacheWarning`` that says why and how to fix it; nothing in an untrusted folder is
+ever read. What it
 assumes: that the current user's own files and root's actions are trusted (a process
 running as this user can replace the library, as it can replace the package itself),
 and that the compiler on the PATH is the one the user means (``$CC`` picks another).
@@ -122,14 +123,15 @@ def _owner_problem(st: os.stat_result) -> str | None:
 
 
 def open_folder(folder: Path) -> int:
-    """A descriptor of ``folder``, made 0700 (and its missing parents) if it is not
-    there; ``Unusable`` if it cannot be made or opened, or is not private."""
+    """A descriptor of ``folder``, made 0700 if it is not there (its missing parents as
+    ``mkdir -p`` makes them); ``Unusable`` if it cannot be made or opened, or is not
+    private."""
     if os.open not in os.supports_dir_fd or os.listdir not in os.supports_fd:
         raise Unusable("the CPU window kernel's cache is not used on this system (it "
                        "cannot open files relative to a folder it has checked)")
     try:
         if not folder.is_dir():
-            folder.parent.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
+            folder.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.mkdir(folder, FOLDER_MODE)
                 os.chmod(folder, FOLDER_MODE)        # the umask may have taken bits away

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from fast.backends import masks as masks_torch
 from fast.backends import padding
-from fast.core.precision import acc_dtype, overflow_rows
+from fast.core.precision import acc_dtype, may_overflow, overflow_rows
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -48,18 +48,18 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     (B, H, n_q, n_k). Returns (B, H, n_q, d); empty rows give 0."""
     gqa = {"enable_gqa": True} if enable_gqa else {}
     reads_any = mask.any(dim=-1, keepdim=True)                          # (.., n_q, 1)
-    overflow = overflow_rows(q, k, q.shape[-1] ** -0.5 if scale is None else scale)
+    scale_ = q.shape[-1] ** -0.5 if scale is None else scale
     # Eager calls look first (one read on the host) and skip the fixes when every row reads
     # something and no score can overflow; a compiled graph cannot look without breaking,
     # nor can "meta" tensors (shapes only), so they always apply them, which changes
     # nothing in such a row (the same numbers).
     if (torch.compiler.is_compiling() or q.device.type == "meta"
-            or not bool(reads_any.all() & ~overflow.any())):
+            or not bool(reads_any.all() & ~may_overflow(q, k, scale_))):
         first = torch.arange(mask.shape[-1], device=mask.device) == 0    # (n_k,)
         mask = mask | (first & ~reads_any)             # an empty row reads key 0 ...
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
         out = out * reads_any.to(out.dtype)            # ... and outputs 0
-        return out.masked_fill(overflow, float("nan"))  # overflowed scores: NaN, never 0
+        return out.masked_fill(overflow_rows(q, k, scale_), float("nan"))  # never 0: NaN
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
 
 

@@ -97,7 +97,7 @@ from fast.backends.naive import naive_sparse_attention
 from fast.backends.strided import Column, LocalBand
 from fast.core.autograd import once_differentiable, refuse_second_derivative
 from fast.core.merge import merge_into
-from fast.core.precision import PrecisionWarning, acc_dtype, overflow_rows, score_bound
+from fast.core.precision import PrecisionWarning, acc_dtype, may_overflow, overflow_rows
 from reference.heads import head_roles
 
 
@@ -297,7 +297,7 @@ def _outgrows_float32(lse: torch.Tensor, scores: tuple | None = None) -> bool:
     """Whether some row's |lse| passes EXACT_LSE (rows that read nothing, -inf, aside; +inf
     is a row whose scores the CPU window kernel found overflowed, ``cpu_window.c``), or,
     given ``scores`` = (q, k, scale), whether some score may overflow float32
-    (``score_bound``: what catches PyTorch's kernel, which gives a row whose scores all
+    (``may_overflow``: what catches PyTorch's kernel, which gives a row whose scores all
     overflowed to -inf an output of 0 and a finite lse). One read on the host, after one
     pass over lse (two when some row reads nothing). "meta" tensors hold no values:
     False."""
@@ -308,7 +308,7 @@ def _outgrows_float32(lse: torch.Tensor, scores: tuple | None = None) -> bool:
         low = lse.nan_to_num(neginf=0.0).amin()
     flags = [high > EXACT_LSE, -low > EXACT_LSE]
     if scores is not None:
-        flags.append(score_bound(*scores).amax() >= torch.finfo(torch.float32).max / 2)
+        flags.append(may_overflow(*scores))
     return bool(torch.stack(flags).any())
 
 

@@ -56,14 +56,23 @@ def score_bound(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     """An upper bound, per query row, of |scale q_i . k_j| and of every partial sum of it,
     over every key of its head: d |scale| max_c |q_ic| max_(j, c) |k_jc|, (B, H, n_q) in
     the accumulation dtype (+inf where that overflows). q (B, H, n_q, d), k (B, Hkv, n_k,
-    d), Hkv dividing H (query head h reads key head h // (H / Hkv)). Two read-only passes,
-    no host read."""
+    d), Hkv dividing H (query head h reads key head h // (H / Hkv)). One read-only pass
+    over q and one over k, no host read."""
     acc = acc_dtype(q.dtype)
-    lo, hi = torch.aminmax(q, dim=-1)
-    qa = torch.maximum(hi, -lo).to(acc)                                  # (B, H, n_q)
-    klo, khi = torch.aminmax(k.flatten(2), dim=-1)
-    ka = torch.maximum(khi, -klo).to(acc) * (q.shape[-1] * abs(scale))   # (B, Hkv)
-    return qa * ka.repeat_interleave(q.shape[1] // k.shape[1], dim=1)[..., None]
+    qa = torch.linalg.vector_norm(q, float("inf"), dim=-1, dtype=acc)           # (B, H, n_q)
+    ka = torch.linalg.vector_norm(k.flatten(2), float("inf"), dim=-1, dtype=acc)  # (B, Hkv)
+    if k.shape[1] != q.shape[1]:
+        ka = ka.repeat_interleave(q.shape[1] // k.shape[1], dim=1)               # (B, H)
+    return qa * (ka * (q.shape[-1] * abs(scale)))[..., None]
+
+
+def may_overflow(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """A 0-dim bool: whether some score may overflow the accumulation dtype (``score_bound``
+    of the largest row past half its largest number). One pass over q and one over k."""
+    acc = acc_dtype(q.dtype)
+    top = (torch.linalg.vector_norm(q, float("inf"), dtype=acc)
+           * torch.linalg.vector_norm(k, float("inf"), dtype=acc))
+    return top * (q.shape[-1] * abs(scale)) >= torch.finfo(acc).max / 2
 
 
 def overflow_rows(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
@@ -72,8 +81,8 @@ def overflow_rows(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tenso
     do not fit -- entries near 1e20 in float32. PyTorch's fused kernels give such a row 0
     when every score it reads overflows to -inf (a row they take for one that reads
     nothing), so the paths through them mark it NaN instead (docs/design.md, "Failing
-    loudly"). The bound is Cauchy-Schwarz's, loose: a row it marks may not overflow (its
-    keys need not align with it), but only where |q| |k| |scale| d reaches 1e38."""
+    loudly"). The bound is loose: a row it marks may not overflow (its keys need not
+    align with it), but only where |q| |k| |scale| d reaches 1e38."""
     return (score_bound(q, k, scale) >= torch.finfo(acc_dtype(q.dtype)).max / 2)[..., None]
 
 
