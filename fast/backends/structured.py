@@ -530,9 +530,12 @@ def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
         outs = [F.scaled_dot_product_attention(q[:, s::share], k, v, is_causal=True,
                                                scale=scale) for s in range(share)]
         out = torch.stack(outs, dim=2).flatten(1, 2)          # (B, Hkv, share, n, d) -> H
-    out = out[:, :, n_k - n_q:]                                          # (B, H, n_q, d)
-    if q.device.type == "cpu":        # rows whose scores may overflow: NaN, never SDPA's 0
-        out = out.masked_fill(overflow_rows(q[:, :, n_k - n_q:], k, scale), float("nan"))
+    out, q = out[:, :, n_k - n_q:], q[:, :, n_k - n_q:]                   # (B, H, n_q, d)
+    # on the CPU, rows whose scores may overflow are NaN, never SDPA's 0 (eager calls look
+    # first, one read; a traced call cannot look, and marks them without looking)
+    if q.device.type == "cpu" and (torch.compiler.is_compiling()
+                                   or bool(may_overflow(q, k, scale))):
+        out = out.masked_fill(overflow_rows(q, k, scale), float("nan"))
     return out
 
 
