@@ -66,7 +66,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import warnings
 from pathlib import Path
 
 import torch
@@ -135,52 +134,6 @@ def _compile(cc: str, flags: list[str], folder: Path) -> tuple[Path | None, str]
     return built, ""
 
 
-class _Cache:
-    """The cache folder as this process finds it (``kernel_cache``), saying at most one
-    ``CacheWarning`` of what it cannot do."""
-
-    def __init__(self):
-        self.folder, self.fd, self.warned = kernel_cache.cache_dir(), None, False
-        try:
-            self.fd = kernel_cache.open_folder(self.folder)
-        except kernel_cache.Unusable as err:
-            self.warn(str(err))
-
-    def warn(self, message: str) -> None:
-        if not self.warned:
-            self.warned = True
-            warnings.warn(message, kernel_cache.CacheWarning, stacklevel=6)
-
-    def find(self, k: str):
-        """(bytes, path) of the checked library of key ``k``, or None."""
-        if self.fd is None:
-            return None
-        try:
-            found, refused = kernel_cache.find(self.fd, k)
-        except OSError:
-            return None
-        if refused:
-            self.warn(f"the CPU window kernel's cache {self.folder} holds files this code did "
-                      f"not load, since they are not this user's alone: {'; '.join(refused)}; "
-                      f"they are replaced by a build of its own (if you did not put them "
-                      f"there, someone else can write to that folder)")
-        return None if found is None else (found[0], self.folder / found[1])
-
-    def store(self, k: str, data: bytes) -> None:
-        if self.fd is None:
-            return
-        try:
-            kernel_cache.store(self.folder, self.fd, k, data)
-        except OSError as err:
-            self.warn(f"the CPU window kernel could not be kept in its cache {self.folder} "
-                      f"({err.strerror or err}): {kernel_cache.ALONE}; to keep it, free the "
-                      f"disk or set SPARSE_ATTENTION_CACHE to a writable folder of your own")
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-
-
 def _build() -> tuple[ctypes.CDLL | None, str, str]:
     """(library, "", its flags) or (None, why not, ""): from the cache when a library of
     this key is there and checks out (``kernel_cache``), else compiled in a temporary
@@ -189,7 +142,7 @@ def _build() -> tuple[ctypes.CDLL | None, str, str]:
     if cc is None:
         return None, ("no C compiler found ($CC, cc, gcc or clang); the strided band and column "
                       "use PyTorch's CPU kernel"), ""
-    errors, cache = [], _Cache()
+    errors, cache = [], kernel_cache.Cache()
     try:
         source = SOURCE.read_bytes()
         version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout

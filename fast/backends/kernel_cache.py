@@ -53,6 +53,7 @@ import os
 import shlex
 import stat
 import subprocess
+import warnings
 from pathlib import Path
 
 from fast.core.files import write_bytes
@@ -185,7 +186,7 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:DIGEST]
 
 
-def find(dir_fd: int, k: str) -> tuple[tuple[bytes, str] | None, list[str]]:
+def find_in(dir_fd: int, k: str) -> tuple[tuple[bytes, str] | None, list[str]]:
     """((bytes, name) of a library of key ``k`` in the folder ``dir_fd`` whose bytes
     match the digest in its name and which is this user's alone, or None; [the files
     of key ``k`` refused for their owner or kind, each "name (why)"]). A file whose
@@ -215,7 +216,7 @@ def remove_others(dir_fd: int, k: str, keep: str) -> None:
                 pass
 
 
-def store(folder: Path, dir_fd: int, k: str, data: bytes) -> str:
+def store_in(folder: Path, dir_fd: int, k: str, data: bytes) -> str:
     """Keep ``data`` as the library of key ``k`` (atomically, 0700, its digest in its
     name); the other files of ``k`` are removed. Returns the name; OSError if the
     folder does not take it."""
@@ -241,3 +242,50 @@ def load(data: bytes, path: Path) -> ctypes.CDLL:
         finally:
             os.close(fd)
     return ctypes.CDLL(str(path))
+
+
+class Cache:
+    """The cache folder as one build finds it: ``find`` a checked library, ``store`` a new
+    one, each doing what the folder allows and saying at most one ``CacheWarning`` of
+    what it cannot do (the module docstring); ``close`` when done."""
+
+    def __init__(self):
+        self.folder, self.fd, self.warned = cache_dir(), None, False
+        try:
+            self.fd = open_folder(self.folder)
+        except Unusable as err:
+            self.warn(str(err))
+
+    def warn(self, message: str) -> None:
+        if not self.warned:
+            self.warned = True
+            warnings.warn(message, CacheWarning, stacklevel=6)
+
+    def find(self, k: str):
+        """(bytes, path) of the checked library of key ``k``, or None."""
+        if self.fd is None:
+            return None
+        try:
+            found, refused = find_in(self.fd, k)
+        except OSError:
+            return None
+        if refused:
+            self.warn(f"the CPU window kernel's cache {self.folder} holds files this code did "
+                      f"not load, since they are not this user's alone: {'; '.join(refused)}; "
+                      f"they are replaced by a build of its own (if you did not put them "
+                      f"there, someone else can write to that folder)")
+        return None if found is None else (found[0], self.folder / found[1])
+
+    def store(self, k: str, data: bytes) -> None:
+        if self.fd is None:
+            return
+        try:
+            store_in(self.folder, self.fd, k, data)
+        except OSError as err:
+            self.warn(f"the CPU window kernel could not be kept in its cache {self.folder} "
+                      f"({err.strerror or err}): {ALONE}; to keep it, free the "
+                      f"disk or set SPARSE_ATTENTION_CACHE to a writable folder of your own")
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)

@@ -221,7 +221,7 @@ def test_two_machines_sharing_the_cache_keep_a_library_each(cache, tmp_path, mon
 
 
 def test_damaged_libraries_are_refused_by_their_digest(cache):
-    """What ``find`` loads: a file whose bytes match the digest in its name, and nothing
+    """What ``find_in`` loads: a file whose bytes match the digest in its name, and nothing
     else -- a flipped byte of the same length is passed over and rebuilt."""
     from fast.backends import kernel_cache
 
@@ -233,7 +233,7 @@ def test_damaged_libraries_are_refused_by_their_digest(cache):
     fd = kernel_cache.open_folder(cache)
     try:
         key = path.name.split("-")[1]
-        assert kernel_cache.find(fd, key) == (None, [])
+        assert kernel_cache.find_in(fd, key) == (None, [])
     finally:
         os.close(fd)
     assert _build()[0] is not None
