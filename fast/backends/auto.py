@@ -5,14 +5,13 @@ computes, but its pieces cost more per pair than one dense product. At short
 sequences that overhead wins: the naive path (SDPA with the pattern's boolean mask,
 ``fast.backends.naive``) is faster than the structured path; from some n on the
 structured path is. Where they cross depends on the pattern, the stride, whether a
-backward follows, and the machine, so it is measured, not guessed:
-``python -m fast bench --crossover`` (``fast.measure.crossover``; part of ``make
-bench``) times both paths side by side at short n and writes the crossovers to
-figures/data/auto_cpu.json, which this module reads (in a source checkout; an
-installed copy, or a checkout without the file, uses ``DEFAULT``, the committed
-copy of that file's crossovers).
+backward follows, and the machine, so it is measured, not guessed, by ``python -m fast
+bench --crossover`` (``fast.measure.crossover``), and the measured crossovers are
+constants of the package (``fast.backends.crossovers``): a benchmark run proposes new
+ones, a commit adopts them. Nothing here reads a file: a ``make bench`` on a user's
+machine, or a damaged record, changes nothing the library does.
 
-The record's crossover X of a pattern, stride and pass ("fwd": forward only, "fb":
+The crossover X of a pattern, stride and pass ("fwd": forward only, "fb":
 forward and backward) is where auto switches: the naive path for n < X, the
 structured path from X on -- the switch point whose worst slowdown against the
 faster of the two, over the measured n, is smallest (``fast.measure.crossover.choose``;
@@ -39,57 +38,17 @@ there.
 
 from __future__ import annotations
 
-import functools
-import json
-
 import torch
 
-from fast.core.paths import CHECKOUT
-from fast.core.schema import Int, Map, ShapeError, check
+from fast.backends.crossovers import CROSSOVERS
 
-RECORD = None if CHECKOUT is None else CHECKOUT / "figures" / "data" / "auto_cpu.json"
 PASSES = ("fwd", "fb")
 
-# The crossovers of figures/data/auto_cpu.json as committed (its "crossover"): used
-# where that file is not there. ``python -m fast bench --crossover`` rewrites the file.
-DEFAULT = {
-    "strided": {"16": {"fwd": 64, "fb": 128}, "32": {"fwd": 128, "fb": 256},
-                "64": {"fwd": 128, "fb": 256}, "128": {"fwd": 256, "fb": 256}},
-    "fixed": {"16": {"fwd": 64, "fb": 256}, "32": {"fwd": 128, "fb": 256},
-              "64": {"fwd": 64, "fb": 256}, "128": {"fwd": 128, "fb": 256}},
-}
 
-SHAPE = {"crossover": Map(Map({"fwd": Int(1), "fb": Int(1)}))}
-
-
-def read_record(path) -> dict:
-    """The crossovers of a record written by ``python -m fast bench --crossover``:
-    {pattern: {stride as text: {"fwd": X, "fb": X}}}; a ValueError naming the file and
-    the place when it is not such a record."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        check(data, SHAPE)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ShapeError) as err:
-        raise ValueError(f"{path} does not hold auto's crossovers ({err}); allowed: the JSON "
-                         f"that `python -m fast bench --crossover` writes (delete the file "
-                         f"to use the committed defaults)") from None
-    for pattern, strides in data["crossover"].items():
-        for stride in strides:
-            if not stride.isdigit() or int(stride) < 1:
-                raise ValueError(f"{path}: ['crossover'][{pattern!r}] has the stride "
-                                 f"{stride!r}; allowed: positive integers as text")
-    return {pattern: {stride: {what: entry[what] for what in PASSES}
-                      for stride, entry in strides.items()}
-            for pattern, strides in data["crossover"].items()}
-
-
-@functools.lru_cache(maxsize=1)
 def crossovers() -> dict:
-    """The crossovers in force: figures/data/auto_cpu.json when it is there, else
-    ``DEFAULT``. Read once per process."""
-    if RECORD is not None and RECORD.is_file():
-        return read_record(RECORD)
-    return DEFAULT
+    """The crossovers in force: {pattern: {stride as text: {"fwd": X, "fb": X}}}
+    (``fast.backends.crossovers``)."""
+    return CROSSOVERS
 
 
 def measured(table: dict, pattern: str, backward: bool) -> tuple[tuple[int, int], ...]:
@@ -122,8 +81,8 @@ def crossover(table: dict, pattern: str, stride: int | None, backward: bool) -> 
 @torch.compiler.assume_constant_result
 def in_force(pattern: str, backward: bool) -> tuple[tuple[int, int], ...]:
     """``measured`` of the crossovers in force (``crossovers()``). Under torch.compile a
-    constant, computed when the call is traced: the file it may read is no graph break
-    (the stride, which may be traced as a symbol, is not an argument)."""
+    constant, computed when the call is traced (the stride, which may be traced as a
+    symbol, is not an argument)."""
     return measured(crossovers(), pattern, backward)
 
 

@@ -39,6 +39,14 @@
  * backward splits each head's 16-row blocks into nseg interleaved segments, each with key
  * gradients of its own (written whole, the caller sums them), so no two tasks write a row.
  *
+ * Overflow (OVERFLOW): finite float32 inputs can still give scores that are not finite (q and
+ * k entries near 1e20: a product of 1e40), which the online softmax would take for weights of
+ * 0 -- the row's dominant key dropped, or the whole row 0. The forward notes, per row, a NaN
+ * score (the max loop skips NaN) or a row that reads keys and ends with no weight (every score
+ * -inf, or a +inf one: e^(inf - inf)); such a row gets out = NaN and lse = +inf, which the
+ * caller takes for a log-sum-exp beyond float32's range and recomputes in float64
+ * (fast/backends/structured.py). A merge into a row already so marked keeps the mark.
+ *
  * Returns 0, 1 when a thread could not get its scratch memory, 2 for init without packing or
  * a prefix geometry that reads past the keys.
  */
@@ -240,6 +248,12 @@ typedef struct {
     long rs, ks, ls;   /* row strides: query side, key side, lse */
 } Seq;
 
+/* whether row i of a sequence reads any key: window mode, keys i - w < j <= i (j < i if
+ * strict) from 0 on; prefix mode, keys t < (i / P) C */
+static inline int reads(long i, const Call *c) {
+    return c->P ? i >= c->P : i >= c->strict && c->w > c->strict;
+}
+
 static void forward_block(const Call *c, const Seq *sq, long i0, float *buf) {
     int d = c->d, nr = c->Nseq - i0 < R ? (int)(c->Nseq - i0) : R;
     long rs = sq->rs, ks = sq->ks;
@@ -250,6 +264,7 @@ static void forward_block(const Call *c, const Seq *sq, long i0, float *buf) {
     memset(acc, 0, sizeof(float) * R * d);
     float m[R], z[R], mt[R], alpha[R];
     for (int r = 0; r < R; r++) m[r] = -INFINITY, z[r] = 0.0f;
+    v8i nan0 = (v8i){0}, nan1 = nan0;              /* a row read a NaN score */
     long jhi = key_hi(i0, nr, c);
     for (long j0 = key_lo(i0, c); j0 < jhi; j0 += KT) {
         int W = jhi - j0 < KT ? (int)(jhi - j0) : KT;
@@ -257,8 +272,11 @@ static void forward_block(const Call *c, const Seq *sq, long i0, float *buf) {
         mask(s, i0, j0, W, c, nr);
         v8 m0 = bc(-INFINITY), m1 = m0;
         for (int t = 0; t < W; t++) {
-            m0 = vmax(m0, ld(s + t * R));
-            m1 = vmax(m1, ld(s + t * R + 8));
+            v8 x0 = ld(s + t * R), x1 = ld(s + t * R + 8);
+            m0 = vmax(m0, x0);
+            m1 = vmax(m1, x1);
+            nan0 |= x0 != x0;
+            nan1 |= x1 != x1;
         }
         st(mt, m0);
         st(mt + 8, m1);
@@ -285,10 +303,17 @@ static void forward_block(const Call *c, const Seq *sq, long i0, float *buf) {
         }
         pv(s, v + j0 * ks, ks, W, d, acc);
     }
+    int nan[R];
+    for (int r = 0; r < 8; r++) nan[r] = nan0[r], nan[r + 8] = nan1[r];
     for (int r = 0; r < nr; r++) {
         long i = i0 + r;
         float *o = out + i * rs, l_b = z[r] > 0.0f ? m[r] + logf(z[r]) : -INFINITY;
         float inv = z[r] > 0.0f ? 1.0f / z[r] : 0.0f, wa = 0.0f, wb = inv;
+        if (nan[r] || (!(z[r] > 0.0f) && reads(i, c)) || (c->merge && lse[i * sq->ls] == INFINITY)) {
+            for (int x = 0; x < d; x++) o[x] = NAN;  /* overflowed scores: never 0, never */
+            lse[i * sq->ls] = INFINITY;              /* a dropped key (see OVERFLOW above) */
+            continue;
+        }
         if (c->merge) {                              /* into the previous piece's (o, lse) */
             float l_a = lse[i * sq->ls], l = l_a > l_b ? l_a : l_b;
             if (l == -INFINITY) {

@@ -38,16 +38,15 @@ do reach it), CUDA, "meta" tensors, an odd head size -- takes PyTorch's kernel
 
 How it is built: on first use, with the C compiler of ``$CC`` or ``cc`` / ``gcc`` /
 ``clang`` on the PATH (``-O3 -march=native``; without ``-march=native`` if the compiler
-refuses it), into a cache folder (``$SPARSE_ATTENTION_CACHE``, else
-``$XDG_CACHE_HOME/sparse-transformer``, else ``~/.cache/sparse-transformer``) under a name
-that hashes the source, the compiler, the flags and this CPU's feature flags, so a
-library built for one CPU is never loaded on another. The compiler writes into a temporary
-folder and the library reaches the cache through ``fast.core.files.write_bytes`` (a
-temporary file renamed into place), so processes that build at once (pytest-xdist, DDP
-ranks) never load a half-written file. Without a compiler, or when the build fails,
-``missing()`` says why and the PyTorch kernel serves every call. ``SPARSE_ATTENTION_CPU_KERNEL=0``
-in the environment turns the kernel off (``SPARSE_ATTENTION_CPU_KERNEL=1`` makes a missing
-kernel an error instead of a fallback).
+refuses it), into a temporary folder, and kept in a cache folder that only its owner can
+write (``fast.backends.kernel_cache``: where it is, whose files are loaded, how a library
+is checked before it runs, what the key covers). Without a compiler, or when the build
+fails, ``missing()`` says why and the PyTorch kernel serves every call; when the cache
+cannot be used (not private, not writable), the library built for this process is used
+all the same, with one warning. ``SPARSE_ATTENTION_CPU_KERNEL=0`` in the environment
+turns the kernel off (``SPARSE_ATTENTION_CPU_KERNEL=1`` makes a missing kernel an error
+instead of a fallback). ``build()`` says which kernel serves this process, as a
+training checkpoint records it (a resume that would run another is told so).
 
 Threads: each call runs on ``torch.get_num_threads()`` threads of the OpenMP runtime PyTorch
 loaded (POSIX threads where the compiler has no OpenMP); the GIL is released during the call.
@@ -60,7 +59,6 @@ for an AVX2 build and an AVX-512 one (checked on this project's machine with
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import platform
 import shutil
@@ -72,7 +70,7 @@ from pathlib import Path
 
 import torch
 
-from fast.core.files import write_bytes
+from fast.backends import kernel_cache
 
 SOURCE = Path(__file__).with_name("cpu_window.c")
 ENV = "SPARSE_ATTENTION_CPU_KERNEL"
@@ -81,7 +79,8 @@ NATIVE = ["-march=native"]
 OPENMP = ["-fopenmp"]
 
 _LOCK = threading.Lock()
-_STATE: dict = {}               # "lib": the loaded library, or "missing": why there is none
+_STATE: dict = {}               # "lib": the loaded library, or "missing": why there is none;
+                                # "flags": the flags it was built with
 # Told ("window", problems, rows, window) or ("prefix", heads, rows, block, keys) of every
 # forward call: fast.measure.kernel_pairs counts the pairs the kernel computes from them,
 # on "meta" tensors (shapes only, no call into C).
@@ -107,14 +106,6 @@ def prefix_pairs(rows: int, block: int, keys: int) -> int:
     return sum(R * ((min(rows, b + R) - 1) // block * keys) for b in range(0, rows, R))
 
 
-def cache_dir() -> Path:
-    """Where built libraries are kept (see the module docstring)."""
-    if os.environ.get("SPARSE_ATTENTION_CACHE"):
-        return Path(os.environ["SPARSE_ATTENTION_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "sparse-transformer"
-
-
 def _compiler() -> str | None:
     for name in (os.environ.get("CC", "").split() or [None])[:1] + ["cc", "gcc", "clang"]:
         if name and shutil.which(name):
@@ -133,33 +124,49 @@ def _cpu_flags() -> str:
     return platform.processor() + platform.machine()
 
 
-def _build() -> tuple[ctypes.CDLL | None, str]:
-    """(library, "") or (None, why not)."""
+def _compile(cc: str, flags: list[str], folder: Path) -> tuple[Path | None, str]:
+    """(the library built in ``folder``, "") or (None, the compiler's complaint)."""
+    built = folder / "cpu_window.so"
+    run = subprocess.run([cc, *flags, str(SOURCE), "-o", str(built), "-lm"],
+                         capture_output=True, text=True)
+    if run.returncode != 0:
+        return None, f"{cc} {' '.join(flags)}: {run.stderr.strip()[-500:]}"
+    return built, ""
+
+
+def _build() -> tuple[ctypes.CDLL | None, str, str]:
+    """(library, "", its flags) or (None, why not, ""): from the cache when a library of
+    this key is there and checks out (``kernel_cache``), else compiled in a temporary
+    folder, kept in the cache if it takes it, and loaded."""
     cc = _compiler()
     if cc is None:
         return None, ("no C compiler found ($CC, cc, gcc or clang); the strided band and column "
-                      "use PyTorch's CPU kernel")
-    source = SOURCE.read_bytes()
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    errors = []
-    for flags in (FLAGS + NATIVE + OPENMP, FLAGS + OPENMP, FLAGS + NATIVE, FLAGS):
-        key = hashlib.sha256(b"\0".join(x.encode() if isinstance(x, str) else x for x in (
-            source, cc, version, " ".join(flags), _cpu_flags(), sys.platform))).hexdigest()[:16]
-        path = cache_dir() / f"cpu_window-{key}.so"
-        if not path.exists():
-            with tempfile.TemporaryDirectory() as tmp:
-                built = Path(tmp) / "cpu_window.so"
-                run = subprocess.run([cc, *flags, str(SOURCE), "-o", str(built), "-lm"],
-                                     capture_output=True, text=True)
-                if run.returncode != 0:
-                    errors.append(f"{cc} {' '.join(flags)}: {run.stderr.strip()[-500:]}")
-                    continue
-                write_bytes(path, built.read_bytes())       # atomic: never half-written
-        try:
-            return _declare(ctypes.CDLL(str(path))), ""
-        except OSError as err:
-            errors.append(f"loading {path}: {err}")
-    return None, "building cpu_window.c failed: " + " | ".join(errors)
+                      "use PyTorch's CPU kernel"), ""
+    errors, cache = [], kernel_cache.Cache()
+    try:
+        source = SOURCE.read_bytes()
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+        for flags in (FLAGS + NATIVE + OPENMP, FLAGS + OPENMP, FLAGS + NATIVE, FLAGS):
+            k = kernel_cache.key(source, cc, version, " ".join(flags),
+                                 kernel_cache.target(cc, flags), _cpu_flags(), sys.platform)
+            found = cache.find(k)
+            try:
+                if found is not None:
+                    return _declare(kernel_cache.load(*found)), "", " ".join(flags)
+                with tempfile.TemporaryDirectory() as tmp:
+                    built, why = _compile(cc, flags, Path(tmp))
+                    if built is None:
+                        errors.append(why)
+                        continue
+                    cache.store(k, built.read_bytes())
+                    return _declare(ctypes.CDLL(str(built))), "", " ".join(flags)
+            except (OSError, AttributeError) as err:    # unloadable, or no temporary folder
+                errors.append(f"{' '.join(flags)}: {err}")
+    except OSError as err:
+        errors.append(str(err))
+    finally:
+        cache.close()
+    return None, "building cpu_window.c failed: " + " | ".join(errors), ""
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -180,12 +187,12 @@ def library() -> ctypes.CDLL | None:
             if "lib" not in _STATE:
                 setting = os.environ.get(ENV, "")
                 if setting == "0":
-                    lib, why = None, f"turned off by {ENV}=0"
+                    lib, why, flags = None, f"turned off by {ENV}=0", ""
                 else:
-                    lib, why = _build()
+                    lib, why, flags = _build()
                     if lib is None and setting == "1":
                         raise RuntimeError(f"{ENV}=1 asks for the CPU window kernel, but {why}")
-                _STATE.update(lib=lib, missing=why)
+                _STATE.update(lib=lib, missing=why, flags=flags)
     return _STATE["lib"]
 
 
@@ -193,6 +200,17 @@ def missing() -> str:
     """Why the kernel is not used ("" when it is)."""
     library()
     return _STATE["missing"]
+
+
+def build() -> str:
+    """Which kernel serves this process's float32 CPU calls, in words a checkpoint keeps:
+    "cpu_window.c <its compiler flags>", or "PyTorch's kernel" when the C kernel is off or
+    missing. Two runs with the same words compute alike, bit for bit (the C kernel's
+    results do not depend on the thread count, nor on the instruction set its flags pick
+    up on each machine: see the module docstring)."""
+    library()
+    return f"cpu_window.c {_STATE.get('flags', '')}" if _STATE["lib"] is not None else \
+        "PyTorch's kernel"
 
 
 def usable(*rows: torch.Tensor) -> bool:

@@ -57,10 +57,18 @@ def uses_kernel(q: torch.Tensor) -> bool:
     return HAS_CPU_FLASH and q.device.type in ("cpu", "meta")
 
 
+# Forward calls made through this module (``attention_forward``), counted so that the
+# structured forward knows whether a call of PyTorch's kernel served it: that kernel gives
+# a row whose every score overflowed to -inf an output of 0 and a finite lse, which only a
+# bound on the scores catches (``fast.backends.structured``, "Precision").
+CALLS = [0]
+
+
 def attention_forward(q, k, v, *, is_causal: bool = False, mask=None, scale: float):
     """(out, lse) of softmax(scale q k^T + mask) v. q: (X, Y, L, d); k, v: (X, Y, S, d),
     any strides; mask: additive, q's dtype, broadcastable to (X, Y, L, S), or None.
     is_causal: query i reads keys j <= i (top-left aligned). Not both."""
+    CALLS[0] += 1
     if uses_kernel(q):
         return _OPS._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)

@@ -10,7 +10,10 @@ ANDed with the pattern, and dropout.
 
 A row that reads nothing outputs 0 (never NaN) on every SDPA backend: such a row
 is given one harmless key (j = 0) so the softmax is defined, and its output is
-then multiplied by 0, which also zeroes every gradient that flows through it.
+then multiplied by 0, which also zeroes every gradient that flows through it. A row
+that reads keys whose scores may overflow (finite inputs near 1e20 in float32:
+``fast.core.precision.overflow_rows``) outputs NaN: SDPA would give 0 where every
+score it reads overflowed to -inf, as for a row that reads nothing.
 
 Dropout (``dropout_p`` > 0) drops each (query, key) weight after the softmax with
 probability p and scales the kept ones by 1 / (1 - p), as SDPA does; the mask is
@@ -35,7 +38,7 @@ import torch.nn.functional as F
 
 from fast.backends import masks as masks_torch
 from fast.backends import padding
-from fast.core.precision import acc_dtype
+from fast.core.precision import acc_dtype, may_overflow, overflow_rows
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -45,16 +48,19 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     (B, H, n_q, n_k). Returns (B, H, n_q, d); empty rows give 0."""
     gqa = {"enable_gqa": True} if enable_gqa else {}
     reads_any = mask.any(dim=-1, keepdim=True)                          # (.., n_q, 1)
-    # Eager calls on the CPU look first (one read on the host, which costs no wait there) and
-    # skip the fix when every row reads something; a compiled graph cannot look without
-    # breaking, and a GPU only by waiting for the device, so both always apply the fix, which
-    # changes nothing in a row that reads something (the same numbers).
-    if (torch.compiler.is_compiling() or mask.device.type != "cpu"
-            or not bool(reads_any.all())):
+    scale_ = q.shape[-1] ** -0.5 if scale is None else scale
+    # Eager calls on the CPU look first (one read on the host, which costs no wait there)
+    # and skip the fixes when every row reads something and no score can overflow; a
+    # compiled graph cannot look without breaking, a GPU only by waiting for the device,
+    # and "meta" tensors (shapes only) not at all, so they always apply the fixes, which
+    # change nothing in such a row (the same numbers).
+    if (torch.compiler.is_compiling() or q.device.type != "cpu"
+            or not bool(reads_any.all() & ~may_overflow(q, k, scale_))):
         first = torch.arange(mask.shape[-1], device=mask.device) == 0    # (n_k,)
         mask = mask | (first & ~reads_any)             # an empty row reads key 0 ...
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
-        return out * reads_any.to(out.dtype)           # ... and outputs 0
+        out = out * reads_any.to(out.dtype)            # ... and outputs 0
+        return out.masked_fill(overflow_rows(q, k, scale_), float("nan"))  # never 0: NaN
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
 
 

@@ -326,8 +326,12 @@ class Column:
     def backward(self, q, k, v, go, out, lse, grads=None):
         G, N, d = q.shape
         if (cpu_window.usable(q, k, v, go, out, *(grads or ())) and lse.stride(1) == 1):
-            fresh = grads is None             # then the kernel writes every row once (init)
-            grads = [q.new_empty(G, N, d) for _ in range(3)] if fresh else grads
+            # fresh: the kernel writes every row once (init), which packed sequences alone
+            # allow (l >= 2); at l = 1 the column is one sequence, added into zeros
+            fresh = grads is None and self.l > 1
+            if grads is None:
+                grads = [q.new_empty(G, N, d) if fresh else q.new_zeros(G, N, d)
+                         for _ in range(3)]
             cpu_window.backward(q, k, v, go, out, lse, *grads, window=N // self.l,
                                 scale=self.scale, init=fresh, sequences=self.l,
                                 rows=N // self.l, step=self.l, seqoff=1)

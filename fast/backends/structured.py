@@ -90,13 +90,14 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from fast.backends import flash_cpu
 from fast.backends.fixed import BlockCausal, Summary
 from fast.backends.flash_cpu import uses_kernel
 from fast.backends.naive import naive_sparse_attention
 from fast.backends.strided import Column, LocalBand
 from fast.core.autograd import once_differentiable, refuse_second_derivative
 from fast.core.merge import merge_into
-from fast.core.precision import PrecisionWarning, acc_dtype
+from fast.core.precision import PrecisionWarning, acc_dtype, may_overflow, overflow_rows
 from reference.heads import head_roles
 
 
@@ -292,13 +293,23 @@ def layer_forward(groups, low, acc):
     return out, lse
 
 
-def _outgrows_float32(lse: torch.Tensor) -> bool:
-    """Whether some row's |lse| passes EXACT_LSE (rows that read nothing, -inf, aside):
-    one pass over lse, two when some row reads nothing."""
+def _outgrows_float32(lse: torch.Tensor, scores: tuple | None = None) -> bool:
+    """Whether some row's |lse| passes EXACT_LSE (rows that read nothing, -inf, aside; +inf
+    is a row whose scores the CPU window kernel found overflowed, ``cpu_window.c``), or,
+    given ``scores`` = (q, k, scale), whether some score may overflow float32
+    (``may_overflow``: what catches PyTorch's kernel, which gives a row whose scores all
+    overflowed to -inf an output of 0 and a finite lse). One read on the host, after one
+    pass over lse (two when some row reads nothing). "meta" tensors hold no values:
+    False."""
+    if lse.device.type == "meta":
+        return False
     low, high = torch.aminmax(lse)
     if low == float("-inf"):
         low = lse.nan_to_num(neginf=0.0).amin()
-    return bool(high > EXACT_LSE or -low > EXACT_LSE)
+    flags = [high > EXACT_LSE, -low > EXACT_LSE]
+    if scores is not None:
+        flags.append(may_overflow(*scores))
+    return bool(torch.stack(flags).any())
 
 
 def layer_backward(groups, low, out, lse, go):
@@ -347,7 +358,7 @@ def _padded(q, k, v, stride: int):
     return pad_rows(q, N, n_k - n_q), pad_rows(k, N), pad_rows(v, N)     # (B, *, N, d)
 
 
-def forward(q, k, v, heads_plans, stride: int):
+def forward(q, k, v, heads_plans, stride: int, scale: float | None = None):
     """The structured forward on plain tensors: q (B, H, n_q, d), the last n_q positions
     of k, v (B, Hkv, n_k, d), ``heads_plans`` from ``plans``. Returns (out, lse): the
     merged output (B, H, N, d) of every row of the padded length N (q's rows are the
@@ -363,16 +374,23 @@ def forward(q, k, v, heads_plans, stride: int):
     keep; the saved tensors then have one dtype whatever the values, as an operator's
     declared outputs must: ``structured_op`` below)."""
     low = _padded(q, k, v, stride)
+    served = flash_cpu.CALLS[0]
     out, lse = _run(low, heads_plans, acc_dtype(q.dtype))           # "Precision" above
-    if out.dtype == torch.float32 and _outgrows_float32(lse):
+    # PyTorch's kernel served a piece: its rows of overflowed scores show only in a bound
+    bound = scale is not None and flash_cpu.CALLS[0] != served
+    if out.dtype == torch.float32 and _outgrows_float32(lse, (*low[:2], scale) if bound
+                                                         else None):
         warnings.warn(
-            f"sparse_attention: some row's log-sum-exp passed |lse| = {EXACT_LSE:g}, beyond "
-            f"which float32 no longer holds its softmax weights exactly; this call is "
-            f"recomputed in float64, forward and backward (float64's precision, at the cost "
-            f"of the float64 passes). Scores this large usually mean an unscaled q k^T; pass "
-            f"scale=, or float64 inputs, to avoid it", PrecisionWarning, stacklevel=2)
+            f"sparse_attention: some row's log-sum-exp passed |lse| = {EXACT_LSE:g} (or its "
+            f"scores overflow float32), beyond which float32 no longer holds its softmax "
+            f"weights exactly; this call is recomputed in float64, forward and backward "
+            f"(float64's precision, at the cost of the float64 passes). Scores this large "
+            f"usually mean an unscaled q k^T; pass scale=, or float64 inputs, to avoid it",
+            PrecisionWarning, stacklevel=2)
         exact, _ = _run(low, heads_plans, torch.float64)
         out = exact.to(q.dtype).to(out.dtype)
+        if not _outgrows_float32(lse):               # decided by the bound: say so to backward
+            lse = torch.full_like(lse, float("inf"))
     return out, lse
 
 
@@ -411,7 +429,7 @@ def operator_forward(q, k, v, pattern, combine, layer, stride, c, scale):
     """``forward`` from the operator's inputs and attributes: (out (B, H, N, d), lse
     (B, H, N)), contiguous, in the accumulation dtype."""
     heads_plans = plans(pattern, combine, layer, q.shape[1], k.shape[1], scale, stride, c)
-    out, lse = forward(q, k, v, heads_plans, stride)
+    out, lse = forward(q, k, v, heads_plans, stride, scale)
     return out.contiguous(), lse.contiguous()
 
 
@@ -512,13 +530,21 @@ def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
         outs = [F.scaled_dot_product_attention(q[:, s::share], k, v, is_causal=True,
                                                scale=scale) for s in range(share)]
         out = torch.stack(outs, dim=2).flatten(1, 2)          # (B, Hkv, share, n, d) -> H
-    return out[:, :, n_k - n_q:]                                          # (B, H, n_q, d)
+    out, q = out[:, :, n_k - n_q:], q[:, :, n_k - n_q:]                   # (B, H, n_q, d)
+    # on the CPU, rows whose scores may overflow are NaN, never SDPA's 0 (eager calls look
+    # first, one read; a traced call cannot look, and marks them without looking)
+    if q.device.type == "cpu" and (torch.compiler.is_compiling()
+                                   or bool(may_overflow(q, k, scale))):
+        out = out.masked_fill(overflow_rows(q, k, scale), float("nan"))
+    return out
 
 
 def _may_outgrow_float32(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
     """Whether some row's |lse| may pass EXACT_LSE: |s_ij| <= |scale| |q_i| |k_j|
     (Cauchy-Schwarz), and a row's lse lies within [max_j s_ij, max_j s_ij + log n_k].
-    One read of q and k."""
+    One read of q and k ("meta" tensors hold none: False)."""
+    if q.device.type == "meta":
+        return False
     with torch.no_grad():
         bound = abs(scale) * (q.float().norm(dim=-1).amax() * k.float().norm(dim=-1).amax())
         return bool(bound + math.log(k.shape[2]) > EXACT_LSE)

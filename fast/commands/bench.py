@@ -20,8 +20,9 @@ with --same-process, bench_cuda.* on CUDA. ``--variants`` times every kernel var
 (``fast.kernels.variants.VARIANTS``, or those named) at the GPU targets' points and
 writes data/bench_cuda_variants.json with its "winners" (no figure: the table and the
 winners are printed). ``--crossover`` times the naive and the structured path in turns
-at short n on the CPU (``fast.measure.crossover``) and writes data/auto_cpu.json, the
-crossovers ``backend="auto"`` reads (``fast.backends.auto``). ``--compile`` times a small
+at short n on the CPU (``fast.measure.crossover``), writes the measurement to
+data/auto_cpu.json and prints the crossovers it proposes for ``backend="auto"`` (the
+constants of ``fast.backends.crossovers``, which a commit adopts). ``--compile`` times a small
 GPT's training step eager and under ``torch.compile``, in turns, on the CPU
 (``fast.measure.compile_step``) and writes data/compile_cpu.json (compiled / eager per
 pattern and n).
@@ -156,7 +157,8 @@ def parser() -> cli.Parser:
     p.add_argument("--crossover", action="store_true",
                    help="only auto's crossover on the CPU: the naive and the structured path "
                         "in turns at n = 64 .. 2048, strides 16 .. 128 (--quick: two rounds); "
-                        "writes data/auto_cpu.json, which backend='auto' reads")
+                        "writes data/auto_cpu.json and prints the constants it proposes for "
+                        "backend='auto' (fast/backends/crossovers.py)")
     p.add_argument("--compile", action="store_true",
                    help="only a small GPT's training step, eager against torch.compile, in "
                         "turns on the CPU (one thread) at n = 256 and 1024 for full, strided, "

@@ -327,8 +327,13 @@ def existing_path(value: str) -> str:
 
 def output_file(value: str) -> str:
     """A path a file can be written to: its folder exists (or can be made) and is
-    writable, and the path is not a folder. Checked before any work is done."""
+    writable, the path is not a folder, and its name fits the folder's file system
+    (255 bytes on most). Checked before any work is done."""
     path = Path(value)
+    longest = _name_max(path.parent)
+    if len(os.fsencode(path.name)) > longest:
+        raise _bad(value, f"a file name of at most {longest} bytes (this one has "
+                          f"{len(os.fsencode(path.name))})")
     if not value or path.is_dir():
         raise _bad(value, "a path to a file (not a folder) in a writable folder")
     try:
@@ -337,6 +342,17 @@ def output_file(value: str) -> str:
         raise _bad(value, f"a path to a file in a writable folder ({path.parent}: "
                           f"{err.strerror or err})") from None
     return value
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name ``folder``'s file system takes, in bytes (255 where it does
+    not say, or the folder is not there yet)."""
+    for where in (folder, *folder.parents):
+        try:
+            return os.pathconf(where if str(where) else ".", "PC_NAME_MAX")
+        except (OSError, ValueError, AttributeError):
+            continue
+    return 255
 
 
 def writable_folder(value: str) -> str:

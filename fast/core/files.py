@@ -7,10 +7,15 @@ are recomputed from them). Everything the project writes to disk goes through
 (``python -m fast sample``), figures (``fast.plots.style.save``), the JSON caches of
 ``fast.experiments`` and the notebooks a command re-executes. How:
 
-1. a temporary file ``.<name>.<pid>.<random>.tmp`` is created in the folder of
-   ``path`` with ``O_CREAT | O_EXCL | O_NOFOLLOW``: a new file of a name nobody
-   can predict, never an existing file and never the target of a symbolic link
-   someone planted (a name taken is drawn again);
+1. a temporary file ``.<name>.<host>.<pid>.<random>.tmp`` is created in the folder
+   of ``path`` with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (and the file's ``mode``, when
+   one is given, whatever the umask): a new file of a name nobody can predict, never
+   an existing file and never the target of a symbolic link someone planted (a name
+   taken is drawn again). ``<host>`` is 8 hex digits of this machine's name, so that
+   writers on several machines sharing a folder (a home on NFS) tell their
+   temporaries apart; a ``<name>`` too long to leave room for the rest within the
+   file system's 255 bytes is cut, with a digest of the whole name in place of its
+   end, so any name a folder takes can be written;
 2. the writer fills it; it is flushed and ``fsync``-ed;
 3. ``os.replace`` renames it over ``path`` (atomic on one file system; a link at
    ``path`` itself is replaced, its target left alone);
@@ -26,8 +31,9 @@ What happens on a fault:
   about stream positions);
 * the process is killed (``kill -9``) mid-write: ``path`` is left as it was; its
   temporary file remains (nothing can remove it then) and nothing reads it; the next
-  successful write of ``path`` removes the temporary files of ``path`` whose
-  process (the pid in the name) no longer runs.
+  successful write of ``path`` on the same machine removes the temporary files of
+  ``path`` whose process (the pid in the name) no longer runs there. A temporary
+  file another machine's writer made is never removed: its pid means nothing here.
 
 ``check_writable`` tells, before any work, whether a folder takes a file;
 ``regular_file`` says in one sentence why a path given as an input file is not one
@@ -38,9 +44,11 @@ the one seen before (``fast.transformer.training`` checks its checkpoint with it
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import secrets
+import socket
 import stat
 import tempfile
 from pathlib import Path
@@ -67,14 +75,39 @@ class _Recording:
         self.f.flush()
 
 
-def _temporary(path: Path) -> tuple[Path, int]:
-    """(name, descriptor) of a new, empty file beside ``path`` (step 1 above)."""
+# The longest part of a temporary file's name taken from the target's name, in bytes:
+# what is left of 255 (NAME_MAX on Linux, macOS and Windows) holds the rest with room.
+STEM_BYTES = 200
+
+
+def _host() -> str:
+    """8 hex digits that name this machine in temporary files' names (step 1 above)."""
+    return hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+
+
+def _stem(name: str) -> str:
+    """``name`` as the temporary files of it start: itself, or, beyond STEM_BYTES
+    bytes, its first bytes and a digest of the whole (step 1 above)."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) <= STEM_BYTES:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    return raw[:STEM_BYTES - 17].decode("utf-8", "ignore") + "~" + digest
+
+
+def _temporary(path: Path, mode: int | None = None) -> tuple[Path, int]:
+    """(name, descriptor) of a new, empty file beside ``path`` (step 1 above), with
+    permissions ``mode`` whatever the umask (None: 0o666 less the umask)."""
     for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        tmp = path.with_name(f".{_stem(path.name)}.{_host()}.{os.getpid()}."
+                             f"{secrets.token_hex(4)}.tmp")
         try:
-            return tmp, os.open(tmp, _CREATE, 0o666)
+            fd = os.open(tmp, _CREATE, 0o666 if mode is None else mode & 0o600)
         except FileExistsError:
             continue                 # taken (or planted): draw another name
+        if mode is not None and hasattr(os, "fchmod"):     # POSIX: exactly ``mode``
+            os.fchmod(fd, mode)
+        return tmp, fd
     raise FileExistsError(errno.EEXIST, "no free temporary name after 100 draws", str(path))
 
 
@@ -106,17 +139,18 @@ def _alive(pid: int) -> bool:
 
 
 def _remove_stale(path: Path) -> None:
-    """Remove the temporary files of ``path`` left by writers killed mid-write."""
-    prefix = f".{path.name}."
+    """Remove the temporary files of ``path`` left by writers on this machine killed
+    mid-write (another machine's are left alone: their pids mean nothing here)."""
+    prefix, host = f".{_stem(path.name)}.", _host()
     try:
         names = os.listdir(path.parent)
     except OSError:
         return
     for name in names:
         parts = name[len(prefix):].split(".") if name.startswith(prefix) else []
-        if len(parts) != 3 or parts[2] != "tmp" or not parts[0].isdigit():
+        if len(parts) != 4 or parts[3] != "tmp" or parts[0] != host or not parts[1].isdigit():
             continue
-        if _alive(int(parts[0])):
+        if _alive(int(parts[1])):
             continue                 # a writer at work: its file is not ours to take
         try:
             if not stat.S_ISDIR(os.lstat(path.parent / name).st_mode):
@@ -125,15 +159,16 @@ def _remove_stale(path: Path) -> None:
             pass                     # gone meanwhile, or not ours to remove: harmless
 
 
-def atomic_write(path, write) -> str:
+def atomic_write(path, write, mode: int | None = None) -> str:
     """Call ``write(file)`` on a new temporary file beside ``path``, then rename it over
     ``path`` (the module docstring: exclusive, no links followed, fsync-ed, folder
     synced). If writing fails, the temporary file is removed and ``path`` is left as it
     was. Returns the path. ``file`` offers ``write`` and ``flush`` (enough for
-    ``torch.save``, JSON and bytes)."""
+    ``torch.save``, JSON and bytes). ``mode``: the file's permissions whatever the
+    umask (e.g. 0o600: its owner's alone), set before it takes the name ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp, fd = _temporary(path)
+    tmp, fd = _temporary(path, mode)
     recording = None
     try:
         with os.fdopen(fd, "wb") as f:
@@ -155,9 +190,10 @@ def atomic_write(path, write) -> str:
     return str(path)
 
 
-def write_bytes(path, data: bytes) -> str:
-    """``data`` to ``path`` atomically (samples, figures, notebooks)."""
-    return atomic_write(path, lambda f: f.write(data))
+def write_bytes(path, data: bytes, mode: int | None = None) -> str:
+    """``data`` to ``path`` atomically (samples, figures, notebooks, built libraries);
+    ``mode`` as ``atomic_write`` takes it."""
+    return atomic_write(path, lambda f: f.write(data), mode)
 
 
 def write_json(path, data, indent=None) -> str:

@@ -1,12 +1,11 @@
 """Where the source checkout is: the folder that holds figures/ and its measured data.
 
 Child et al., 2019, section 7: the project's results are recomputed by its scripts and
-kept as JSON in figures/data/. Most of them are read by the scripts only
-(``fast.experiments.paths``); one is read by the library itself: the crossovers that
-``backend="auto"`` chooses by (``fast.backends.auto``). Both find the checkout here.
-``CHECKOUT`` is the repository root when this package runs from a source checkout
-(a pyproject.toml beside ``fast/``), else None (an installed copy, which then uses
-the defaults committed in the code).
+kept as JSON in figures/data/, which the scripts read back (``fast.experiments.paths``);
+the library itself reads none of them (what it takes from a measurement, auto's
+crossovers, is committed as constants: ``fast.backends.crossovers``). ``CHECKOUT`` is
+the repository root when this package runs from a source checkout (a pyproject.toml
+beside ``fast/``), else None (an installed copy).
 """
 
 from __future__ import annotations

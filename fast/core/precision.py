@@ -52,6 +52,40 @@ def wide_scale(acc: torch.dtype) -> float:
     return math.sqrt(info.max) if acc == torch.float32 else info.max
 
 
+def score_bound(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """An upper bound, per query row, of |scale q_i . k_j| and of every partial sum of it,
+    over every key of its head: d |scale| max_c |q_ic| max_(j, c) |k_jc|, (B, H, n_q) in
+    the accumulation dtype (+inf where that overflows). q (B, H, n_q, d), k (B, Hkv, n_k,
+    d), Hkv dividing H (query head h reads key head h // (H / Hkv)). One read-only pass
+    over q and one over k, no host read."""
+    acc = acc_dtype(q.dtype)
+    qa = torch.linalg.vector_norm(q, float("inf"), dim=-1, dtype=acc)           # (B, H, n_q)
+    ka = torch.linalg.vector_norm(k.flatten(2), float("inf"), dim=-1, dtype=acc)  # (B, Hkv)
+    if k.shape[1] != q.shape[1]:
+        ka = ka.repeat_interleave(q.shape[1] // k.shape[1], dim=1)               # (B, H)
+    return qa * (ka * (q.shape[-1] * abs(scale)))[..., None]
+
+
+def may_overflow(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """A 0-dim bool: whether some score may overflow the accumulation dtype (``score_bound``
+    of the largest row past half its largest number). One pass over q and one over k."""
+    acc = acc_dtype(q.dtype)
+    top = (torch.linalg.vector_norm(q, float("inf"), dtype=acc)
+           * torch.linalg.vector_norm(k, float("inf"), dtype=acc))
+    return top * (q.shape[-1] * abs(scale)) >= torch.finfo(acc).max / 2
+
+
+def overflow_rows(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """(B, H, n_q, 1) bool: the query rows whose scores may overflow the accumulation
+    dtype (``score_bound`` past half its largest number): finite inputs whose products
+    do not fit -- entries near 1e20 in float32. PyTorch's fused kernels give such a row 0
+    when every score it reads overflows to -inf (a row they take for one that reads
+    nothing), so the paths through them mark it NaN instead (docs/design.md, "Failing
+    loudly"). The bound is loose: a row it marks may not overflow (its keys need not
+    align with it), but only where |q| |k| |scale| d reaches 1e38."""
+    return (score_bound(q, k, scale) >= torch.finfo(acc_dtype(q.dtype)).max / 2)[..., None]
+
+
 def autocast_inputs(*tensors) -> tuple[tuple, str | None]:
     """SDPA's autocast rule for one attention call: when autocast is on for the first
     tensor's device, (the tensors, each floating one but float64 cast to the autocast

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fast.backends.crossovers import CROSSOVERS
 from fast.core.files import write_json
 from fast.core.schema import Map, OneOf, Optional
 from fast.experiments.bench_sweep import (
@@ -443,8 +444,9 @@ def measure_crossover(out: Path, quick: bool = False, log=print) -> tuple[dict, 
     """auto's crossover on the CPU (``fast.measure.crossover.sweep``: the naive and the
     structured path in turns at short n, every stride and pattern), with the machine and
     the load average before and after, written to ``<out>/data/auto_cpu.json`` -- the
-    record ``fast.backends.auto`` reads from figures/data. ``quick``: two rounds instead
-    of five. Returns (the record, its path)."""
+    measurement behind the constants of ``fast.backends.crossovers``, which
+    ``crossover_report`` proposes. ``quick``: two rounds instead of five. Returns (the
+    record, its path)."""
     info = bench.machine_info("cpu")
     info["loadavg_start"] = os.getloadavg()
     t0 = time.time()
@@ -471,6 +473,14 @@ def crossover_report(data: dict) -> str:
             for pattern, strides in data["crossover"].items()
             for stride, e in strides.items() for what in ("fwd", "fb")
             if e["regret_" + what] > tolerance]
+    proposed = {p: {s: {w: e[w] for w in crossover.PASSES} for s, e in strides.items()}
+                for p, strides in data["crossover"].items()}
+    if proposed == CROSSOVERS:
+        lines.append("  the same as auto's constants (fast/backends/crossovers.py)")
+    else:
+        lines.append("  auto's constants (fast/backends/crossovers.py) differ: to adopt these, "
+                     "commit this record with")
+        lines += ["    " + line for line in crossover.proposal(proposed).splitlines()]
     lines.append(f"  over the tolerance of {tolerance:.0%}: " + (", ".join(over) or "none"))
     return "\n".join(lines)
 

@@ -11,9 +11,9 @@ CPU run:
 * its number of intra-op threads (a parallel reduction splits its work by thread):
   ``threads`` here, one for Table 2's runs;
 * the attention backend: Table 2's runs name theirs ("structured",
-  ``fast.experiments.table2.run_configs``). "auto" would follow the crossover record
-  figures/data/auto_cpu.json, which ``make bench`` rewrites, and the naive and the
-  structured paths sum in different orders (Table 2's image/fixed seed 2 ended 0.07
+  ``fast.experiments.table2.run_configs``). "auto" would follow crossovers measured
+  on one machine (``fast.backends.crossovers``, which a re-measurement changes), and the
+  naive and the structured paths sum in different orders (Table 2's image/fixed seed 2 ended 0.07
   bits apart on the two);
 * the versions of PyTorch and of the MKL inside it;
 * the vector instructions the kernels run. PyTorch chooses at start-up, per CPU,

@@ -108,8 +108,9 @@ def run_configs(modality: str, pattern: str, quick: bool, iters: int | None = No
         raise ValueError(f"modality must be one of {MODALITIES} and pattern one of "
                          f"{PATTERN_ORDER}, got {modality!r}, {pattern!r}")
     iters = iters or (24 if quick else STEPS)
-    # the backend named, not "auto": auto follows a measured record (figures/data/
-    # auto_cpu.json) that `make bench` rewrites, and another backend sums in another order
+    # the backend named, not "auto": auto follows crossovers measured on one machine
+    # (fast.backends.crossovers, re-measured now and then), and another backend sums in
+    # another order
     # (fast.experiments.reproducible)
     common = dict(d_model=WIDTH, n_heads=4, n_layers=2 if quick else 4, pattern=pattern,
                   combine="merged", output_init=output_init, attention_backend="structured")

@@ -53,7 +53,12 @@ The token mask of a partial block is always applied: the diagonal block is
 causal inside itself because the layout gives it a mask, never "a block sees
 all of itself". Non-finite inputs are not masked away: a NaN or inf in a pair a
 row reads reaches that row's output and gradients as IEEE arithmetic carries it
-(a row with l = NaN is not taken for an empty one).
+(a row with l = NaN is not taken for an empty one). Nor are scores that overflow
+from finite inputs (entries near 1e20: products of 1e40): a +inf score makes its
+row NaN (2^(inf - inf)), and one that overflowed to -inf is raised to -FLT_MAX
+before the mask is applied, so that a row whose every read score overflowed ends
+with m = -FLT_MAX and is written NaN (l = NaN), never taken for a row that reads
+nothing (out 0).
 
 Backward (FlashAttention-2, section 3.1.2): with each row's merged (m, l),
 P = 2^((S - m) c - log2 l) is each part's exact share of the merged softmax, so
@@ -84,6 +89,7 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634   # log2(e): the kernels exponentiate in base 2
+FLT_MAX = tl.constexpr(3.4028234663852886e38)   # float32's largest number
 
 
 @triton.jit
@@ -231,7 +237,9 @@ def _fwd_kernel(
                 if NEGATE:
                     s = -s
                 allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
-                s = tl.where(allowed, s, float("-inf"))
+                # a score that overflowed to -inf is kept apart from a pair not read
+                s = tl.where(allowed, tl.maximum(s, -FLT_MAX, propagate_nan=tl.PropagateNan.ALL),
+                             float("-inf"))
 
                 m_new = tl.maximum(m_i, tl.max(s, 1))
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing yet
@@ -241,8 +249,10 @@ def _fwd_kernel(
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
                 m_i = m_new
 
+            over = m_i == -FLT_MAX             # every score read overflowed: NaN, never 0
+            l_i = tl.where(over, float("nan"), l_i)
             has = l_i != 0.0                                # NaN counts: it is not empty
-            out = acc / tl.where(has, l_i, 1.0)[:, None]
+            out = tl.where(over[:, None], float("nan"), acc / tl.where(has, l_i, 1.0)[:, None])
             o_off = o_base + q_pos[:, None] * stride_on + offs_d[None, :]
             o_ok = q_ok[:, None] & d_ok[None, :]
             s_off = s_base + q_pos

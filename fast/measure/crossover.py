@@ -7,8 +7,12 @@ forward and forward+backward, through ``fast.sparse_attention`` (what auto would
 run, its checks included) at each (pattern, stride, n), the two paths interleaved
 in one process (``fast.measure.in_turns``: A, B, A, B, the fastest round of each,
 the load average and CPU seconds recorded); ``choose`` turns the times of one
-(pattern, stride, pass) into the crossover X that ``fast.backends.auto`` reads:
-the naive path for n < X, the structured path from X on.
+(pattern, stride, pass) into the crossover X that auto would take: the naive path
+for n < X, the structured path from X on. The command (``python -m fast bench
+--crossover``) writes them to figures/data/auto_cpu.json, the measurement, and prints
+them as the constants of ``fast.backends.crossovers`` (``proposal``), which a commit
+adopts: the library reads no record (``read_record`` reads one for the command and
+the tests).
 
 ``choose`` takes the X (a measured n, or the largest one + 1: the naive path
 everywhere) whose worst slowdown against the faster path at any measured n -- the
@@ -19,12 +23,49 @@ paths that cross twice) says so instead of hiding it.
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from fast.attention import sparse_attention
+from fast.core.schema import Int, Map, ShapeError, check
 from fast.measure.in_turns import in_turns
 
 TOLERANCE = 0.05                 # auto may be this much slower than the faster path
+PASSES = ("fwd", "fb")
+SHAPE = {"crossover": Map(Map({"fwd": Int(1), "fb": Int(1)}))}
+
+
+def read_record(path) -> dict:
+    """The crossovers of a record written by ``python -m fast bench --crossover``:
+    {pattern: {stride as text: {"fwd": X, "fb": X}}}; a ValueError naming the file and
+    the place when it is not such a record."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        check(data, SHAPE)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ShapeError) as err:
+        raise ValueError(f"{path} does not hold auto's crossovers ({err}); allowed: the JSON "
+                         f"that `python -m fast bench --crossover` writes") from None
+    for pattern, strides in data["crossover"].items():
+        for stride in strides:
+            if not stride.isdigit() or int(stride) < 1:
+                raise ValueError(f"{path}: ['crossover'][{pattern!r}] has the stride "
+                                 f"{stride!r}; allowed: positive integers as text")
+    return {pattern: {stride: {what: entry[what] for what in PASSES}
+                      for stride, entry in strides.items()}
+            for pattern, strides in data["crossover"].items()}
+
+
+def proposal(crossover: dict) -> str:
+    """The crossovers of a record (its "crossover", or ``read_record``'s) as the Python
+    of ``fast.backends.crossovers.CROSSOVERS``, ready to be pasted there."""
+    lines = ["CROSSOVERS = {"]
+    for pattern, strides in crossover.items():
+        lines.append(f'    "{pattern}": {{')
+        lines += [f'        "{stride}": {{"fwd": {e["fwd"]}, "fb": {e["fb"]}}},'
+                  for stride, e in strides.items()]
+        lines.append("    },")
+    return "\n".join(lines + ["}"])
 
 
 def choose(ns: list[int], naive_s: list[float], structured_s: list[float]) -> tuple[int, float]:

@@ -250,6 +250,24 @@ def test_sample_never_writes_over_an_input_or_an_existing_file(text_model, tmp_p
                                                                                      "sample")
 
 
+def test_sample_writes_an_out_of_the_longest_legal_name(text_model, tmp_path, capsys,
+                                                       monkeypatch):
+    """--out with a 255-byte name (the longest most file systems take) is written. Before:
+    every sample was drawn, then an OSError traceback on the temporary file's name (the
+    name and 20 bytes more), and nothing written. A name past the limit is one line,
+    before any sampling."""
+    monkeypatch.chdir(tmp_path)
+    name = "s" * 251 + ".txt"
+    assert sampling.main(["--checkpoint", text_model, "--num", "1", "--length", "5", "--out",
+                          name, "--no-progress"]) == 0
+    assert (tmp_path / name).is_file() and len(list(tmp_path.iterdir())) == 2
+    assert f"wrote {name}" in capsys.readouterr().out
+    monkeypatch.setattr(sampling, "sample", lambda *a, **k: pytest.fail("sampled first"))
+    code, err = run(["sample", "--checkpoint", text_model, "--out", "s" + name], capsys)
+    assert code == 2 and "a file name of at most 255 bytes (this one has 256)" in \
+        one_line(err, "sample"), err
+
+
 def test_many_samples_are_drawn_in_bounded_batches(monkeypatch):
     """--num 65536 (the most the command takes) on a photos32-sized model is decoded in
     batches that keep at most BATCH_BYTES of keys and values, not all at once; a

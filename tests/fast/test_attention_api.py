@@ -22,7 +22,9 @@ reference's own in that precision, plus a floor; both printed first).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -622,42 +624,41 @@ def test_the_crossover_report_names_every_entry_over_the_tolerance():
     assert crossover_report(data).splitlines()[-1] == "  over the tolerance of 5%: none"
 
 
-def test_auto_follows_the_record(monkeypatch, tmp_path):
-    """A record written as the benchmark writes it is read and followed: the pass (a
-    backward or not), the nearest measured stride, n_q < n_k by the model of
-    ``fast.backends.auto``; a damaged record is one sentence naming the file."""
+def test_auto_follows_its_crossovers(monkeypatch, tmp_path):
+    """The crossovers in force are followed: the pass (a backward or not), the nearest
+    measured stride, n_q < n_k by the model of ``fast.backends.auto``; a record the
+    benchmark writes is read back as such, and a damaged one is one sentence naming the
+    file. (This test read the record from figures/data before the crossovers became
+    constants of the package: the choices asserted are the same.)"""
     record = {"crossover": {"strided": {"16": {"fwd": 300, "fb": 500},
                                         "64": {"fwd": 900, "fb": 700}}}}
     path = tmp_path / "auto_cpu.json"
     path.write_text(json.dumps(record))
-    monkeypatch.setattr(auto, "RECORD", path)
-    auto.crossovers.cache_clear()
-    try:
-        cpu = torch.device("cpu")
-        choose = lambda n, stride, backward=False, n_q=None, pattern="strided": \
-            fast_attention.resolve_backend("auto", pattern, cpu, torch.float32, n, n_q=n_q,
-                                           stride=stride, backward=backward)
-        assert choose(299, 16) == "naive" and choose(300, 16) == "structured"
-        assert choose(499, 16, backward=True) == "naive"
-        assert choose(500, 16, backward=True) == "structured"
-        assert choose(800, 48) == "naive"                # nearest measured stride: 64
-        assert choose(800, 23) == "structured"           # nearest: 16
-        assert choose(4096, 16, n_q=30) == "naive"       # 30^2 < 300 * 4096
-        assert choose(4096, 16, n_q=1200) == "structured"
-        assert choose(100, 16, pattern="fixed") == "structured"   # no record for it
-        assert choose(100, 16, n_q=1) == "structured"    # the one-query step
-        q = torch.randn(1, 2, 200, 8)
-        calls = []
-        monkeypatch.setattr(fast_attention, "naive_sparse_attention",
-                            lambda *a, **kw: calls.append("naive") or torch.zeros_like(q))
-        sparse_attention(q, q, q, "strided", stride=16)
-        assert calls == ["naive"]
-        path.write_text('{"crossover": {"strided": {"16": {"fwd": "many"}}}}')
-        auto.crossovers.cache_clear()
-        with pytest.raises(ValueError, match="auto_cpu.json does not hold auto's crossovers"):
-            auto.crossovers()
-    finally:
-        auto.crossovers.cache_clear()
+    table = measured.read_record(path)
+    assert table == record["crossover"]
+    monkeypatch.setattr(auto, "crossovers", lambda: table)
+    cpu = torch.device("cpu")
+    choose = lambda n, stride, backward=False, n_q=None, pattern="strided": \
+        fast_attention.resolve_backend("auto", pattern, cpu, torch.float32, n, n_q=n_q,
+                                       stride=stride, backward=backward)
+    assert choose(299, 16) == "naive" and choose(300, 16) == "structured"
+    assert choose(499, 16, backward=True) == "naive"
+    assert choose(500, 16, backward=True) == "structured"
+    assert choose(800, 48) == "naive"                # nearest measured stride: 64
+    assert choose(800, 23) == "structured"           # nearest: 16
+    assert choose(4096, 16, n_q=30) == "naive"       # 30^2 < 300 * 4096
+    assert choose(4096, 16, n_q=1200) == "structured"
+    assert choose(100, 16, pattern="fixed") == "structured"   # no crossover for it
+    assert choose(100, 16, n_q=1) == "structured"    # the one-query step
+    q = torch.randn(1, 2, 200, 8)
+    calls = []
+    monkeypatch.setattr(fast_attention, "naive_sparse_attention",
+                        lambda *a, **kw: calls.append("naive") or torch.zeros_like(q))
+    sparse_attention(q, q, q, "strided", stride=16)
+    assert calls == ["naive"]
+    path.write_text('{"crossover": {"strided": {"16": {"fwd": "many"}}}}')
+    with pytest.raises(ValueError, match="auto_cpu.json does not hold auto's crossovers"):
+        measured.read_record(path)
 
 
 @pytest.mark.parametrize("strides", [(16, 32, 64, 128, 256), (16, 64), (8,), (3, 5, 100)])
@@ -672,18 +673,43 @@ def test_the_nearest_measured_stride_is_nearest_in_log2_ties_to_the_smaller(stri
     assert auto.nearest((), 32) is None and auto.nearest(pairs, None) is None
 
 
-def test_the_committed_defaults_are_the_committed_record(tmp_path):
-    """``fast.backends.auto.DEFAULT`` is the crossovers of figures/data/auto_cpu.json as
-    committed (git's HEAD): a ``make bench`` that rewrites the file on a user's machine
-    tunes auto there without failing this test; a commit of a new record must copy its
-    crossovers into DEFAULT."""
-    if auto.RECORD is None:
-        pytest.skip("not a source checkout")
-    relative = auto.RECORD.relative_to(ROOT).as_posix()
-    shown = subprocess.run(["git", "show", f"HEAD:{relative}"], cwd=ROOT, capture_output=True,
-                           text=True)
-    if shown.returncode != 0:
-        pytest.skip(f"no committed {relative} (git: {shown.stderr.strip()[:80]})")
-    committed = tmp_path / "auto_cpu.json"
-    committed.write_text(shown.stdout, encoding="utf-8")
-    assert auto.read_record(committed) == auto.DEFAULT
+def test_the_crossovers_are_the_committed_measurement():
+    """``fast.backends.crossovers.CROSSOVERS`` are the crossovers of the measurement in
+    figures/data/auto_cpu.json: a record re-measured (``python -m fast bench
+    --crossover``, ``make bench``) and not adopted, or constants edited by hand, fail
+    here, with the constants the record proposes."""
+    from fast.backends.crossovers import CROSSOVERS
+
+    path = ROOT / "figures" / "data" / "auto_cpu.json"
+    if not path.is_file():
+        pytest.skip(f"no {path} (not a source checkout)")
+    table = measured.read_record(path)
+    assert table == CROSSOVERS, (f"{path} and fast/backends/crossovers.py differ: adopt the "
+                                 f"measurement with\n{measured.proposal(table)}\nor restore "
+                                 f"the record (git checkout {path.relative_to(ROOT)})")
+    source = (ROOT / "fast" / "backends" / "crossovers.py").read_text()
+    assert measured.proposal(CROSSOVERS) in source          # what the command prints, pasted
+
+
+def test_a_damaged_record_changes_nothing_the_library_does(tmp_path):
+    """A checkout whose figures/data/auto_cpu.json is damaged (cut short by a full disk,
+    a merge gone wrong): the library read it at run time, so every auto call on the
+    CPU raised ValueError, train and sample included. Now auto's crossovers are
+    constants: the same choice, no file read."""
+    for package in ("fast", "reference"):
+        subprocess.run(["cp", "-r", str(ROOT / package), str(tmp_path / package)], check=True)
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    data = tmp_path / "figures" / "data"
+    data.mkdir(parents=True)
+    (data / "auto_cpu.json").write_text((ROOT / "figures/data/auto_cpu.json").read_text()[:300])
+    probe = ("import torch, fast; from fast.attention import resolve_backend; "
+             "q = torch.randn(1, 2, 100, 16); "
+             "fast.sparse_attention(q, q, q, 'strided', stride=16); "
+             "print(fast.__file__, [resolve_backend('auto', 'strided', torch.device('cpu'), "
+             "torch.float32, n, stride=16) for n in (32, 64, 4096)])")
+    run = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    print(run.stdout, run.stderr[-1500:])
+    assert run.returncode == 0
+    assert run.stdout.startswith(str(tmp_path / "fast"))
+    assert run.stdout.rstrip().endswith("['naive', 'structured', 'structured']")

@@ -345,3 +345,50 @@ def test_torch_func_grad_of_the_structured_backend_says_what_it_needs():
             with pytest.raises(RuntimeError, match="once_differentiable.*backend='naive'"):
                 torch.func.grad(loss)(q, "structured")
         assert torch.func.grad(loss)(q, "naive").isfinite().all()
+
+
+# ----------------------------------------------------------------------------
+# stride = 1 and "meta" tensors: legal, on every pattern
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pattern,params", [("strided", {"stride": 1}),
+                                            ("fixed", {"stride": 1, "c": 1})])
+@pytest.mark.parametrize("combine", ["merged", "multihead", "interleaved"])
+@pytest.mark.parametrize("backend", ["structured", "auto", "naive"])
+def test_stride_1_forward_and_backward_give_the_reference(pattern, params, combine, backend):
+    """l = 1: every row reads every earlier position. Through the CPU window kernel in
+    float32 the strided column is one sequence of n rows, which its backward cannot
+    write once (``init``) as it writes packed sequences: it adds into zeros instead
+    (it refused its arguments, "code 2", with a contiguous gradient)."""
+    q, k, v, go = _rand(1, 2, 37, 16, seed=1, dtype=torch.float32)
+    go = go.contiguous()
+    got = _grads(q, k, v, go, pattern, combine, backend, **params)
+    mask = patterns.head_masks(pattern, 37, 2, combine, 0, **params)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, _truth(q, k, v, go, mask)):
+        err = (a.double() - b).abs().max().item()
+        print(f"{backend} {combine} {name}: {err:.1e}")
+        assert err < 1e-5, name
+
+
+PATTERNS_ALL = [("full", {}), ("strided", {"stride": 4}), ("fixed", {"stride": 4, "c": 1}),
+                ("strided", {"stride": 1}), ("longformer", {"window": 3}),
+                ("bigbird", {"window": 3, "n_global": 1, "n_random": 1})]
+
+
+@pytest.mark.parametrize("pattern,params", PATTERNS_ALL)
+@pytest.mark.parametrize("backend", ["auto", "naive", "structured"])
+@pytest.mark.parametrize("n_q", [20, 1])
+def test_meta_tensors_give_shapes_on_every_pattern(pattern, params, backend, n_q):
+    """"meta" tensors (shapes only: tracing a model's memory, building it before its
+    weights) take every path a CPU call takes, forward and backward, and read no value
+    (the float64 decision, the empty-row fix and the overflow bound look at none)."""
+    if backend == "structured" and pattern in ("longformer", "bigbird"):
+        pytest.skip("the structured backend serves full, strided and fixed")
+    for combine in ("merged", "interleaved"):
+        q = torch.empty(2, 4, n_q, 16, device="meta", requires_grad=True)
+        k, v = (torch.empty(2, 4, 20, 16, device="meta", requires_grad=True) for _ in range(2))
+        out = sparse_attention(q, k, v, pattern, combine=combine, layer=1, backend=backend,
+                               **params)
+        assert out.shape == (2, 4, n_q, 16) and out.device.type == "meta"
+        out.sum().backward()
+        assert k.grad.shape == k.shape

@@ -112,7 +112,8 @@ def _attend(q, store, rows, keep, scores, picked, out):
     """One head's row of attention: softmax(q . k_j) v_j over the store rows j in
     ``rows`` whose keep flag is set (``keep`` empty: all). q (dk,), already scaled;
     store (rows, dk + dv); out (dv,); scores and picked: scratch of len(rows) at
-    least. No kept row: out = 0. Every row's score is computed (a dense cache's
+    least. No kept row: out = 0; kept rows whose scores all overflowed to -inf (finite
+    q and k near 1e20): NaN, as torch.softmax gives. Every row's score is computed (a dense cache's
     step costs O(t), as it should), the weighted sum runs over the kept rows
     only. Rows go four at a time, so that four sums are in flight instead of one
     chain of dependent additions."""
@@ -132,16 +133,18 @@ def _attend(q, store, rows, keep, scores, picked, out):
         for i in range(dk):
             s0 += q[i] * store[j0, i]
         scores[a] = s0
-    top = -np.inf
+    top, reads = -np.inf, False
     for a in range(m):
         if keep.shape[0] and not keep[a]:
             scores[a] = -np.inf
-        elif scores[a] > top or scores[a] != scores[a]:      # NaN wins, as in torch.softmax
-            top = scores[a]
+        else:
+            reads = True
+            if scores[a] > top or scores[a] != scores[a]:    # NaN wins, as in torch.softmax
+                top = scores[a]
     for i in range(dv):
-        out[i] = 0.0
-    if top == -np.inf:                                       # reads nothing
-        return
+        out[i] = np.nan if reads and top == -np.inf else 0.0
+    if top == -np.inf:           # reads nothing: 0; or every score it reads overflowed to
+        return                   # -inf (finite q, k near 1e20 in float32): NaN, never 0
     total = np.float32(0.0)
     kept = 0                                                 # softmax, kept rows packed
     for a in range(m):

@@ -12,9 +12,11 @@ the models the figure scripts keep, in fp16 to be small) holds just the three.
 
 Versions. ``format`` counts changes of what a checkpoint holds. Format 2 added the
 version itself, and to training checkpoints the data fingerprint, the precision and
-the device; format 3 the model's ``output_init`` field; format 4 (this code), to
-training checkpoints, the CPU threads their steps used (``cpu_threads``: a resume
-with another count says so, ``fast.transformer.training.resume``). A file without
+the device; format 3 the model's ``output_init`` field; format 4, to training
+checkpoints, the CPU threads their steps used (``cpu_threads``: a resume with another
+count says so, ``fast.transformer.training.resume``); format 5 (this code), to training
+checkpoints, the CPU kernel that computed their strided or fixed attention
+(``cpu_kernel``: a resume with another kernel says so). A file without
 ``format`` is format 1 (written before versions were kept; the weights-only files
 under figures/data/models are): its model loads as it always did, and a format-1
 *training* checkpoint is refused by ``--resume`` (it does not record the data,
@@ -68,7 +70,7 @@ from fast.core.schema import Exact, ShapeError, Tensor, check
 from fast.transformer.config import ModelConfig, TrainConfig
 from fast.transformer.network.model import SparseTransformer
 
-FORMAT = 4                                                      # what this code writes
+FORMAT = 5                                                      # what this code writes
 # config -> {field: (the format that added it, its value in every older file)}
 ADDED = {"model_cfg": {"output_init": (3, "normal")}}
 REQUIRED = ("model", "model_cfg")                               # every checkpoint

@@ -22,6 +22,10 @@ key order:
                                              "fp32"; "cpu", "cuda")
     cpu_threads                           -- the intra-op threads the steps that wrote
                                              it used (torch.get_num_threads(); format 4)
+    cpu_kernel                            -- which kernel computed the strided or fixed
+                                             pieces on the CPU (``cpu_window.build()``:
+                                             the C kernel and its flags, or PyTorch's),
+                                             None where none did (format 5)
     history                               -- {"train": the loss log, "evals": the evaluations}
 
 ``training_state`` assembles it, ``check_resumable`` says whether a run may continue
@@ -43,15 +47,21 @@ it has already been (it took no step and said nothing of it). ``stop_iter`` at t
 checkpoint's step is allowed and takes no step (the same command run again), as is
 resuming a finished run.
 
-What a resume allows and says (``ResumeWarning``, one line): another CPU thread
-count. The count belongs to the machine, not the experiment -- refusing it would stop
-a run moved to another machine -- but on the CPU the order of a parallel reduction
-follows it, so the weights then match an uninterrupted run only to float rounding,
-not bitwise (bitwise equality holds for the same thread count: on CUDA the count
-does not enter the arithmetic, and nothing is said). A format-3 checkpoint, which
-does not record the count, is compared with its ``cpu_threads`` field when that was
-given. The other fields that do not move the weights (``stop_iter``, the
-evaluation, logging and checkpoint intervals, ``out_dir``) may change silently.
+What a resume allows and says (``ResumeWarning``, one line each): another CPU thread
+count, and another CPU kernel. Both belong to the machine, not the experiment --
+refusing them would stop a run moved to another machine -- but on the CPU the order
+of a parallel reduction follows the count, and the C window kernel
+(``fast.backends.cpu_window``) sums in another order than PyTorch's kernel (a machine
+without a compiler, or SPARSE_ATTENTION_CPU_KERNEL=0) and, built with other flags,
+perhaps than itself: the weights then match an uninterrupted run only to float
+rounding, not bitwise (bitwise equality holds for the same count and kernel: on CUDA
+neither enters the arithmetic, and nothing is said). The kernel is compared where it
+computes the model's attention: a strided or fixed model whose backend resolves to the
+structured path on the CPU. A format-3 checkpoint, which does not record the count, is
+compared with its ``cpu_threads`` field when that was given; a checkpoint before
+format 5 does not record its kernel, which is then not compared. The other fields that
+do not move the weights (``stop_iter``, the evaluation, logging and checkpoint
+intervals, ``out_dir``) may change silently.
 """
 
 from __future__ import annotations
@@ -61,6 +71,8 @@ import warnings
 
 import torch
 
+from fast.attention import resolve_backend
+from fast.backends import cpu_window
 from fast.core.schema import (
     Exact,
     Int,
@@ -81,9 +93,10 @@ from fast.transformer.training import seed as seeding
 from fast.transformer.training.optim import make_optimizer, make_scheduler
 
 TRAINING = ("optimizer", "scheduler", "scaler", "rng", "step", "data_position", "train_cfg",
-            "data", "precision", "device", "cpu_threads", "history")  # a checkpoint that
+            "data", "precision", "device", "cpu_threads", "cpu_kernel",
+            "history")                                                  # a checkpoint that
                                                                         # can resume
-SINCE = {"cpu_threads": 4}           # a key of TRAINING -> the format that added it
+SINCE = {"cpu_threads": 4, "cpu_kernel": 5}   # a key of TRAINING -> the format that added it
 # The parts a resume compares with this run, checked first so that they can be compared
 # (the rest of the state is checked after: ``_check_state``).
 COMPARED = {"data_position": {"world_size": Int(1)}, "precision": str, "device": str,
@@ -126,7 +139,19 @@ def training_state(*, model, optimizer, scheduler, scaler, step: int, world: int
         "train_cfg": dataclasses.asdict(train_cfg),
         "data": data, "precision": precision, "device": torch.device(device).type,
         "cpu_threads": torch.get_num_threads(),
+        "cpu_kernel": cpu_window.build() if cpu_kernel_computes(model_cfg, device) else None,
         "history": {"train": history, "evals": evals}}
+
+
+def cpu_kernel_computes(model_cfg: ModelConfig, device) -> bool:
+    """Whether a CPU kernel of ``fast.backends.cpu_window``'s choice computes this model's
+    attention in training: a strided or fixed pattern on the CPU whose backend resolves
+    to the structured path at n_ctx with a backward."""
+    if torch.device(device).type != "cpu" or model_cfg.pattern not in ("strided", "fixed"):
+        return False
+    return resolve_backend(model_cfg.attention_backend, model_cfg.pattern, torch.device("cpu"),
+                           torch.float32, model_cfg.n_ctx, stride=model_cfg.stride,
+                           backward=True) == "structured"
 
 
 def check_resumable(state: dict, path, *, model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -191,6 +216,18 @@ def check_resumable(state: dict, path, *, model_cfg: ModelConfig, train_cfg: Tra
                       f"{saved_threads}: the weights will match an uninterrupted run only to "
                       f"float rounding (bitwise with --cpu_threads {saved_threads})",
                       ResumeWarning, stacklevel=2)
+    saved_kernel = state.get("cpu_kernel")
+    if saved_kernel is not None and cpu_kernel_computes(model_cfg, device):
+        kernel = cpu_window.build()
+        if kernel != saved_kernel:
+            how = ("with a C compiler ($CC, cc, gcc or clang) and SPARSE_ATTENTION_CPU_KERNEL "
+                   "unset" if saved_kernel.startswith("cpu_window.c") else
+                   "with SPARSE_ATTENTION_CPU_KERNEL=0")
+            why = f" ({cpu_window.missing()})" if cpu_window.missing() else ""
+            warnings.warn(f"{path}: resumed with {kernel}{why} where the run used "
+                          f"{saved_kernel}: the weights will match an uninterrupted run only "
+                          f"to float rounding (bitwise {how}, on a compiler that takes the "
+                          f"same flags)", ResumeWarning, stacklevel=2)
 
 
 def _data_changes(saved: dict, now: dict) -> list[str]:
@@ -218,6 +255,8 @@ def _check_state(state: dict, model_cfg: ModelConfig, train_cfg: TrainConfig, wo
     check(step, Int(0, train_cfg.max_iters), "step")
     if "cpu_threads" in state:
         check(state["cpu_threads"], Int(1, MAX_THREADS), "cpu_threads")
+    if "cpu_kernel" in state:
+        check(state["cpu_kernel"], OneOf(None, str), "cpu_kernel")
     check(state["data_position"], Exact({"step": Int(step, step),
                                          "seed": Int(train_cfg.seed, train_cfg.seed),
                                          "world_size": Int(world, world)}), "data_position")

@@ -122,12 +122,13 @@ def test_the_temporary_file_is_new_and_exclusive(tmp_path, monkeypatch):
     names = iter(["taken", "taken", "free"])
     monkeypatch.setattr(files.secrets, "token_hex", lambda n: next(names))
     monkeypatch.setattr(files.os, "open", spy)
-    taken = tmp_path / f".out.json.{os.getpid()}.taken.tmp"
+    mine = f"{files._host()}.{os.getpid()}"                   # this machine, this process
+    taken = tmp_path / f".out.json.{mine}.taken.tmp"
     taken.symlink_to(tmp_path / "elsewhere")
     write_json(tmp_path / "out.json", {"a": 1})
     writes = [(n, f) for n, f in opened if n.startswith(".out.json.")]
     print(writes)
-    assert [n for n, _ in writes] == [taken.name] * 2 + [f".out.json.{os.getpid()}.free.tmp"]
+    assert [n for n, _ in writes] == [taken.name] * 2 + [f".out.json.{mine}.free.tmp"]
     for _, flags in writes:
         assert flags & os.O_EXCL and flags & os.O_CREAT and flags & os.O_NOFOLLOW
     assert not (tmp_path / "elsewhere").exists()
@@ -135,15 +136,53 @@ def test_the_temporary_file_is_new_and_exclusive(tmp_path, monkeypatch):
 
 
 def test_leftovers_of_dead_writers_are_removed_live_ones_kept(tmp_path):
+    """Temporary names carry the machine (``files._host()``) since a writer on another
+    machine sharing the folder may have any pid: only this machine's are judged by pid."""
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
-    stale = tmp_path / f".data.json.{dead}.abcd1234.tmp"
-    live = tmp_path / f".data.json.{os.getppid()}.abcd1234.tmp"      # pytest's parent runs
-    other = tmp_path / f".other.json.{dead}.abcd1234.tmp"              # another file's
+    host = files._host()
+    stale = tmp_path / f".data.json.{host}.{dead}.abcd1234.tmp"
+    live = tmp_path / f".data.json.{host}.{os.getppid()}.abcd1234.tmp"  # pytest's parent runs
+    other = tmp_path / f".other.json.{host}.{dead}.abcd1234.tmp"          # another file's
     for p in (stale, live, other):
         p.write_bytes(b"half")
     write_json(tmp_path / "data.json", [1])
     assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_a_writer_on_another_machine_keeps_its_temporary_file(tmp_path, monkeypatch):
+    """Two machines share a folder (a home on NFS: the CPU kernel's cache, an out_dir).
+    Machine A is writing; machine B finishes a write of the same file and clears the
+    temporaries of dead writers -- judging A's pid on B, where no such process runs.
+    Before: B removed A's half-written file and A's rename failed (FileNotFoundError: the
+    kernel's build crashed every strided call on A). Now a temporary names its machine,
+    and only this machine's are judged by pid."""
+    path = tmp_path / "lib.so"
+
+    def as_machine_b():
+        with monkeypatch.context() as m:
+            m.setattr(files.socket, "gethostname", lambda: "machine-b")
+            m.setattr(files, "_alive", lambda pid: False)        # A's pid means nothing on B
+            files.write_bytes(path, b"B's build")
+
+    def writer(f):                                       # machine A, mid-write
+        f.write(b"A's build")
+        as_machine_b()
+
+    atomic_write(path, writer)
+    assert path.read_bytes() == b"A's build"
+    assert [p.name for p in tmp_path.iterdir()] == ["lib.so"]
+
+
+def test_a_long_file_name_is_written(tmp_path):
+    """A name the folder takes (255 bytes) is written: its temporary file's name is cut to
+    fit, with a digest of the whole (``sample --out`` drew every sample, then failed on its
+    temporary name)."""
+    for length in (200, 255):
+        path = tmp_path / ("x" * (length - 4) + ".txt")
+        files.write_bytes(path, b"all of it")
+        assert path.read_bytes() == b"all of it"
+    assert len(list(tmp_path.iterdir())) == 2
 
 
 def test_a_figure_is_written_atomically(tmp_path, monkeypatch):

@@ -22,6 +22,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fast.backends import cpu_window
 from fast.commands import train as train_command
 from fast.data import Dataset
 from fast.transformer.config import preset
@@ -30,7 +31,7 @@ from fast.transformer.network.model import SparseTransformer
 from fast.transformer.training import train as training
 from fast.transformer.training.optim import ScheduleWarning
 from fast.transformer.training.preflight import check_run
-from fast.transformer.training.resume import ResumeWarning
+from fast.transformer.training.resume import ResumeWarning, cpu_kernel_computes
 from tests.conftest import tiny_digits
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -278,6 +279,39 @@ def test_the_thread_count_is_recorded_and_a_format_3_file_compares_its_field(
         change(state)
         with pytest.raises(ValueError, match=says):
             resume_from(state, tmp_path, digits)
+
+
+@pytest.mark.skipif(cpu_window.library() is None, reason="no CPU window kernel here")
+def test_another_cpu_kernel_resumes_and_says_weights_match_only_to_rounding(
+        tmp_path, digits, monkeypatch):
+    """A strided model trained on the structured path through the C window kernel, resumed
+    where the kernel is off (SPARSE_ATTENTION_CPU_KERNEL=0, or no compiler): PyTorch's
+    kernel sums in another order, so the run ends 2e-7 away from an uninterrupted one.
+    Before, nothing said so (a thread-count change did). Now the checkpoint records the
+    kernel and a resume on another one says so, in one line; the same kernel says
+    nothing, and neither does a model the kernel does not compute (naive at this n)."""
+    out = tmp_path / "run"
+    m, t = tiny(out, stop_iter=2, attention_backend="structured")
+    training.train(m, t, progress=False, dataset=digits)
+    state = load_checkpoint(out / "ckpt.pt")
+    assert state["cpu_kernel"] == cpu_window.build() and state["cpu_kernel"].startswith(
+        "cpu_window.c -O3")
+    kw = dict(attention_backend="structured")
+    assert resume_warnings(state, tmp_path, digits, **kw) == []
+    monkeypatch.setattr(cpu_window, "_STATE", {"lib": None, "missing": "turned off by "
+                                               "SPARSE_ATTENTION_CPU_KERNEL=0", "flags": ""})
+    said = resume_warnings(state, tmp_path, digits, **kw)
+    print(said)
+    assert said == [f"{tmp_path / 'ckpt.pt'}: resumed with PyTorch's kernel (turned off by "
+                    f"SPARSE_ATTENTION_CPU_KERNEL=0) where the run used {state['cpu_kernel']}: "
+                    f"the weights will match an uninterrupted run only to float rounding "
+                    f"(bitwise with a C compiler ($CC, cc, gcc or clang) and "
+                    f"SPARSE_ATTENTION_CPU_KERNEL unset, on a compiler that takes the same "
+                    f"flags)"]
+    unknown = copy(state)
+    unknown["cpu_kernel"] = None                 # none recorded: nothing to compare
+    assert resume_warnings(unknown, tmp_path, digits, **kw) == []
+    assert not cpu_kernel_computes(tiny(out)[0], "cpu")    # auto at n = 64: the naive path
 
 
 def test_a_model_is_checked_against_its_file_before_it_is_built(tmp_path, monkeypatch):

@@ -186,7 +186,7 @@ def test_training_state_holds_the_documented_keys(tmp_path, digits):
     state = load_checkpoint(out["checkpoint"])
     assert list(state) == ["format", "model", "optimizer", "scheduler", "scaler", "rng",
                            "step", "data_position", "model_cfg", "train_cfg", "data",
-                           "precision", "device", "cpu_threads", "history"]
+                           "precision", "device", "cpu_threads", "cpu_kernel", "history"]
     assert state["format"] == FORMAT and state["data"] == digits.fingerprint()
     assert (state["precision"], state["device"], state["cpu_threads"]) == ("fp32", "cpu", 1)
     assert state["data_position"] == {"step": 1, "seed": t.seed, "world_size": 1}
