@@ -134,15 +134,17 @@ import functools
 import importlib.util
 import os
 import sys
+from collections import OrderedDict
 
 import torch
 
 from fast.backends import auto, host_checks
 from fast.backends import naive as naive_backend
+from fast.backends.flash_cpu import uses_kernel
 from fast.backends.naive import naive_sparse_attention
 from fast.backends.padding import as_padding, padded_run, to_device, zero_outside
 from fast.backends.row import row_attention
-from fast.backends.structured import structured_attention
+from fast.backends.structured import full_attention, structured_attention
 from fast.core.checks import check_scale, check_tensors
 from fast.core.nonfinite import attention_reach, causal_reach, quarantine
 from fast.core.precision import autocast_inputs, fold_dtype
@@ -168,6 +170,8 @@ OTHER_NAMES = {
     "num_key_value_groups": "k and v with fewer heads, and enable_gqa=True",
 }
 
+MAX_CALL_PLANS = 256      # call plans kept (least recently used dropped first)
+
 
 @functools.lru_cache(maxsize=1)
 @torch.compiler.assume_constant_result     # torch.compile: read when traced, no break
@@ -184,6 +188,10 @@ def _triton_interpreted() -> bool:
         return launch.interpreted()
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on", "y")
 
+
+# ----------------------------------------------------------------------------
+# Which path a call takes: decided here, once per call signature
+# ----------------------------------------------------------------------------
 
 def _refused(backend: str, attn_mask: bool, dropout: bool) -> str | None:
     """The argument ``backend`` cannot honour (None: it honours them all)."""
@@ -210,7 +218,8 @@ def resolve_backend(backend, pattern: str, device: torch.device,
     """The backend that ``backend`` means for ``pattern`` on ``device`` in ``dtype``, for
     n keys (None: long; the structured path) and n_q queries (None: n), a backward to
     follow or not, an ``attn_mask`` or dropout to honour (module docstring). Raises a
-    ValueError naming the argument a backend asked for cannot honour.
+    ValueError naming the argument a backend asked for cannot honour. ``choose_path``
+    turns the answer into the path a call runs.
 
     "auto" never picks the Triton kernels for CUDA tensors when they run in the
     interpreter (TRITON_INTERPRET=1, which reads CPU tensors only): it picks
@@ -242,6 +251,44 @@ def resolve_backend(backend, pattern: str, device: torch.device,
         return "naive"
     return "structured"
 
+
+def choose_path(backend: str, pattern: str, q: torch.Tensor, k: torch.Tensor, params: dict,
+                combine: str, *, backward: bool, attn_mask: bool, dropout: bool,
+                padded: bool) -> str:
+    """The path a call runs, decided in this one place for q (B, H, n_q, d), k (B, Hkv,
+    n_k, d) (checked): ``resolve_backend``'s backend, then
+
+    * "auto"'s naive path below the crossover, when that path cannot hold the call in
+      memory (``fast.backends.naive.too_big``): "structured";
+    * the structured backend with one query (n_q = 1) of a full, strided or fixed
+      pattern: "row", the one-query step (``fast.backends.row``; eager only: it reads
+      values and positions on the host, so a traced call takes the operator);
+    * the structured backend on "full": "full", causal SDPA
+      (``fast.backends.structured.full_attention``);
+    * the structured backend on fewer keys than the stride (one dense block): "naive".
+
+    Returns "naive", "structured", "full", "row" or "triton"."""
+    B, H, n_q, _ = q.shape
+    n_k, stride = k.shape[2], params.get("stride")
+    which = resolve_backend(backend, pattern, q.device, q.dtype, n_k, n_q=n_q, stride=stride,
+                            backward=backward, attn_mask=attn_mask, dropout=dropout)
+    if (which == "naive" and backend == "auto" and pattern in ("strided", "fixed")
+            and not attn_mask and not dropout and naive_backend.too_big(
+                B, H, n_q, n_k, q.dtype, q.device, B if padded else 1,
+                naive_backend.mask_heads(pattern, combine, H), False)):
+        which = "structured"                  # the crossover's path cannot hold this call
+    if which != "structured":
+        return which
+    if n_q == 1 and pattern in FACTORIZED and not torch.compiler.is_compiling():
+        return "row"
+    if pattern == "full":
+        return "full"
+    return "naive" if n_k < stride else "structured"
+
+
+# ----------------------------------------------------------------------------
+# The checks of the arguments: run when a call plan is made
+# ----------------------------------------------------------------------------
 
 def _check_keywords(params: dict) -> None:
     """Extra keywords must be parameters of some pattern (``reference.params.PARAMS``);
@@ -288,6 +335,221 @@ def _check_sdpa(dropout_p, is_causal, enable_gqa) -> float:
             or not 0.0 <= dropout_p < 1.0):
         raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
     return float(dropout_p)
+
+
+def _check_finite_arg(check_finite) -> None:
+    if check_finite is not None and not isinstance(check_finite, bool):
+        raise ValueError(f"check_finite must be True, False or None, got {check_finite!r}")
+
+
+def finite_default(device: torch.device) -> bool | None:
+    """What ``check_finite=None`` means on ``device``: True on the CPU (the finite check
+    costs a read of q, k, v and no wait), None elsewhere (nothing looks at the values)."""
+    return True if device.type == "cpu" else None
+
+
+# ----------------------------------------------------------------------------
+# The call plan
+# ----------------------------------------------------------------------------
+
+class CallPlan:
+    """Everything a call of one signature needs, checked and decided once (module
+    docstring, "One call plan per signature"; docs/design.md, "The call plan"): every
+    check of the arguments' types, shapes, strides, dtypes and devices, the pattern and
+    its parameters, the scale, the mask's and the padding's metadata; the path
+    (``choose_path``) and the callable that runs it; which value checks a call asks for;
+    where the scale goes (``fold_dtype``); whether non-finite rows are isolated
+    (``fast.core.nonfinite``). ``__call__`` then does only what depends on the values:
+    the value checks asked for, the padding moved to the device, and the path.
+
+    Built from the call's own tensors, after autocast's cast (``autocast``: (device type,
+    autocast dtype) when autocast was on for q's device, else None); keeps no tensor."""
+
+    def __init__(self, q, k, v, attn_mask, lengths, offsets, pattern, stride, c, combine,
+                 layer, scale, dropout_p, is_causal, enable_gqa, backend, check_finite,
+                 variant, pattern_params: dict, autocast: tuple | None):
+        _check_keywords(pattern_params)
+        _check_finite_arg(check_finite)
+        dropout_p = _check_sdpa(dropout_p, is_causal, enable_gqa)
+        check_tensors(q, k, v, finite=False, enable_gqa=enable_gqa)
+        B, H, n_q, d = q.shape
+        n_k = k.shape[2]
+        params = check_params(pattern, n_k, H, combine, layer,
+                              {"stride": stride, "c": c, **pattern_params})
+        scale = check_scale(scale, d)
+        if attn_mask is not None:
+            _check_mask(attn_mask, q, k)
+        as_padding(lengths, offsets, B)       # types and shapes (values: every call)
+        padded = lengths is not None or offsets is not None
+        backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        which = choose_path(backend, pattern, q, k, params, combine, backward=backward,
+                            attn_mask=attn_mask is not None, dropout=dropout_p > 0,
+                            padded=padded)
+        if variant is not None and which != "triton":
+            raise ValueError(f"variant {variant!r} selects a Triton kernel variant, but "
+                             f"backend {backend!r} runs {which!r} here; allowed: "
+                             f"variant=None, or backend='triton'")
+        if check_finite is None:
+            check_finite = finite_default(q.device)
+        self.path, self.autocast, self.B, self.n_k = which, autocast, B, n_k
+        self.finite = bool(check_finite) and which != "row"   # the step looks at its reads
+        self.values = bool(check_finite)      # the padding's values on a GPU too
+        self.padded = padded
+        # see fold_dtype: q * scale in the dtype it fits, scale 1
+        self.dtype, self.fold = q.dtype, None if which == "triton" else fold_dtype(scale,
+                                                                                  q.dtype)
+        self.scale = scale
+        if self.fold is not None:
+            q, k, v, scale = q.to(self.fold), k.to(self.fold), v.to(self.fold), 1.0
+        # non-finite values kept to the rows that read them (fast.core.nonfinite)
+        self.isolate = check_finite is False and which in ("naive", "structured", "full")
+        self.simple = (pattern == "full" and n_q == n_k and k.shape[1] == H
+                       and attn_mask is None and not padded)
+        self.always = q.device.type != "cpu" or torch.compiler.is_compiling()
+        path = (which, pattern, combine, layer, params, check_finite, variant, padded, backward)
+        self.attend = _attend(*path, q, k, v, scale, dropout_p)
+        self.reach = _attend(*path, q, k, v, 1.0, 0.0) if self.isolate else None
+
+    def __call__(self, q, k, v, attn_mask, lengths, offsets):
+        """The path on this call's tensors: (B, H, n_q, d) in q's dtype (autocast's)."""
+        if self.autocast is None:
+            return self._run(q, k, v, attn_mask, lengths, offsets)
+        (q, k, v), device = autocast_inputs(q, k, v)
+        with torch.autocast(device, enabled=False):    # cast as SDPA casts; then off
+            return self._run(q, k, v, attn_mask, lengths, offsets)
+
+    def _run(self, q, k, v, attn_mask, lengths, offsets):
+        if self.padded:                   # not moved yet: values on the host are read there
+            lengths, offsets, (host_l, host_o) = as_padding(lengths, offsets, self.B)
+            values = (lengths is not None and (host_l or self.values),
+                      offsets is not None and (host_o or self.values))
+        else:
+            values = (False, False)
+        if self.finite or values[0] or values[1]:        # the host reads, in one operator
+            with torch.no_grad():         # nothing to differentiate: no autograd node made
+                host_checks.check(q, k, v, self.finite, lengths, offsets, *values)
+        if self.padded:
+            lengths, offsets = to_device(lengths, offsets, q.device)  # checked where given
+        if self.fold is not None:
+            q, k, v = q.to(self.fold) * self.scale, k.to(self.fold), v.to(self.fold)
+        if self.isolate:
+            out = self._isolated(q, k, v, attn_mask, lengths, offsets)
+        else:
+            out = self.attend(q, k, v, attn_mask, lengths, offsets)
+        return out if self.fold is None else out.to(self.dtype)
+
+    def _isolated(self, q, k, v, attn_mask, lengths, offsets):
+        """The path with ``fast.core.nonfinite``'s promise: padded rows output 0 NaN or
+        not, and a non-finite value reaches exactly the rows that read it."""
+        q = zero_outside(q, lengths, offsets, self.n_k)
+        reach = causal_reach if self.simple else attention_reach(
+            lambda a, b, c: self.reach(a, b, c, attn_mask, lengths, offsets))
+        return quarantine(lambda a, b, c: self.attend(a, b, c, attn_mask, lengths, offsets),
+                          q, k, v, reach, always=self.always)
+
+
+def _attend(which, pattern, combine, layer, params, check_finite, variant, padded, backward,
+            q, k, v, scale, dropout_p):
+    """The callable of one path: attend(q, k, v, attn_mask, lengths, offsets) ->
+    (B, H, n_q, d), everything but the tensors bound (module docstring, "Backends")."""
+    if which == "naive":
+        def attend(q, k, v, attn_mask, lengths, offsets):
+            return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
+                                          scale=scale, attn_mask=attn_mask, lengths=lengths,
+                                          offsets=offsets, dropout_p=dropout_p, **params)
+        return attend
+    if which == "row":                    # the one-query step: only the keys its row reads
+        def attend(q, k, v, attn_mask, lengths, offsets):
+            return row_attention(q, k, v, pattern, combine=combine, layer=layer, scale=scale,
+                                 params=params, lengths=lengths, offsets=offsets,
+                                 check_finite=check_finite)
+        return attend
+    if which == "triton":
+        try:
+            from fast.kernels.triton_attention import prepare
+        except ModuleNotFoundError as err:
+            if err.name not in ("fast.kernels.triton_attention", "triton"):
+                raise
+            raise ImportError(f"backend 'triton' needs the module {err.name!r}, which is not "
+                              f"installed or not written yet; use backend 'naive' or "
+                              f"'structured'") from err
+        unpadded = prepare(q, k, v, pattern, combine=combine, layer=layer, scale=scale,
+                           params=params, variant=variant)
+    elif which == "full":
+        # SDPA, or the operator for its float64 decision: eager CPU calls below float64
+        # that autograd will differentiate (fast.backends.structured.full_attention)
+        exact_check = (uses_kernel(q) and q.dtype != torch.float64 and backward
+                       and not torch.compiler.is_compiling())
+        def unpadded(q, k, v):
+            return full_attention(q, k, v, scale, exact_check)
+    else:                                 # "structured"
+        stride, c = params["stride"], params.get("c")
+        def unpadded(q, k, v):
+            return structured_attention(q, k, v, pattern, combine=combine, layer=layer,
+                                        scale=scale, stride=stride, c=c)
+    if padded:
+        def attend(q, k, v, attn_mask, lengths, offsets):
+            return padded_run(unpadded, q, k, v, lengths, offsets)
+        return attend
+    return lambda q, k, v, attn_mask, lengths, offsets: unpadded(q, k, v)
+
+
+_PLANS: OrderedDict = OrderedDict()     # signature -> CallPlan, least recently used first
+
+
+def clear_call_plans() -> None:
+    """Forget every call plan (the next call of each signature checks and decides anew)."""
+    _PLANS.clear()
+
+
+def call_plans() -> int:
+    """How many call plans are kept (at most ``MAX_CALL_PLANS``)."""
+    return len(_PLANS)
+
+
+def _metadata(x):
+    """What a plan depends on of an optional tensor argument (a mask, lengths, offsets):
+    its shape, dtype and device; of anything else its type (its values are read on
+    every call)."""
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return x.shape, x.dtype, x.device
+    return type(x)
+
+
+def _signature(q, k, v, arguments: tuple):
+    """The key of a call's plan: every argument a plan depends on -- the shapes, strides,
+    dtypes, devices and requires_grad of q, k, v, grad mode, autocast on q's device, and
+    ``arguments`` (the others, with their types: 4 and 4.0 are one key otherwise, and
+    only one of them is a stride) -- or None where there is none to make (an argument
+    that is not a tensor, a nested tensor: the plan's checks then name it)."""
+    try:
+        device = q.device
+        autocast = torch.is_autocast_enabled(device.type)
+        return (q.shape, q.stride(), q.dtype, device, q.requires_grad,
+                k.shape, k.stride(), k.dtype, k.device, k.requires_grad,
+                v.shape, v.stride(), v.dtype, v.device, v.requires_grad,
+                torch.is_grad_enabled(), autocast,
+                torch.get_autocast_dtype(device.type) if autocast else None, arguments)
+    except (AttributeError, TypeError, RuntimeError):
+        return None
+
+
+def _plan(key, q, k, v, *arguments) -> CallPlan:
+    """A new plan (every check runs here) for q, k, v and the other ``arguments`` of
+    ``CallPlan``, kept under ``key`` when there is one."""
+    (qc, kc, vc), device = autocast_inputs(q, k, v)
+    if device is None:
+        plan = CallPlan(q, k, v, *arguments, autocast=None)
+    else:                                 # the checks see what the call computes on
+        with torch.autocast(device, enabled=False):
+            plan = CallPlan(qc, kc, vc, *arguments, autocast=(device, qc.dtype))
+    if key is not None:
+        _PLANS[key] = plan
+        while len(_PLANS) > MAX_CALL_PLANS:
+            _PLANS.popitem(last=False)
+    return plan
 
 
 def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, *,
@@ -353,94 +615,23 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     unless float64, are cast to the autocast dtype, and the output is in it; every
     backend then computes alike (``fast.core.precision.autocast_inputs``).
     """
-    (q, k, v), device = autocast_inputs(q, k, v)
-    if device is not None:                 # cast as SDPA casts; inside, autocast is off
-        with torch.autocast(device, enabled=False):
-            return sparse_attention(q, k, v, pattern, stride=stride, c=c, combine=combine,
-                                    layer=layer, scale=scale, attn_mask=attn_mask,
-                                    lengths=lengths, offsets=offsets, dropout_p=dropout_p,
-                                    is_causal=is_causal, enable_gqa=enable_gqa,
-                                    backend=backend, check_finite=check_finite,
-                                    variant=variant, **pattern_params)
-    _check_keywords(pattern_params)
-    if check_finite is None:
-        check_finite = q.device.type == "cpu" if isinstance(q, torch.Tensor) else True
-    dropout_p = _check_sdpa(dropout_p, is_causal, enable_gqa)
-    check_tensors(q, k, v, finite=False, enable_gqa=enable_gqa)
-    B, H, n_q, d = q.shape
-    n_k = k.shape[2]
-    params = check_params(pattern, n_k, H, combine, layer,
-                          {"stride": stride, "c": c, **pattern_params})
-    scale = check_scale(scale, d)
-    if attn_mask is not None:
-        _check_mask(attn_mask, q, k)
-    lengths, offsets, (host_l, host_o) = as_padding(lengths, offsets, B)   # not moved yet
-    backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    which = resolve_backend(backend, pattern, q.device, q.dtype, n_k, n_q=n_q,
-                            stride=params.get("stride"), backward=backward,
-                            attn_mask=attn_mask is not None, dropout=dropout_p > 0)
-    if variant is not None and which != "triton":
-        raise ValueError(f"variant {variant!r} selects a Triton kernel variant, but backend "
-                         f"{backend!r} runs {which!r} here; allowed: variant=None, or "
-                         f"backend='triton'")
-    if which == "naive" and backend == "auto" and pattern in ("strided", "fixed") \
-            and attn_mask is None and dropout_p == 0 and naive_backend.too_big(
-                B, H, n_q, n_k, q.dtype, q.device, B if lengths is not None or offsets
-                is not None else 1, naive_backend.mask_heads(pattern, combine, H), False):
-        which = "structured"                  # the crossover's path cannot hold this call
-    # the one-query step looks for NaN and inf only in q and in what its row reads; it
-    # reads values and positions on the host, so a traced call takes the operator instead
-    row = (which == "structured" and n_q == 1 and pattern in FACTORIZED
-           and not torch.compiler.is_compiling())
-    values = (lengths is not None and (host_l or check_finite),
-              offsets is not None and (host_o or check_finite))
-    if (check_finite and not row) or any(values):      # the host reads, in one operator
-        host_checks.check(q, k, v, bool(check_finite) and not row, lengths, offsets, *values)
-    lengths, offsets = to_device(lengths, offsets, q.device)       # checked where given
-    run = functools.partial(_run, "row" if row else which, pattern, combine, layer, params,
-                            variant, attn_mask, lengths, offsets, check_finite)
-    dtype, fold = q.dtype, None if which == "triton" else fold_dtype(scale, q.dtype)
-    if fold is not None:          # see fold_dtype: q * scale in the dtype it fits, scale 1
-        q, k, v = q.to(fold) * scale, k.to(fold), v.to(fold)            # (B, H, n, d)
-        scale = 1.0
-    if not check_finite and which in ("naive", "structured") and not row:
-        q = zero_outside(q, lengths, offsets, n_k)        # padded rows output 0, NaN or not
-        simple = (pattern == "full" and n_q == n_k and k.shape[1] == H and attn_mask is None
-                  and lengths is None and offsets is None)
-        reach = causal_reach if simple else attention_reach(
-            functools.partial(run, scale=1.0, dropout_p=0.0))
-        out = quarantine(functools.partial(run, scale=scale, dropout_p=dropout_p), q, k, v,
-                         reach)
+    arguments = (pattern, stride, c, combine, layer, scale, dropout_p, is_causal, enable_gqa,
+                 backend, check_finite, variant)
+    if torch.compiler.is_compiling():     # traced: the plan is made in the trace, once
+        return _plan(None, q, k, v, attn_mask, lengths, offsets, *arguments,
+                     pattern_params)(q, k, v, attn_mask, lengths, offsets)
+    key = _signature(q, k, v, (*arguments, *map(type, arguments), _metadata(attn_mask),
+                               _metadata(lengths), _metadata(offsets),
+                               tuple(pattern_params.items())))
+    try:
+        plan = _PLANS.get(key) if key is not None else None
+    except TypeError:                     # an unhashable argument: checked by a new plan
+        key = plan = None
+    if plan is None:
+        plan = _plan(key, q, k, v, attn_mask, lengths, offsets, *arguments, pattern_params)
     else:
-        out = run(q, k, v, scale=scale, dropout_p=dropout_p)
-    return out.to(dtype)
-
-
-def _run(which, pattern, combine, layer, params, variant, attn_mask, lengths, offsets,
-         check_finite, q, k, v, *, scale, dropout_p):
-    """The chosen backend on checked inputs ("row": the structured backend's one-query
-    step)."""
-    if which == "naive":
-        return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
-                                      scale=scale, attn_mask=attn_mask, lengths=lengths,
-                                      offsets=offsets, dropout_p=dropout_p, **params)
-    if which == "triton":
         try:
-            from fast.kernels.triton_attention import attend
-        except ModuleNotFoundError as err:
-            if err.name not in ("fast.kernels.triton_attention", "triton"):
-                raise
-            raise ImportError(f"backend 'triton' needs the module {err.name!r}, which is not "
-                              f"installed or not written yet; use backend 'naive' or "
-                              f"'structured'") from err
-        full = lambda q, k, v: attend(q, k, v, pattern, combine=combine, layer=layer,
-                                      scale=scale, params=params, variant=variant)
-        return padded_run(full, q, k, v, lengths, offsets)
-    if which == "row":                    # the one-query step: only the keys its row reads
-        return row_attention(q, k, v, pattern, combine=combine, layer=layer, scale=scale,
-                             params=params, lengths=lengths, offsets=offsets,
-                             check_finite=check_finite)
-    # "structured"
-    full = lambda q, k, v: structured_attention(q, k, v, pattern, combine=combine,
-                                                layer=layer, scale=scale, **params)
-    return padded_run(full, q, k, v, lengths, offsets)
+            _PLANS.move_to_end(key)
+        except KeyError:                  # dropped meanwhile by another thread
+            pass
+    return plan(q, k, v, attn_mask, lengths, offsets)

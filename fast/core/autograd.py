@@ -9,6 +9,15 @@ through it is silently missing. So ``once_differentiable(what)`` raises as soon 
 backward runs with ``create_graph=True`` (autograd runs backward with grad mode on
 exactly then), naming the path and the way out: the naive backend, plain SDPA, is
 twice differentiable.
+
+``Function`` is the autograd Function the operators' formulas subclass: torch's, with
+``setup_context`` apart from ``forward`` (as torch.func's transforms require), whose
+``apply`` skips what torch does on every call of such a Function when no torch.func
+transform is active -- binding the arguments to ``forward``'s signature through
+``inspect.signature``, several times the cost of the rest of ``apply``
+(``python -m fast bench --host-cost``, "autograd.Function.apply"). Its forwards take no
+default arguments, so there is nothing to bind; torch.compile traces the Function as any
+other.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch._functorch.utils import unwrap_dead_wrappers
 from torch.autograd.function import once_differentiable as _torch_once_differentiable
 
 
@@ -45,3 +55,16 @@ def once_differentiable(what: str):
         return run
 
     return wrap
+
+
+class Function(torch.autograd.Function):
+    """``torch.autograd.Function`` for a ``forward`` without default arguments and a
+    ``setup_context`` apart (module docstring): ``apply`` calls the autograd machinery
+    directly unless a torch.func transform is active (then torch's own ``apply``)."""
+
+    @classmethod
+    def apply(cls, *args):
+        if torch._C._are_functorch_transforms_active():
+            return super().apply(*args)
+        # torch's Function.apply without its signature binding (nothing to bind)
+        return super(torch.autograd.Function, cls).apply(*unwrap_dead_wrappers(args))
