@@ -145,31 +145,12 @@ from fast.backends.naive import naive_sparse_attention
 from fast.backends.padding import as_padding, padded_run, to_device, zero_outside
 from fast.backends.row import row_attention
 from fast.backends.structured import full_attention, structured_attention
-from fast.core.checks import check_scale, check_tensors
+from fast.core.checks import check_call
 from fast.core.nonfinite import attention_reach, causal_reach, quarantine
-from fast.core.precision import autocast_inputs, fold_dtype
-from reference.params import FACTORIZED, PARAMS, check_params
+from fast.core.precision import autocast_inputs
+from reference.params import FACTORIZED
 
 BACKENDS = ("auto", "structured", "naive", "triton")
-# Every parameter some pattern takes: the only extra keywords sparse_attention accepts.
-KNOWN_PARAMS = frozenset(name for required, optional in PARAMS.values()
-                         for name in (*required, *optional))
-
-# Names other attention APIs take, and what to use here instead.
-OTHER_NAMES = {
-    "key_padding_mask": "a padded batch is given by lengths= (real tokens per sequence) and "
-                        "offsets= (pad tokens before each: left padding); any boolean mask "
-                        "is attn_mask= (True = may read; backend 'naive')",
-    "attention_mask": "a boolean mask is attn_mask= (True = may read; backend 'naive'); "
-                      "padding is lengths= and offsets=",
-    "mask": "a boolean mask is attn_mask= (True = may read)",
-    "causal": "is_causal= (True; every pattern is causal)",
-    "dropout": "dropout_p=",
-    "softmax_scale": "scale=",
-    "need_weights": "sparse_attention returns the output only",
-    "num_key_value_groups": "k and v with fewer heads, and enable_gqa=True",
-}
-
 MAX_CALL_PLANS = 256      # call plans kept (least recently used dropped first)
 
 
@@ -252,11 +233,12 @@ def resolve_backend(backend, pattern: str, device: torch.device,
     return "structured"
 
 
-def choose_path(backend: str, pattern: str, q: torch.Tensor, k: torch.Tensor, params: dict,
-                combine: str, *, backward: bool, attn_mask: bool, dropout: bool,
-                padded: bool) -> str:
-    """The path a call runs, decided in this one place for q (B, H, n_q, d), k (B, Hkv,
-    n_k, d) (checked): ``resolve_backend``'s backend, then
+def choose_path(backend: str, pattern: str, combine: str, params: dict, device: torch.device,
+                dtype: torch.dtype, B: int, H: int, n_q: int, n_k: int, *, backward: bool,
+                attn_mask: bool, dropout: bool, padded: bool) -> str:
+    """The path a call runs, decided in this one place, for q (B, H, n_q, d) and k, v
+    (B, Hkv, n_k, d) of ``dtype`` on ``device`` (checked): ``resolve_backend``'s backend,
+    then
 
     * "auto"'s naive path below the crossover, when that path cannot hold the call in
       memory (``fast.backends.naive.too_big``): "structured";
@@ -268,13 +250,12 @@ def choose_path(backend: str, pattern: str, q: torch.Tensor, k: torch.Tensor, pa
     * the structured backend on fewer keys than the stride (one dense block): "naive".
 
     Returns "naive", "structured", "full", "row" or "triton"."""
-    B, H, n_q, _ = q.shape
-    n_k, stride = k.shape[2], params.get("stride")
-    which = resolve_backend(backend, pattern, q.device, q.dtype, n_k, n_q=n_q, stride=stride,
+    stride = params.get("stride")
+    which = resolve_backend(backend, pattern, device, dtype, n_k, n_q=n_q, stride=stride,
                             backward=backward, attn_mask=attn_mask, dropout=dropout)
     if (which == "naive" and backend == "auto" and pattern in ("strided", "fixed")
             and not attn_mask and not dropout and naive_backend.too_big(
-                B, H, n_q, n_k, q.dtype, q.device, B if padded else 1,
+                B, H, n_q, n_k, dtype, device, B if padded else 1,
                 naive_backend.mask_heads(pattern, combine, H), False)):
         which = "structured"                  # the crossover's path cannot hold this call
     if which != "structured":
@@ -284,62 +265,6 @@ def choose_path(backend: str, pattern: str, q: torch.Tensor, k: torch.Tensor, pa
     if pattern == "full":
         return "full"
     return "naive" if n_k < stride else "structured"
-
-
-# ----------------------------------------------------------------------------
-# The checks of the arguments: run when a call plan is made
-# ----------------------------------------------------------------------------
-
-def _check_keywords(params: dict) -> None:
-    """Extra keywords must be parameters of some pattern (``reference.params.PARAMS``);
-    any other is named, as Python names an unexpected keyword argument."""
-    unknown = sorted(set(params) - KNOWN_PARAMS)
-    if unknown:
-        hints = "; ".join(f"for {name!r}: {OTHER_NAMES[name]}" for name in unknown
-                          if name in OTHER_NAMES)
-        raise TypeError(f"sparse_attention() got unexpected keyword argument"
-                        f"{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                        f"it takes the pattern's parameters {sorted(KNOWN_PARAMS)} and the "
-                        f"arguments of its signature" + (f" ({hints})" if hints else ""))
-
-
-def _check_mask(attn_mask, q, k) -> None:
-    """attn_mask: a bool tensor on q's device, broadcastable to (B, H, n_q, n_k)."""
-    B, H, n_q, _ = q.shape
-    want = (B, H, n_q, k.shape[2])
-    if not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype != torch.bool:
-        got = attn_mask.dtype if isinstance(attn_mask, torch.Tensor) else type(attn_mask).__name__
-        raise ValueError(f"attn_mask must be a bool tensor (True = may read), ANDed with the "
-                         f"pattern, broadcastable to (B, H, n_q, n_k) = {want}; got {got} "
-                         f"(an additive float mask is not taken)")
-    if attn_mask.device != q.device:
-        raise ValueError(f"attn_mask must be on q's device {q.device}, got {attn_mask.device}")
-    try:
-        fits = torch.broadcast_shapes(attn_mask.shape, want) == want
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
-                         f"(B, H, n_q, n_k) = {want}")
-
-
-def _check_sdpa(dropout_p, is_causal, enable_gqa) -> float:
-    if not isinstance(is_causal, bool):
-        raise ValueError(f"is_causal must be True or False, got {is_causal!r}")
-    if not is_causal:
-        raise ValueError("is_causal=False is not taken: every pattern is causal (row i reads "
-                         "j <= i); allowed: is_causal=True (the default)")
-    if not isinstance(enable_gqa, bool):
-        raise ValueError(f"enable_gqa must be True or False, got {enable_gqa!r}")
-    if (isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float))
-            or not 0.0 <= dropout_p < 1.0):
-        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
-    return float(dropout_p)
-
-
-def _check_finite_arg(check_finite) -> None:
-    if check_finite is not None and not isinstance(check_finite, bool):
-        raise ValueError(f"check_finite must be True, False or None, got {check_finite!r}")
 
 
 def finite_default(device: torch.device) -> bool | None:
@@ -363,59 +288,60 @@ class CallPlan:
     the value checks asked for, the padding moved to the device, and the path.
 
     Built from the call's own tensors, after autocast's cast (``autocast``: (device type,
-    autocast dtype) when autocast was on for q's device, else None); keeps no tensor."""
+    the dtype each of q, k, v is cast to or None) when autocast was on for q's device,
+    else None); keeps no tensor."""
 
     def __init__(self, q, k, v, attn_mask, lengths, offsets, pattern, stride, c, combine,
                  layer, scale, dropout_p, is_causal, enable_gqa, backend, check_finite,
                  variant, pattern_params: dict, autocast: tuple | None):
-        _check_keywords(pattern_params)
-        _check_finite_arg(check_finite)
-        dropout_p = _check_sdpa(dropout_p, is_causal, enable_gqa)
-        check_tensors(q, k, v, finite=False, enable_gqa=enable_gqa)
-        B, H, n_q, d = q.shape
-        n_k = k.shape[2]
-        params = check_params(pattern, n_k, H, combine, layer,
-                              {"stride": stride, "c": c, **pattern_params})
-        scale = check_scale(scale, d)
-        if attn_mask is not None:
-            _check_mask(attn_mask, q, k)
-        as_padding(lengths, offsets, B)       # types and shapes (values: every call)
+        params, scale, dropout_p, fold = check_call(q, k, v, pattern, combine, layer, scale,
+                                                    attn_mask, dropout_p, is_causal,
+                                                    enable_gqa, check_finite,
+                                                    {"stride": stride, "c": c},
+                                                    pattern_params)
+        B, H, n_q, _ = q.shape
+        n_k, device, dtype = k.shape[2], q.device, q.dtype
         padded = lengths is not None or offsets is not None
         backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        which = choose_path(backend, pattern, q, k, params, combine, backward=backward,
-                            attn_mask=attn_mask is not None, dropout=dropout_p > 0,
-                            padded=padded)
+        which = choose_path(backend, pattern, combine, params, device, dtype, B, H, n_q, n_k,
+                            backward=backward, attn_mask=attn_mask is not None,
+                            dropout=dropout_p > 0, padded=padded)
         if variant is not None and which != "triton":
             raise ValueError(f"variant {variant!r} selects a Triton kernel variant, but "
                              f"backend {backend!r} runs {which!r} here; allowed: "
                              f"variant=None, or backend='triton'")
         if check_finite is None:
-            check_finite = finite_default(q.device)
-        self.path, self.autocast, self.B, self.n_k = which, autocast, B, n_k
+            check_finite = finite_default(device)
+        self.path, self.autocast, self.B, self.n_k, self.device = which, autocast, B, n_k, device
         self.finite = bool(check_finite) and which != "row"   # the step looks at its reads
         self.values = bool(check_finite)      # the padding's values on a GPU too
         self.padded = padded
-        # see fold_dtype: q * scale in the dtype it fits, scale 1
-        self.dtype, self.fold = q.dtype, None if which == "triton" else fold_dtype(scale,
-                                                                                  q.dtype)
-        self.scale = scale
+        # see fold_dtype: q * scale in the dtype it fits, scale 1 (the Triton kernels take
+        # any scale: fast.kernels.launch.fold_scale)
+        self.dtype, self.fold, self.scale = dtype, None if which == "triton" else fold, scale
         if self.fold is not None:
             q, k, v, scale = q.to(self.fold), k.to(self.fold), v.to(self.fold), 1.0
         # non-finite values kept to the rows that read them (fast.core.nonfinite)
         self.isolate = check_finite is False and which in ("naive", "structured", "full")
         self.simple = (pattern == "full" and n_q == n_k and k.shape[1] == H
                        and attn_mask is None and not padded)
-        self.always = q.device.type != "cpu" or torch.compiler.is_compiling()
-        path = (which, pattern, combine, layer, params, check_finite, variant, padded, backward)
-        self.attend = _attend(*path, q, k, v, scale, dropout_p)
-        self.reach = _attend(*path, q, k, v, 1.0, 0.0) if self.isolate else None
+        self.always = device.type != "cpu" or torch.compiler.is_compiling()
+        self.attend = _attend(q, k, v, which=which, pattern=pattern, combine=combine,
+                              layer=layer, params=params, scale=scale, dropout_p=dropout_p,
+                              check_finite=check_finite, variant=variant, padded=padded,
+                              backward=backward)
+        self.reach = _attend(q, k, v, which=which, pattern=pattern, combine=combine,
+                             layer=layer, params=params, scale=1.0, dropout_p=0.0,
+                             check_finite=check_finite, variant=variant, padded=padded,
+                             backward=backward) if self.isolate else None
 
     def __call__(self, q, k, v, attn_mask, lengths, offsets):
         """The path on this call's tensors: (B, H, n_q, d) in q's dtype (autocast's)."""
         if self.autocast is None:
             return self._run(q, k, v, attn_mask, lengths, offsets)
-        (q, k, v), device = autocast_inputs(q, k, v)
-        with torch.autocast(device, enabled=False):    # cast as SDPA casts; then off
+        device, (cq, ck, cv) = self.autocast   # SDPA's rule: cast, then autocast off inside
+        q, k, v = (t if c is None else t.to(c) for t, c in ((q, cq), (k, ck), (v, cv)))
+        with torch.autocast(device, enabled=False):
             return self._run(q, k, v, attn_mask, lengths, offsets)
 
     def _run(self, q, k, v, attn_mask, lengths, offsets):
@@ -429,7 +355,7 @@ class CallPlan:
             with torch.no_grad():         # nothing to differentiate: no autograd node made
                 host_checks.check(q, k, v, self.finite, lengths, offsets, *values)
         if self.padded:
-            lengths, offsets = to_device(lengths, offsets, q.device)  # checked where given
+            lengths, offsets = to_device(lengths, offsets, self.device)  # checked where given
         if self.fold is not None:
             q, k, v = q.to(self.fold) * self.scale, k.to(self.fold), v.to(self.fold)
         if self.isolate:
@@ -448,8 +374,8 @@ class CallPlan:
                           q, k, v, reach, always=self.always)
 
 
-def _attend(which, pattern, combine, layer, params, check_finite, variant, padded, backward,
-            q, k, v, scale, dropout_p):
+def _attend(q, k, v, *, which, pattern, combine, layer, params, scale, dropout_p,
+            check_finite, variant, padded, backward):
     """The callable of one path: attend(q, k, v, attn_mask, lengths, offsets) ->
     (B, H, n_q, d), everything but the tensors bound (module docstring, "Backends")."""
     if which == "naive":
@@ -544,7 +470,8 @@ def _plan(key, q, k, v, *arguments) -> CallPlan:
         plan = CallPlan(q, k, v, *arguments, autocast=None)
     else:                                 # the checks see what the call computes on
         with torch.autocast(device, enabled=False):
-            plan = CallPlan(qc, kc, vc, *arguments, autocast=(device, qc.dtype))
+            casts = tuple(c.dtype if c is not t else None for c, t in ((qc, q), (kc, k), (vc, v)))
+            plan = CallPlan(qc, kc, vc, *arguments, autocast=(device, casts))
     if key is not None:
         _PLANS[key] = plan
         while len(_PLANS) > MAX_CALL_PLANS:

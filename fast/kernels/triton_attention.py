@@ -460,33 +460,32 @@ class TritonAttention(Function):
 
 class TritonCall:
     """The kernels for one call signature of ``fast.sparse_attention`` (``prepare``): what
-    the signature decides is decided here, once -- q padded in front or not, the scale
-    folded into q or not (``launch.fold_scale``), which tensors need a copy for the
-    kernels (rows not contiguous, k and v of two layouts), the operator's attributes --
-    and ``__call__`` runs the operator: no check, no look-up but the launches'.
+    the signature decides is decided here, once -- the scale folded into q or not
+    (``launch.fold_scale``), which tensors need a copy for the kernels (rows not
+    contiguous, k and v of two layouts), the operator's attributes -- and ``__call__``
+    runs the operator: no check, no look-up but the launches'.
 
     q (B, H, n_q, d), the last n_q positions of k, v (B, Hkv, n_k, d): the layout is
     built for n_k positions and H heads, and q padded in front with n_k - n_q zero rows
     (their outputs dropped, their gradients zero: a chunk of queries costs what n_k do).
     Grouped key/value heads are read in the kernels (head h reads k, v of h // share)."""
 
-    __slots__ = ("front", "fold", "scale", "copy_q", "copy_kv", "attributes")
+    __slots__ = ("fold", "scale", "copy_q", "copy_kv", "attributes")
 
     def __init__(self, q, k, v, pattern: str, combine: str, layer: int, params: dict,
                  scale: float, block_size=None, order: str = "structured", variant=None):
         variant = resolve(variant)
         block = default_block(q.device) if block_size is None else _check_block(block_size)
-        n_q, n = q.shape[2], k.shape[2]
-        self.front = n - n_q                               # zero rows padded in front of q
         self.fold, self.scale = L.folds(scale), scale      # q * scale, and scale 1, or not
-        self.copy_q = q.stride(-1) != 1 and not self.front   # F.pad writes contiguous rows
+        self.copy_q = q.stride(-1) != 1   # (after F.pad or a padded batch's gather: a no-op)
         self.copy_kv = k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride() != v.stride()
         self.attributes = (pattern, combine, layer, params_text(params),
                            1.0 if self.fold else scale, block, order, variant_text(variant))
 
     def __call__(self, q, k, v):
-        if self.front:
-            q = F.pad(q, (0, 0, self.front, 0))                          # (B, H, n_k, d)
+        front = k.shape[2] - q.shape[2]   # zero rows in front of q (a padded batch has none)
+        if front:
+            q = F.pad(q, (0, 0, front, 0))                               # (B, H, n_k, d)
         if self.fold:
             q = q * self.scale                  # as launch.fold_scale: scale 1 in the kernels
         if self.copy_q:
@@ -494,7 +493,7 @@ class TritonCall:
         if self.copy_kv:
             k, v = k.contiguous(), v.contiguous()
         out, _, _ = TritonAttention.apply(q, k, v, *self.attributes)
-        return out[:, :, self.front:] if self.front else out
+        return out[:, :, front:] if front else out
 
 
 def prepare(q, k, v, pattern: str, *, combine: str, layer: int, scale: float, params: dict,

@@ -79,7 +79,8 @@ def kind(op: str) -> str:
 
 
 class OpCounter(TorchDispatchMode):
-    """Every op dispatched while it is on, by name ("aten.empty.memory_format"). An
+    """Every op dispatched while it is on, by name ("aten.empty.memory_format"), and the
+    host reads by what they read (``reads``: the tensor's device type, dtype and size). An
     operator of this project is counted and its implementation run with the counter on,
     so what it dispatches inside is counted too (the dispatcher would otherwise run it
     with the mode off)."""
@@ -87,10 +88,13 @@ class OpCounter(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops: Counter = Counter()
+        self.reads: Counter = Counter()   # host reads: (device type, dtype, elements) read
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.ops[str(func)] += 1
+        if kind(str(func)) == "host read" and args and isinstance(args[0], torch.Tensor):
+            self.reads[(args[0].device.type, args[0].dtype, args[0].numel())] += 1
         if func.namespace == NAMESPACE:
             device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
             key = torch._C.DispatchKey.CUDA if device is not None and device.type == "cuda" \
