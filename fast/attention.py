@@ -1,4 +1,4 @@
-"""``sparse_attention``: the public entry point -- input checks, then one backend.
+"""``sparse_attention``: the public entry point -- one call plan per signature, then its path.
 
 Child et al., 2019, section 4 (eq. 2-4, factorized self-attention), section 4.3
 (strided and fixed patterns) and section 5.1 (eq. 5-8, merged / multi-head /
@@ -64,32 +64,49 @@ Backends (one flag, the slow and the fast path side by side):
                fixed -> "naive" below the crossover measured on the CPU, "structured"
                from it on (``fast.backends.auto``); longformer, bigbird -> "naive".
 
+One call plan per signature (docs/design.md, "The call plan"). A call's signature --
+the shapes, strides, dtypes, devices and requires_grad of q, k, v, grad mode, autocast,
+and every other argument with its type (the mask's and the padding's metadata, not
+their values) -- names a ``CallPlan``, made by the first call of that signature and
+kept (the ``MAX_CALL_PLANS`` most recently used; ``clear_call_plans``): it runs every
+check that reads no value (``fast.core.checks.check_call``), chooses the path in one
+place (``choose_path``) and binds the callable that runs it. A later call of the
+signature runs only what depends on the values: the value checks it asks for
+(``check_finite``; padding values), the padding moved to the device, and the path --
+on the Triton path the operator alone, which allocates what the kernels write and
+launches them, reading nothing back (so it can be captured in a CUDA graph). Bad
+input gets the same error on a kept plan as on a fresh one: a new argument is a new
+signature, and values are checked on every call.
+
 torch.compile (docs/design.md, "torch.compile"): a model that calls ``sparse_attention``
 compiles with ``fullgraph=True`` -- one graph, no graph break, no recompile from step to
-step of one shape. Everything here is Python over shapes and Python values (the backend
-choice included: auto's measured crossover is a constant when traced), and what cannot
-be traced is a ``torch.library.custom_op`` (eager calls run the same Python without
-the dispatcher): the
-structured path's forward and backward (``sparse_transformer::structured``,
-``fast.backends.structured``: its pieces, merges and its float64 decision inside), and
-the checks that read values on the host (``sparse_transformer::check_inputs``,
-``fast.backends.host_checks``: the finite check and the padding values). "full" and
-the naive path are plain PyTorch (SDPA), which the compiler traces and fuses. Not yet
-without a break: ``check_finite=False`` with a backward on a pattern other than "full"
-(its NaN quarantine finds what a row reads through ``torch.autograd.grad``),
-``fast.SparseKVCache``'s steps (decoding), a Triton ``Variant`` built by the
-caller, and a naive call big enough that its memory guard reads /proc/meminfo.
-An argument error found while tracing (a bad stride, a refused keyword) is raised
-by dynamo under ``fullgraph=True`` as ``torch._dynamo.exc.Unsupported`` ("Observed
-exception"), eager's message in its text; errors of values (NaN, padding) are eager's.
+step of one shape. A traced call makes its plan in the trace (Python over shapes and
+Python values, the backend choice included: auto's measured crossover is a constant
+when traced) and keeps none. What cannot be traced is an operator, which every call
+runs, eager or compiled -- one path per operator: the structured path's forward and
+backward (``sparse_transformer::structured``, ``fast.backends.structured``: its pieces,
+merges and its float64 decision inside), the Triton kernels
+(``sparse_transformer::triton``), each differentiated by an autograd Function that calls
+its backward operator, and the checks that read values on the host
+(``sparse_transformer::check_inputs``, ``fast.backends.host_checks``: the finite check
+and the padding values). "full" and the naive path are plain PyTorch (SDPA), which the
+compiler traces and fuses. Not yet without a break: ``check_finite=False`` with a
+backward on a pattern other than "full" (its NaN quarantine finds what a row reads
+through ``torch.autograd.grad``), ``fast.SparseKVCache``'s steps (decoding), a Triton
+``Variant`` built by the caller, and a naive call big enough that its memory guard
+reads /proc/meminfo. An argument error found while tracing (a bad stride, a refused
+keyword) is raised by dynamo under ``fullgraph=True`` as
+``torch._dynamo.exc.Unsupported`` ("Observed exception"), eager's message in its text;
+errors of values (NaN, padding) are eager's.
 
 The paths with queries shorter than the keys (n_q < n_k, n_q > 1) compute every one of
 the n_k rows on the structured and Triton backends (q padded in front with zero rows):
 exact, at the cost of n_k queries; the naive path costs n_q n_k pairs.
 
 Every bad input raises ValueError saying what was given and what is allowed (TypeError
-for an unknown keyword). q, k, v and the scale are checked by ``fast.core.checks`` (the
-same checks as the Triton kernel's own entry point); the backends trust what they get.
+for an unknown keyword). The arguments are checked by ``fast.core.checks.check_call``
+once per signature (q, k, v and the scale by the same checks as the Triton kernel's own
+entry point); the backends trust what they get.
 
 Scale: any finite ``scale`` is allowed, zero and negative ones included (scale 0 is
 uniform attention over the positions a row reads), and every backend gives the
@@ -106,7 +123,7 @@ which returns NaN for a scale <= 0 or one that rounds to 0 (torch 2.13.0), never
 one. The Triton kernels take the scale as it is (``fast.kernels.launch.fold_scale`` says
 how). Large scales are exact too: the structured backend recomputes a float32 call in
 float64 when its log-sum-exp outgrows float32 (``fast.backends.structured.EXACT_LSE``);
-"full" does when eager on the CPU (``structured_attention``; a compiled "full" layer is
+"full" does when eager on the CPU (``full_attention``; a compiled "full" layer is
 SDPA's, whose backward recomputes its weights from a float32 log-sum-exp: at such
 scores, run it eagerly or in float64). That recompute, and every float64 call, has no
 wider dtype to go to: a backward's weights carry the rounding of the scores'
@@ -118,14 +135,20 @@ path, one softmax per row; use them for checks at such scores. Padded ones (``le
 / ``offsets``: a (B, H, n_q, n_k) mask) take SDPA's fused CPU kernel, whose backward
 recomputes from a float32 log-sum-exp (gradient errors of about 1e-2 at scale 1e3).
 
-Non-finite q, k or v (NaN, inf) are rejected by ``check_finite``, in one read-only
-pass, since a NaN would otherwise surface far from its cause -- by default on the
-CPU only: on CUDA the answer must be read back on the host, which makes every call
-wait for the GPU. The same switch decides whether the values of ``lengths`` and
-``offsets`` given on a GPU are checked. With ``check_finite=False`` the "naive" and
-"structured" backends keep the promise of ``fast.core.nonfinite``: a row that reads a
-NaN or inf (its query, or a key or value it reads) outputs NaN, and its gradients are
-NaN; no other row sees it.
+Non-finite q, k or v (NaN, inf), as SDPA, flash-attn and FlexAttention treat values:
+metadata is checked always, values when asked. ``check_finite=True`` rejects them
+(``fast.core.checks.NonFiniteInput``), in one read-only pass, since a NaN would otherwise
+surface far from its cause; on a GPU that read makes the call wait for the device.
+``check_finite=None`` (the default) is True on the CPU, where the read costs no wait,
+and looks at no value on a GPU: a forward or backward there reads nothing back, and the
+dense "full" pattern is SDPA's work alone; a NaN then goes where the kernels carry it
+(the Triton kernels keep it to the rows that read it in the forward:
+tests/fast/kernels/test_triton_numerics.py). The same switch decides whether the values
+of ``lengths`` and ``offsets`` given on a GPU are checked. With ``check_finite=False``
+the "naive" and "structured" backends keep the promise of ``fast.core.nonfinite``, at
+the cost of an isfinite pass (and, for patterns other than "full", a second attention)
+on every call: a row that reads a NaN or inf (its query, or a key or value it reads)
+outputs NaN, and its gradients are NaN; no other row sees it.
 """
 
 from __future__ import annotations
@@ -532,8 +555,11 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     The "structured" and "triton" backends are differentiable once (their backward is
     written by hand): asking for a second derivative (create_graph=True) raises a
     RuntimeError; "naive" is twice differentiable.
-    check_finite: reject NaN / inf in q, k, v (None: on the CPU only, where it costs no
-    wait for a device).
+    check_finite: True rejects NaN / inf in q, k, v (a read of each value; a wait on a
+    GPU); False accepts them and keeps each to the rows that read it on the naive and
+    structured backends (``fast.core.nonfinite``: an isfinite pass a call); None (the
+    default): True on the CPU, where the read costs no wait, and on a GPU no look at the
+    values (module docstring, "Non-finite").
     variant: the Triton kernel variant (a name in ``fast.kernels.variants.VARIANTS`` or a
     ``Variant``; None: the default), for the "triton" backend only.
     Any other keyword must be a parameter of some pattern; others raise a TypeError.

@@ -1,4 +1,4 @@
-"""Launching the block-sparse kernels: forward, backward and their autograd Function.
+"""Launching the block-sparse kernels: a layout's launches decided once, forward, backward.
 
 Child et al., 2019, section 5.5 (block-sparse kernels) with the FlashAttention-2
 recipe (Dao, 2023) for the forward and backward passes; the kernels themselves
@@ -28,8 +28,16 @@ float32's range acts as its largest value. For |scale| > 1 (sharper than any
 default 1 / sqrt(d)) delta is summed over the recomputed tiles (``DELTA_PASS``)
 so that one-hot rows keep exact gradients (``fast.kernels.triton_kernels``).
 
-Nothing here reads a value back from the device: what the launchers branch on
-is in each part's ``facts`` (host ints).
+What a layout's launches are -- the parts' order for each output, where each
+launch writes (``_Writes``: zero-filled or not, a float32 scratch or not), each
+launch's grid, tables and settings (``_Launch``) -- is the same on every call, so it
+is decided once (``Launches``; ``fast.kernels.triton_attention.launches`` keeps them
+per layout); ``forward`` and ``backward`` then allocate what the kernels write, each
+output laid out as the tensor it belongs to (``empty_like``: a model's transposed
+views are read and written in place, the kernels take any batch, head and row
+strides), and launch. Nothing here reads a value back from the device: what the
+launchers branch on is in each part's ``facts`` (host ints), and nothing is made on
+the CPU per call, so a forward and backward can be captured in a CUDA graph.
 
 Run on a GPU, or on the CPU with ``TRITON_INTERPRET=1`` set before Triton is
 imported (NumPy interpreter: float32 only, slow, for tests; other dtypes on the

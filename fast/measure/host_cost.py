@@ -23,19 +23,24 @@ Per case and per call, forward alone and forward+backward:
   The operators of this project (``sparse_transformer::*``) are counted with what
   runs inside them.
 
-The cases: ``fast.sparse_attention(..., backend="triton")`` with each kernel variant
-named, the structured CPU path in float32, and dense causal SDPA
-(``torch.nn.functional.scaled_dot_product_attention``) on the same tensors; and the
-model's attention layer (``fast.transformer.network.model.Attention``: projections,
-attention, output projection) with the Triton backend and with the "full" pattern
-(SDPA). ``measure`` runs them in this process, which must have set TRITON_INTERPRET=1
-before Triton was imported (``fast.experiments.bench.measure_host_cost`` starts such a
-process).
+The cases: ``fast.sparse_attention(..., backend="triton")`` with the fused and the
+baseline kernel variant, the structured CPU path in float32, dense causal SDPA
+(``torch.nn.functional.scaled_dot_product_attention``) on the same tensors, and the
+"full" pattern through ``fast.sparse_attention``; and the model's attention layer
+(``fast.transformer.network.model.Attention``: projections, attention, output
+projection) with the Triton backend and with the "full" pattern (SDPA). The Triton,
+"full" and layer cases run with ``check_finite``'s default as on a GPU
+(``gpu_defaults``: nothing looks at the values), the structured case with the CPU's.
+Beside them, "operator": one empty operator bound three ways (``operator_calls``), the
+cost of the binding alone. ``measure`` runs them in this process, which must have set
+TRITON_INTERPRET=1 before Triton was imported (``fast.experiments.bench.measure_host_cost``
+starts such a process).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import time
 from collections import Counter
@@ -226,6 +231,23 @@ def _layer_calls(pattern: str, backend: str) -> dict:
 
 
 @contextlib.contextmanager
+def gpu_defaults():
+    """``check_finite``'s default as on a GPU (nothing looks at the values) for the calls
+    made inside: the CPU's default reads q, k, v for NaN (the model's layer names no
+    ``check_finite``). Call plans made before and inside are forgotten on the way in and
+    out."""
+    import fast.attention as fast_attention
+    before = fast_attention.finite_default
+    fast_attention.clear_call_plans()
+    fast_attention.finite_default = lambda device: None
+    try:
+        yield
+    finally:
+        fast_attention.finite_default = before
+        fast_attention.clear_call_plans()
+
+
+@contextlib.contextmanager
 def default_variant(name: str):
     """The Triton kernels' default variant set to ``name`` (the model's layer takes the
     default: it names none)."""
@@ -262,15 +284,74 @@ def cases() -> dict:
         _function_calls(lambda q, k, v: F.scaled_dot_product_attention(q, k, v,
                                                                        is_causal=True)),
         contextlib.nullcontext)
+    out["full"] = (
+        "fast.sparse_attention(pattern 'full'), check_finite's default as on a GPU (no look "
+        "at the values): causal SDPA", _function_calls(lambda q, k, v: sparse_attention(
+            q, k, v, "full")), gpu_defaults)
     for name in ("fused", "baseline"):
         out[f"layer/triton/{name}"] = (
             f"the model's attention layer, pattern 'strided', backend 'triton' (default "
-            f"variant set to {name!r})", _layer_calls("strided", "triton"),
-            lambda name=name: default_variant(name))
+            f"variant set to {name!r}), check_finite's default as on a GPU",
+            _layer_calls("strided", "triton"), lambda name=name: _both(name))
     out["layer/dense"] = (
-        "the model's attention layer, pattern 'full' (backend 'auto': causal SDPA)",
-        _layer_calls("full", "auto"), contextlib.nullcontext)
+        "the model's attention layer, pattern 'full' (backend 'auto': causal SDPA), "
+        "check_finite's default as on a GPU", _layer_calls("full", "auto"), gpu_defaults)
     return out
+
+
+@contextlib.contextmanager
+def _both(variant: str):
+    with default_variant(variant), gpu_defaults():
+        yield
+
+
+@functools.cache
+def operator_calls() -> dict:
+    """{way: {"fwd": call, "fwd_bwd": call}}: one operator whose forward allocates its
+    output and whose backward returns the incoming gradient, bound three ways --
+    "custom_op": ``torch.library.custom_op`` with ``register_autograd``, called directly;
+    "library+Function": a ``torch.library.Library`` operator called by a
+    ``torch.autograd.Function`` (``setup_context`` apart); "library+ours": the same
+    Function on ``fast.core.autograd.Function`` (the way this project binds its
+    operators). Registered under the namespace "host_cost", once per process (the
+    library is kept with the calls: the operator lives as long as it)."""
+    from fast.core.autograd import Function
+
+    def body(q, name: str, scale: float):
+        return torch.empty_like(q), q.new_empty(q.shape[:-1])
+
+    @torch.library.custom_op("host_cost::custom", mutates_args=())
+    def custom(q: torch.Tensor, name: str, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return body(q, name, scale)
+
+    custom.register_fake(body)
+    custom.register_autograd(lambda ctx, g, _: (g, None, None),
+                             setup_context=lambda ctx, inputs, output: None)
+    lib = torch.library.Library("host_cost", "FRAGMENT")
+    lib.define("library(Tensor q, str name, float scale) -> (Tensor, Tensor)")
+    lib.impl("library", body, "CompositeExplicitAutograd")
+    op = torch.ops.host_cost.library.default
+
+    def forward(q, name, scale):
+        return op(q, name, scale)
+
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)
+
+    def backward(ctx, g, _):
+        return g, None, None
+
+    methods = dict(forward=staticmethod(forward), setup_context=staticmethod(setup_context),
+                   backward=staticmethod(backward))
+    torch_function = type("TorchApply", (torch.autograd.Function,), methods)
+    ours = type("OurApply", (Function,), methods)
+    ways = {"custom_op": custom, "library+Function": torch_function.apply,
+            "library+ours": ours.apply}
+    calls = {way: _function_calls(lambda q, k, v, f=fn: f(q, "x", 0.5)[0])
+             for way, fn in ways.items()}
+    calls["library+Function"]["library"] = lib          # kept alive with the calls
+    return calls
 
 
 def measure(spec: dict | None = None) -> dict:
@@ -291,12 +372,14 @@ def measure(spec: dict | None = None) -> dict:
             with context():
                 results[name] = {"what": what, **{part: profile(call, calls=calls)
                                                   for part, call in runs.items()}}
+        operator = {way: {part: profile(runs[part], calls=calls) for part in ("fwd", "fwd_bwd")}
+                    for way, runs in operator_calls().items()}
     finally:
         torch.set_num_threads(threads)
     B, H, n, d = SHAPE
     return {"config": {"B": B, "H": H, "n": n, "d": d, "pattern": "strided",
                        "stride": STRIDE, "dtype": "float32", "calls": calls, "threads": 1},
-            "results": results}
+            "results": results, "operator": operator}
 
 
 def report(data: dict) -> str:
@@ -313,4 +396,10 @@ def report(data: dict) -> str:
             kinds = ", ".join(f"{k} {v}" for k, v in p["ops_by_kind"].items()) or "none"
             lines.append(f"  {name:22} {part:8} {p['wall_us']:8.1f} {p['cpu_us']:8.1f} "
                          f"{p['launches']:8d} {p['ops']:5d}  {kinds}")
+    if "operator" in data:
+        lines.append("  one empty operator, bound three ways (us per call, wall / cpu): "
+                     + "; ".join(f"{way} fwd {r['fwd']['wall_us']:.1f} / {r['fwd']['cpu_us']:.1f}"
+                                 f", fwd_bwd {r['fwd_bwd']['wall_us']:.1f} / "
+                                 f"{r['fwd_bwd']['cpu_us']:.1f}"
+                                 for way, r in data["operator"].items()))
     return "\n".join(lines)
