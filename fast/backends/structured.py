@@ -91,7 +91,7 @@ import torch.nn.functional as F
 
 from fast.backends.fixed import BlockCausal, Summary
 from fast.backends.strided import Column, LocalBand
-from fast.core.autograd import Function, refuse_second_derivative
+from fast.core.autograd import Function, backward_through, keep_for_backward
 from fast.core.merge import merge_into
 from fast.core.precision import PrecisionWarning, acc_dtype
 from reference.heads import head_roles
@@ -467,21 +467,10 @@ class StructuredAttention(Function):
         # of as many parameters as the call has arguments
         return FORWARD(q, k, v, pattern, combine, layer, stride, c, scale)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):   # apart, as torch.func's transforms require
-        q, k, v, *attributes = inputs
-        out, lse, exact = output
-        ctx.save_for_backward(q, k, v, out, lse, exact)  # q, k, v as given; out, lse in acc
-        ctx.attributes = attributes
-        ctx.mark_non_differentiable(lse, exact)
-        ctx.set_materialize_grads(False)      # no zeros made for their (absent) gradients
-
-    @staticmethod
-    def backward(ctx, grad_out, _grad_lse, _grad_exact):
-        refuse_second_derivative("the structured backend of sparse_attention")
-        q, k, v, out, lse, exact = ctx.saved_tensors
-        dq, dk, dv = BACKWARD(grad_out, q, k, v, out, lse, exact, *ctx.attributes)
-        return dq, dk, dv, *(None for _ in ctx.attributes)
+    # apart, as torch.func's transforms require; q, k, v as given, out and lse in acc
+    setup_context = staticmethod(keep_for_backward)
+    backward = staticmethod(backward_through(BACKWARD,
+                                             "the structured backend of sparse_attention"))
 
 
 def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -68,3 +68,26 @@ class Function(torch.autograd.Function):
             return super().apply(*args)
         # torch's Function.apply without its signature binding (nothing to bind)
         return super(torch.autograd.Function, cls).apply(*unwrap_dead_wrappers(args))
+
+
+def keep_for_backward(ctx, inputs, output) -> None:
+    """``setup_context`` of an operator's Function whose inputs are (q, k, v, *attributes):
+    q, k, v and every output kept for the backward, the first output differentiable and
+    the others not (row statistics, flags: no zeros made for their absent gradients), the
+    attributes kept as Python values."""
+    q, k, v, *attributes = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.attributes = attributes
+    ctx.mark_non_differentiable(*output[1:])
+    ctx.set_materialize_grads(False)
+
+
+def backward_through(operator, what: str):
+    """``backward`` of such a Function: (dq, dk, dv) from ``operator(grad_out, q, k, v,
+    *outputs, *attributes)``, a second derivative refused by naming ``what``."""
+    def backward(ctx, grad_out, *_):
+        refuse_second_derivative(what)
+        q, k, v, *outputs = ctx.saved_tensors
+        dq, dk, dv = operator(grad_out, q, k, v, *outputs, *ctx.attributes)
+        return dq, dk, dv, *(None for _ in ctx.attributes)
+    return backward

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fast.core.autograd import Function, refuse_second_derivative
+from fast.core.autograd import Function, backward_through, keep_for_backward
 from fast.core.checks import check_scale, check_tensors
 from fast.core.merge import merge
 from fast.kernels import launch as L
@@ -441,21 +441,9 @@ class TritonAttention(Function):
         # of as many parameters as the call has arguments
         return FORWARD(q, k, v, pattern, combine, layer, params, scale, block, order, variant)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):   # apart, as torch.func's transforms require
-        q, k, v, *attributes = inputs
-        out, m, l = output
-        ctx.save_for_backward(q, k, v, out, m, l)   # delta = rowsum(dO * O), FlashAttention-2
-        ctx.attributes = attributes
-        ctx.mark_non_differentiable(m, l)
-        ctx.set_materialize_grads(False)  # no zeros made for their (absent) gradients
-
-    @staticmethod
-    def backward(ctx, grad_out, _grad_m, _grad_l):
-        refuse_second_derivative("the Triton backend of sparse_attention")
-        q, k, v, out, m, l = ctx.saved_tensors
-        dq, dk, dv = BACKWARD(grad_out, q, k, v, out, m, l, *ctx.attributes)
-        return dq, dk, dv, *(None for _ in ctx.attributes)
+    # apart, as torch.func's transforms require; delta = rowsum(dO * O), FlashAttention-2
+    setup_context = staticmethod(keep_for_backward)
+    backward = staticmethod(backward_through(BACKWARD, "the Triton backend of sparse_attention"))
 
 
 class TritonCall:
