@@ -573,9 +573,11 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
     if torch.compiler.is_compiling():     # traced: the plan is made in the trace, once
         return _plan(None, q, k, v, attn_mask, lengths, offsets, *arguments,
                      pattern_params)(q, k, v, attn_mask, lengths, offsets)
-    key = _signature(q, k, v, (*arguments, *map(type, arguments), _metadata(attn_mask),
-                               _metadata(lengths), _metadata(offsets),
-                               tuple(pattern_params.items())))
+    key = _signature(q, k, v, (*arguments, *map(type, arguments),
+                               None if attn_mask is None else _metadata(attn_mask),
+                               None if lengths is None else _metadata(lengths),
+                               None if offsets is None else _metadata(offsets),
+                               tuple(pattern_params.items()) if pattern_params else ()))
     try:
         plan = _PLANS.get(key) if key is not None else None
     except TypeError:                     # an unhashable argument: checked by a new plan

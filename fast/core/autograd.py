@@ -15,9 +15,9 @@ twice differentiable.
 ``apply`` skips what torch does on every call of such a Function when no torch.func
 transform is active -- binding the arguments to ``forward``'s signature through
 ``inspect.signature``, several times the cost of the rest of ``apply``
-(``python -m fast bench --host-cost``, "autograd.Function.apply"). Its forwards take no
-default arguments, so there is nothing to bind; torch.compile traces the Function as any
-other.
+(``python -m fast bench --host-cost``, "operator") -- and, when nothing will be
+differentiated, the context and graph node too. Its forwards take no default arguments,
+so there is nothing to bind; torch.compile traces the Function as any other.
 """
 
 from __future__ import annotations
@@ -59,13 +59,18 @@ def once_differentiable(what: str):
 
 class Function(torch.autograd.Function):
     """``torch.autograd.Function`` for a ``forward`` without default arguments and a
-    ``setup_context`` apart (module docstring): ``apply`` calls the autograd machinery
-    directly unless a torch.func transform is active (then torch's own ``apply``)."""
+    ``setup_context`` apart (module docstring): ``apply`` calls ``forward`` alone when
+    nothing will be differentiated (grad mode off, or no input requiring grad: what
+    torch's ``apply`` returns then, without making a context and a graph node), the
+    autograd machinery directly otherwise, and torch's own ``apply`` under a torch.func
+    transform."""
 
     @classmethod
     def apply(cls, *args):
         if torch._C._are_functorch_transforms_active():
             return super().apply(*args)
+        if not (torch.is_grad_enabled() and torch._C._any_requires_grad(*args)):
+            return cls.forward(*args)     # nothing to differentiate: no node, no context
         # torch's Function.apply without its signature binding (nothing to bind)
         return super(torch.autograd.Function, cls).apply(*unwrap_dead_wrappers(args))
 
