@@ -14,7 +14,8 @@ Per case and per call, forward alone and forward+backward:
 
 * ``wall_us`` and ``cpu_us``: the host time, the median over many single calls of the
   wall clock and of this thread's CPU time (on a shared machine the CPU time does not
-  count the time other processes held the core);
+  count the time other processes held the core), the calls of every case taken in turns
+  (``timed``), so that the load weighs on each alike;
 * ``launches``: Triton kernel launches, by kernel;
 * ``ops``: every other PyTorch op dispatched (``OpCounter``, a ``TorchDispatchMode``),
   by name and in kinds: allocations, fills, casts and copies, reductions, host reads
@@ -154,8 +155,8 @@ def _kinds(ops: dict) -> dict:
     return dict(sorted(kinds.items()))
 
 
-def _median_us(call, calls: int) -> tuple[float, float]:
-    """(wall, CPU) microseconds of one call: medians over ``calls`` single calls."""
+def _times(call, calls: int) -> tuple[list, list]:
+    """(wall, CPU) microseconds of ``calls`` single calls of ``call``."""
     wall, cpu = [], []
     for _ in range(calls):
         w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
@@ -163,13 +164,13 @@ def _median_us(call, calls: int) -> tuple[float, float]:
         c1, w1 = time.thread_time_ns(), time.perf_counter_ns()
         wall.append((w1 - w0) / 1e3)
         cpu.append((c1 - c0) / 1e3)
-    return statistics.median(wall), statistics.median(cpu)
+    return wall, cpu
 
 
-def profile(call, *, calls: int = 2000, warmup: int = 20, counted: int = 10) -> dict:
-    """Host time, launches and ops of ``call()`` (a forward, or a forward and backward)
-    in the steady state: after ``warmup`` calls (the first builds what a signature needs
-    once), ``counted`` calls are counted and ``calls`` timed."""
+def counts(call, *, warmup: int = 20, counted: int = 10) -> dict:
+    """Launches and ops of ``call()`` (a forward, or a forward and backward) in the steady
+    state: after ``warmup`` calls (the first builds what a signature needs once), per call
+    of ``counted`` calls."""
     launches = LaunchCounter()
     with launches.stubbed():
         for _ in range(warmup):
@@ -179,12 +180,32 @@ def profile(call, *, calls: int = 2000, warmup: int = 20, counted: int = 10) -> 
         with counter:
             for _ in range(counted):
                 call()
-        counts = _per_call(launches.launches, counted)
-        ops = _per_call(counter.ops, counted)
-        wall, cpu = _median_us(call, calls)
-    return {"wall_us": round(wall, 1), "cpu_us": round(cpu, 1),
-            "launches": sum(counts.values()), "launches_by_kernel": counts,
+    by_kernel = _per_call(launches.launches, counted)
+    ops = _per_call(counter.ops, counted)
+    return {"launches": sum(by_kernel.values()), "launches_by_kernel": by_kernel,
             "ops": sum(ops.values()), "ops_by_kind": _kinds(ops), "ops_by_name": ops}
+
+
+def timed(runs: dict, calls: int, rounds: int = 10) -> dict:
+    """{name: {part: {"wall_us", "cpu_us"}}} of ``runs`` = {name: (context, {part: call})}:
+    medians over ``calls`` single calls each, taken in ``rounds`` turns through every
+    name and part (a shared machine's load then weighs on each alike), each turn after 5
+    untimed calls (a context may have made its call plans anew). Launches stubbed."""
+    times: dict = {name: {part: ([], []) for part in parts} for name, (_, parts) in
+                   runs.items()}
+    with LaunchCounter().stubbed():
+        for _ in range(rounds):
+            for name, (context, parts) in runs.items():
+                with context():
+                    for part, call in parts.items():
+                        for _ in range(5):
+                            call()
+                        wall, cpu = _times(call, max(1, calls // rounds))
+                        times[name][part][0].extend(wall)
+                        times[name][part][1].extend(cpu)
+    return {name: {part: {"wall_us": round(statistics.median(wall), 1),
+                          "cpu_us": round(statistics.median(cpu), 1)}
+                   for part, (wall, cpu) in parts.items()} for name, parts in times.items()}
 
 
 def _tensors(requires_grad: bool, seed: int = 0):
@@ -356,7 +377,8 @@ def operator_calls() -> dict:
 
 def measure(spec: dict | None = None) -> dict:
     """Every case of ``cases``, forward and forward+backward: {"config": ..., "results":
-    {case: {"what": ..., "fwd": profile, "fwd_bwd": profile}}}. spec: {"calls": timed
+    {case: {"what": ..., "fwd": {times and counts}, "fwd_bwd": {...}}}, "operator": {way:
+    {...}}} (``counts``; ``timed``: every case and way in turns). spec: {"calls": timed
     calls per measurement (default 2000)}. One intra-op thread (what a call costs one
     core). Needs TRITON_INTERPRET=1 set before Triton was imported."""
     from fast.kernels.launch import interpreted
@@ -367,15 +389,25 @@ def measure(spec: dict | None = None) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        table = cases()
         results = {}
-        for name, (what, runs, context) in cases().items():
+        for name, (what, runs, context) in table.items():
             with context():
-                results[name] = {"what": what, **{part: profile(call, calls=calls)
+                results[name] = {"what": what, **{part: counts(call)
                                                   for part, call in runs.items()}}
-        operator = {way: {part: profile(runs[part], calls=calls) for part in ("fwd", "fwd_bwd")}
-                    for way, runs in operator_calls().items()}
+        ways = operator_calls()
+        operator = {way: {part: counts(runs[part]) for part in ("fwd", "fwd_bwd")}
+                    for way, runs in ways.items()}
+        times = timed({**{name: (context, runs) for name, (_, runs, context) in table.items()},
+                       **{("operator", way): (contextlib.nullcontext,
+                                              {part: runs[part] for part in ("fwd", "fwd_bwd")})
+                          for way, runs in ways.items()}}, calls)
     finally:
         torch.set_num_threads(threads)
+    for name, parts in times.items():
+        into = operator[name[1]] if isinstance(name, tuple) else results[name]
+        for part, t in parts.items():
+            into[part] = {**t, **into[part]}
     B, H, n, d = SHAPE
     return {"config": {"B": B, "H": H, "n": n, "d": d, "pattern": "strided",
                        "stride": STRIDE, "dtype": "float32", "calls": calls, "threads": 1},
