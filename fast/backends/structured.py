@@ -410,12 +410,13 @@ def backward(grad_out, q, k, v, out, lse, exact: bool, heads_plans, stride: int)
 
 def operator_forward(q, k, v, pattern, combine, layer, stride, c, scale):
     """``forward`` from the operator's inputs and attributes: (out (B, H, N, d), lse
-    (B, H, N)), contiguous, in the accumulation dtype, and ``exact`` as a bool tensor on
-    the host (0 dimensions; a CPU tensor whatever q's device: the backward reads it
-    without waiting for one)."""
+    (B, H, N)), contiguous, in the accumulation dtype, and ``exact`` as a bool tensor of
+    one element on the host (a CPU tensor whatever q's device: the backward reads it
+    without waiting for one; one element, not none, so that it is counted as what it is,
+    one more byte kept for the backward, ``fast.measure.memory``)."""
     heads_plans = plans(pattern, combine, layer, q.shape[1], k.shape[1], scale, stride, c)
     out, lse, exact = forward(q, k, v, heads_plans, stride)
-    return out.contiguous(), lse.contiguous(), torch.tensor(exact)
+    return out.contiguous(), lse.contiguous(), torch.tensor([exact])
 
 
 def operator_backward(grad_out, q, k, v, out, lse, exact, pattern, combine, layer, stride, c,
@@ -441,7 +442,7 @@ def _(q, k, v, pattern, combine, layer, stride, c, scale):
     N = -(-k.shape[2] // stride) * stride
     acc = acc_dtype(q.dtype)
     return (q.new_empty(B, H, N, d, dtype=acc), q.new_empty(B, H, N, dtype=acc),
-            torch.empty((), dtype=torch.bool, device="cpu"))
+            torch.empty(1, dtype=torch.bool, device="cpu"))
 
 
 @torch.library.register_fake("sparse_transformer::structured_backward")
