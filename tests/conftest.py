@@ -9,6 +9,8 @@ Kept small and stable on purpose, other test files import from it:
 * ``rng``                       a seeded ``np.random.Generator`` fixture;
 * ``one_thread``                one intra-op torch thread for a module's tiny models
                                 (``pytestmark = pytest.mark.usefixtures("one_thread")``);
+* ``fresh_call_plans``          (every test) no call plan of ``fast.sparse_attention``
+                                kept from an earlier test;
 * ``--kernel-variants NAMES``  only the tests of these kernel variants (``none``: those
                                 without one), the GPU session's groups;
 * hypothesis profile "ci" (loaded by default): ``deadline=None`` (the machine is
@@ -106,6 +108,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def fresh_call_plans():
+    """Every test starts without the call plans of earlier tests (``fast.attention``): a
+    plan decides its path once, from the module state of its first call, and a test that
+    monkeypatches that state (auto's crossovers, the memory available, the CPU kernel)
+    must see its own decision, as a fresh process would."""
+    from fast.attention import clear_call_plans
+
+    clear_call_plans()
 
 
 def tiny_digits(out_dir, **kw):

@@ -9,10 +9,12 @@ offset outside the sequence, would surface far from its cause, so
 Each of those checks ends in a value read on the host (``bool(tensor)``), which
 ``torch.compile`` cannot trace: it would cut the model's graph in two at every attention
 call (a graph break) and make ``fullgraph=True`` fail. So they run inside one custom
-operator, ``sparse_transformer::check_inputs``: a compiled graph holds it as one opaque
-call, and the same Python runs when the graph runs -- the same checks at the same point,
-the same ValueError, no break. Eager calls run that Python directly (``check``), without
-the dispatcher's overhead.
+operator, ``sparse_transformer::check_inputs`` (``check``), eager or compiled: a compiled
+graph holds it as one opaque call, and the same Python runs when the graph runs -- the
+same checks at the same point, the same ValueError, no break. They are value checks:
+``fast.sparse_attention``'s call plan runs them only where the call asks for them (the
+finite check: by default on the CPU only; padding values given on the host: always,
+there they cost no wait).
 
 The operator returns nothing, so a compiler would drop it as dead code; it is registered
 as having an ordered side effect (``register_effect``, which threads a token through
@@ -43,24 +45,16 @@ def host_checks(q, k, v, finite: bool, lengths, offsets, check_lengths: bool,
 
 
 @torch.library.custom_op("sparse_transformer::check_inputs", mutates_args=())
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, finite: bool,
-                 lengths: torch.Tensor | None, offsets: torch.Tensor | None,
-                 check_lengths: bool, check_offsets: bool) -> None:
+def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, finite: bool,
+          lengths: torch.Tensor | None, offsets: torch.Tensor | None, check_lengths: bool,
+          check_offsets: bool) -> None:
     """``host_checks`` as one operator, kept in a compiled graph where it stands."""
     host_checks(q, k, v, finite, lengths, offsets, check_lengths, check_offsets)
 
 
-@check_inputs.register_fake
+@check.register_fake
 def _(q, k, v, finite, lengths, offsets, check_lengths, check_offsets):
     return None
 
 
-check_inputs.register_effect(EffectType.ORDERED)
-
-
-def check(q, k, v, finite: bool, lengths, offsets, check_lengths: bool,
-          check_offsets: bool) -> None:
-    """``host_checks``: through the operator when traced (torch.compile), directly when
-    eager."""
-    run = check_inputs if torch.compiler.is_compiling() else host_checks
-    run(q, k, v, finite, lengths, offsets, check_lengths, check_offsets)
+check.register_effect(EffectType.ORDERED)

@@ -171,8 +171,10 @@ def padded_run(run, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     B, n_q, n_k = q.shape[0], q.shape[2], k.shape[2]
     if offsets is None:
         out = run(q, k, v)                                               # (B, H, n_q, d)
+        if lengths is None:
+            return out
         rows = inside(torch.arange(n_k - n_q, n_k, device=q.device), lengths, None, n_k)
-        return out if rows is None else torch.where(rows[:, None, :, None], out, 0.0)
+        return torch.where(rows[:, None, :, None], out, 0.0)
     if n_q < n_k:                      # every row gets its own shift: the full length first
         q = F.pad(q, (0, 0, n_k - n_q, 0))                               # (B, H, n_k, d)
     index = torch.arange(n_k, device=q.device)

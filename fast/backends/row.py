@@ -163,12 +163,13 @@ def read_nothing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape) -> to
 
 def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, pattern: str,
          combine: str, layer: int, scale: float, params: dict,
-         check_finite: bool = True) -> torch.Tensor:
+         check_finite: bool | None = True) -> torch.Tensor:
     """Row t of every head, one sequence position for the whole batch: q (B, H, 1, d),
     k, v (B, Hkv, >= t + 1, d) -> (B, H, 1, dv) in the accumulation dtype. Keys past t
-    are never read. ``check_finite``: reject NaN and inf in q and in the keys and values
-    the row reads; False: keep ``fast.core.nonfinite``'s promise over them (a head whose
-    query, or a key or value it reads, is not finite outputs NaN)."""
+    are never read. ``check_finite``: True rejects NaN and inf in q and in the keys and
+    values the row reads; False keeps ``fast.core.nonfinite``'s promise over them (a head
+    whose query, or a key or value it reads, is not finite outputs NaN); None looks at no
+    value (``fast.sparse_attention``'s default on a GPU)."""
     B, H = q.shape[:2]
     groups = head_groups(pattern, H, combine, layer, **params)
     outs = []
@@ -186,11 +187,12 @@ def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, pattern: str
             piece = (b.reshape(B_ * Hk, m, -1).transpose(1, 2), c.reshape(B_ * Hk, m, -1), drop)
             return attend_pieces(a, scale, [piece], G, empty)
 
+        if check_finite is False:
+            outs.append(quarantine(attend, qg, K, V, attention_reach(attend)))
+            continue
         if check_finite:
             reject_non_finite(qg, K, V)
-            outs.append(attend(qg, K, V))
-        else:
-            outs.append(quarantine(attend, qg, K, V, attention_reach(attend)))
+        outs.append(attend(qg, K, V))
     if len(groups) == 1:
         return outs[0]
     out = q.new_empty(B, H, 1, v.shape[-1], dtype=outs[0].dtype)
@@ -202,7 +204,7 @@ def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, pattern: str
 def row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, *,
                   combine: str, layer: int, scale: float, params: dict,
                   lengths: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
-                  check_finite: bool = True) -> torch.Tensor:
+                  check_finite: bool | None = True) -> torch.Tensor:
     """The one-query step: q (B, H, 1, d) at position n_k - 1 (of each sequence, minus
     its offset), k, v (B, Hkv, n_k, d), Hkv dividing H; the pattern one of
     ``reference.params.FACTORIZED``, its parameters checked. ``lengths`` and ``offsets``:

@@ -62,23 +62,22 @@ cut off). Sequences shorter than l are one dense block: they go to the naive
 path, which is no bigger than one block.
 
 The operator (docs/design.md, "torch.compile"): the forward and the backward are two
-``torch.library.custom_op``s, ``sparse_transformer::structured`` (q, k, v -> the merged
-out and lse, N rows) and ``sparse_transformer::structured_backward``, with fake
-(shape-only) implementations and the backward registered as the forward's autograd
-formula: ``torch.compile`` sees one opaque call per layer, never the pieces' strided
-views, in-place merges and host reads (the float64 decision below) that it cannot
-trace. Eager calls run the same two functions (``operator_forward``,
-``operator_backward``) through ``_StructuredAttention``, an autograd Function that keeps
-the same tensors, without the dispatcher's overhead: eager and compiled run the same
-Python and give the same answers. The pattern, stride, c, combine, layer and scale are
-the operators' attributes: Python values, fixed when a graph is traced (one graph serves
-every step of a shape).
+operators, ``sparse_transformer::structured`` (q, k, v -> the merged out and lse, N
+rows, and the float64 decision) and ``sparse_transformer::structured_backward``, with
+fake (shape-only) implementations, and ``StructuredAttention``, an autograd Function
+whose forward and backward call them (as flash-attn binds its operator): every call
+takes it, eager or compiled -- one path. ``torch.compile`` sees one opaque call per
+layer and direction, never the pieces' strided views, in-place merges and the host
+read (the float64 decision below) that it cannot trace. The pattern, stride, c,
+combine, layer and scale are the operators' attributes: Python values, fixed when a
+graph is traced (one graph serves every step of a shape).
 What the backward needs is the operator's outputs and inputs, whose dtypes an operator
 must declare from its inputs alone; so a call recomputed in float64 returns float32
-buffers (its answer, rounded once, and the float32 lse the decision was made on), and
-the backward makes the same decision from that lse and recomputes the float64 forward
-before its own float64 pass (sec. 5.4: recompute rather than keep; the same numbers as
-keeping the float64 buffers, at the cost of one more forward in that rare case).
+buffers (its answer, rounded once, and the float32 lse the decision was made on) and the
+decision itself, a bool on the host; the backward recomputes the float64 forward before
+its own float64 pass (sec. 5.4: recompute rather than keep; the same numbers as keeping
+the float64 buffers, at the cost of one more forward in that rare case). The decision is
+read back once, in the forward, from the log-sum-exp the kernels computed.
 """
 
 from __future__ import annotations
@@ -92,10 +91,8 @@ import torch.nn.functional as F
 
 from fast.backends import flash_cpu
 from fast.backends.fixed import BlockCausal, Summary
-from fast.backends.flash_cpu import uses_kernel
-from fast.backends.naive import naive_sparse_attention
 from fast.backends.strided import Column, LocalBand
-from fast.core.autograd import once_differentiable, refuse_second_derivative
+from fast.core.autograd import Function, backward_through, keep_for_backward
 from fast.core.merge import merge_into
 from fast.core.precision import PrecisionWarning, acc_dtype, may_overflow, overflow_rows
 from reference.heads import head_roles
@@ -360,26 +357,29 @@ def _padded(q, k, v, stride: int):
 
 def forward(q, k, v, heads_plans, stride: int, scale: float | None = None):
     """The structured forward on plain tensors: q (B, H, n_q, d), the last n_q positions
-    of k, v (B, Hkv, n_k, d), ``heads_plans`` from ``plans``. Returns (out, lse): the
-    merged output (B, H, N, d) of every row of the padded length N (q's rows are the
+    of k, v (B, Hkv, n_k, d), ``heads_plans`` from ``plans``. Returns (out, lse, exact):
+    the merged output (B, H, N, d) of every row of the padded length N (q's rows are the
     last n_q of the first n_k) and its log-sum-exp (B, H, N), both in the accumulation
     dtype -- what ``backward`` needs besides q, k, v, and the answer:
-    ``out[:, :, n_k - n_q:n_k].to(q.dtype)``.
+    ``out[:, :, n_k - n_q:n_k].to(q.dtype)`` -- and whether the call was recomputed in
+    float64 (a Python bool).
 
     A float32 call whose |lse| outgrows float32 ("Precision" above) is recomputed in
     float64; its ``out`` then holds the float64 answer rounded once to q's dtype
     (exactly representable in the accumulation dtype), and ``lse`` stays the float32
-    one the decision was made on, so that ``backward`` makes the same decision from it
-    and recomputes the float64 forward it needs (sec. 5.4's trade: recompute rather than
-    keep; the saved tensors then have one dtype whatever the values, as an operator's
-    declared outputs must: ``structured_op`` below)."""
+    one the decision was made on. The decision is the one value this path reads back on
+    the host, once: ``backward`` is told it (``exact``) and recomputes the float64
+    forward it needs (sec. 5.4's trade: recompute rather than keep; the saved tensors
+    then have one dtype whatever the values, as an operator's declared outputs must:
+    ``structured_op`` below)."""
     low = _padded(q, k, v, stride)
     served = flash_cpu.CALLS[0]
     out, lse = _run(low, heads_plans, acc_dtype(q.dtype))           # "Precision" above
     # PyTorch's kernel served a piece: its rows of overflowed scores show only in a bound
     bound = scale is not None and flash_cpu.CALLS[0] != served
-    if out.dtype == torch.float32 and _outgrows_float32(lse, (*low[:2], scale) if bound
-                                                         else None):
+    exact = out.dtype == torch.float32 and _outgrows_float32(
+        lse, (*low[:2], scale) if bound else None)
+    if exact:
         warnings.warn(
             f"sparse_attention: some row's log-sum-exp passed |lse| = {EXACT_LSE:g} (or its "
             f"scores overflow float32), beyond which float32 no longer holds its softmax "
@@ -387,22 +387,21 @@ def forward(q, k, v, heads_plans, stride: int, scale: float | None = None):
             f"(float64's precision, at the cost of the float64 passes). Scores this large "
             f"usually mean an unscaled q k^T; pass scale=, or float64 inputs, to avoid it",
             PrecisionWarning, stacklevel=2)
-        exact, _ = _run(low, heads_plans, torch.float64)
-        out = exact.to(q.dtype).to(out.dtype)
-        if not _outgrows_float32(lse):               # decided by the bound: say so to backward
-            lse = torch.full_like(lse, float("inf"))
-    return out, lse
+        answer, _ = _run(low, heads_plans, torch.float64)
+        out = answer.to(q.dtype).to(out.dtype)
+    return out, lse, exact
 
 
-def backward(grad_out, q, k, v, out, lse, heads_plans, stride: int):
+def backward(grad_out, q, k, v, out, lse, exact: bool, heads_plans, stride: int):
     """(dq (B, H, n_q, d), dk, dv (B, Hkv, n_k, d)) in the inputs' dtype, from the
     gradient of ``forward``'s out (B, H, N, d) (0 in rows that are not answers), q, k, v
-    as given and ``forward``'s out and lse. A call ``forward`` recomputed in float64 is
-    recomputed in float64 here too, and its backward runs in float64."""
+    as given and ``forward``'s out, lse and ``exact``: a call ``forward`` recomputed in
+    float64 is recomputed in float64 here too (nothing is read back to know it), and its
+    backward runs in float64."""
     dtype = q.dtype
     n_q, n_k = q.shape[2], k.shape[2]
     low = _padded(q, k, v, stride)
-    if out.dtype == torch.float32 and _outgrows_float32(lse):
+    if exact:
         out, lse = _run(low, heads_plans, torch.float64)
     acc = out.dtype
     go = grad_out.to(acc)                                                # (B, H, N, d)
@@ -422,103 +421,80 @@ def backward(grad_out, q, k, v, out, lse, heads_plans, stride: int):
 
 
 # ----------------------------------------------------------------------------
-# The operator (what torch.compile sees) and its eager twin
+# The operator: what every call of the structured path runs, eager or compiled
 # ----------------------------------------------------------------------------
 
 def operator_forward(q, k, v, pattern, combine, layer, stride, c, scale):
     """``forward`` from the operator's inputs and attributes: (out (B, H, N, d), lse
-    (B, H, N)), contiguous, in the accumulation dtype."""
+    (B, H, N)), contiguous, in the accumulation dtype, and ``exact`` as a bool tensor of
+    one element on the host (a CPU tensor whatever q's device: the backward reads it
+    without waiting for one; one element, not none, so that it is counted as what it is,
+    one more byte kept for the backward, ``fast.measure.memory``)."""
     heads_plans = plans(pattern, combine, layer, q.shape[1], k.shape[1], scale, stride, c)
-    out, lse = forward(q, k, v, heads_plans, stride, scale)
-    return out.contiguous(), lse.contiguous()
+    out, lse, exact = forward(q, k, v, heads_plans, stride, scale)
+    return out.contiguous(), lse.contiguous(), torch.tensor([exact])
 
 
-def operator_backward(grad_out, q, k, v, out, lse, pattern, combine, layer, stride, c,
+def operator_backward(grad_out, q, k, v, out, lse, exact, pattern, combine, layer, stride, c,
                       scale):
     """``backward`` from the operator's inputs and attributes: (dq, dk, dv), contiguous."""
     heads_plans = plans(pattern, combine, layer, q.shape[1], k.shape[1], scale, stride, c)
-    return backward(grad_out, q, k, v, out, lse, heads_plans, stride)
+    return backward(grad_out, q, k, v, out, lse, bool(exact), heads_plans, stride)
 
 
-@torch.library.custom_op("sparse_transformer::structured", mutates_args=())
-def structured_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str,
-                  combine: str, layer: int, stride: int, c: int | None,
-                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``forward`` as one operator: (out (B, H, N, d), lse (B, H, N)) in the accumulation
-    dtype, N = n_k rounded up to a multiple of the stride (see ``forward``). The pattern's
-    numbers are attributes (Python values, baked into a compiled graph); the plan is
-    made from them on every call. Inputs as ``structured_attention`` takes them."""
-    return operator_forward(q, k, v, pattern, combine, layer, stride, c, scale)
+_ATTRIBUTES = "str pattern, str combine, int layer, int stride, int? c, float scale"
+_LIB = torch.library.Library("sparse_transformer", "FRAGMENT")   # kept: it owns the ops
+_LIB.define(f"structured(Tensor q, Tensor k, Tensor v, {_ATTRIBUTES}) "
+            f"-> (Tensor, Tensor, Tensor)")
+_LIB.define(f"structured_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+            f"Tensor lse, Tensor exact, {_ATTRIBUTES}) -> (Tensor, Tensor, Tensor)")
+_LIB.impl("structured", operator_forward, "CompositeExplicitAutograd")
+_LIB.impl("structured_backward", operator_backward, "CompositeExplicitAutograd")
 
 
-@structured_op.register_fake
+@torch.library.register_fake("sparse_transformer::structured")
 def _(q, k, v, pattern, combine, layer, stride, c, scale):
     B, H, _, d = q.shape
     N = -(-k.shape[2] // stride) * stride
     acc = acc_dtype(q.dtype)
-    return q.new_empty(B, H, N, d, dtype=acc), q.new_empty(B, H, N, dtype=acc)
+    return (q.new_empty(B, H, N, d, dtype=acc), q.new_empty(B, H, N, dtype=acc),
+            torch.empty(1, dtype=torch.bool, device="cpu"))
 
 
-@torch.library.custom_op("sparse_transformer::structured_backward", mutates_args=())
-def structured_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                           v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                           pattern: str, combine: str, layer: int, stride: int,
-                           c: int | None, scale: float
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``backward`` as one operator: (dq, dk, dv) shaped and typed as q, k, v."""
-    return operator_backward(grad_out, q, k, v, out, lse, pattern, combine, layer, stride,
-                             c, scale)
-
-
-@structured_backward_op.register_fake
-def _(grad_out, q, k, v, out, lse, pattern, combine, layer, stride, c, scale):
+@torch.library.register_fake("sparse_transformer::structured_backward")
+def _(grad_out, q, k, v, out, lse, exact, pattern, combine, layer, stride, c, scale):
     return (q.new_empty(q.shape), k.new_empty(k.shape),
             v.new_empty(v.shape))                             # contiguous, as ``backward``'s
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, *attributes = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)  # q, k, v as given; out, lse in acc (B, H, N)
-    ctx.attributes = attributes
-    ctx.mark_non_differentiable(lse)
+FORWARD = torch.ops.sparse_transformer.structured.default     # bound once (as flash-attn does)
+BACKWARD = torch.ops.sparse_transformer.structured_backward.default
 
 
-def _backward(ctx, grad_out, _grad_lse):
-    refuse_second_derivative("the structured backend of sparse_attention")
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = structured_backward_op(grad_out, q, k, v, out, lse, *ctx.attributes)
-    return dq, dk, dv, *(None for _ in ctx.attributes)
-
-
-structured_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _StructuredAttention(torch.autograd.Function):
-    """The operator's eager twin: the same ``operator_forward`` and ``operator_backward``,
-    the same tensors kept, without the dispatcher's Python overhead (a noticeable share of
-    a short call). Eager calls take it; traced ones the operator (``structured_attention``)."""
+class StructuredAttention(Function):
+    """The operator ``sparse_transformer::structured`` with its backward
+    ``sparse_transformer::structured_backward`` as autograd formula: (out (B, H, N, d),
+    lse, exact) of q, k, v and the attributes. Every call takes it, eager or traced by
+    torch.compile (which traces this Function and keeps each operator as one opaque
+    call)."""
 
     @staticmethod
-    def forward(q, k, v, *attributes):
-        return operator_forward(q, k, v, *attributes)
+    def forward(q, k, v, pattern, combine, layer, stride, c, scale):
+        # every parameter named (no *args): torch.compile passes no context to a forward
+        # of as many parameters as the call has arguments
+        return FORWARD(q, k, v, pattern, combine, layer, stride, c, scale)
 
-    # apart from forward, as torch.func's transforms (torch.func.grad, vjp) require
-    setup_context = staticmethod(_setup_context)
-
-    @staticmethod
-    @once_differentiable("the structured backend of sparse_attention")
-    def backward(ctx, grad_out, _grad_lse):
-        q, k, v, out, lse = ctx.saved_tensors
-        return (*operator_backward(grad_out, q, k, v, out, lse, *ctx.attributes),
-                *(None for _ in ctx.attributes))
+    # apart, as torch.func's transforms require; q, k, v as given, out and lse in acc
+    setup_context = staticmethod(keep_for_backward)
+    backward = staticmethod(backward_through(BACKWARD,
+                                             "the structured backend of sparse_attention"))
 
 
 def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """The "full" pattern as causal SDPA (the fused kernel; ``structured_attention`` says
-    when it is not taken), queries aligned to the end of the keys (q padded in front to
-    n_k rows, its rows kept at the end); grouped key/value heads as views, one call per
-    s < share over the query heads s::share."""
+    """The "full" pattern as causal SDPA (the fused kernel), queries aligned to the end of
+    the keys (q padded in front to n_k rows, its rows kept at the end); grouped key/value
+    heads as views, one call per s < share over the query heads s::share. A call of n_q =
+    n_k queries and one key/value head per query head is SDPA's call and nothing else."""
     B, H, n_q, d = q.shape
     Hkv, n_k = k.shape[1], k.shape[2]
     if n_q < n_k:
@@ -530,7 +506,8 @@ def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
         outs = [F.scaled_dot_product_attention(q[:, s::share], k, v, is_causal=True,
                                                scale=scale) for s in range(share)]
         out = torch.stack(outs, dim=2).flatten(1, 2)          # (B, Hkv, share, n, d) -> H
-    out, q = out[:, :, n_k - n_q:], q[:, :, n_k - n_q:]                   # (B, H, n_q, d)
+    if n_q < n_k:
+        out, q = out[:, :, n_k - n_q:], q[:, :, n_k - n_q:]               # (B, H, n_q, d)
     # on the CPU, rows whose scores may overflow are NaN, never SDPA's 0 (eager calls look
     # first, one read; a traced call cannot look, and marks them without looking)
     if q.device.type == "cpu" and (torch.compiler.is_compiling()
@@ -539,10 +516,10 @@ def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
     return out
 
 
-def _may_outgrow_float32(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
+def may_outgrow_float32(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
     """Whether some row's |lse| may pass EXACT_LSE: |s_ij| <= |scale| |q_i| |k_j|
     (Cauchy-Schwarz), and a row's lse lies within [max_j s_ij, max_j s_ij + log n_k].
-    One read of q and k ("meta" tensors hold none: False)."""
+    One read of q and k, and of one number on the host ("meta" tensors hold none: False)."""
     if q.device.type == "meta":
         return False
     with torch.no_grad():
@@ -551,42 +528,35 @@ def _may_outgrow_float32(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool
 
 
 def structured_attention(q, k, v, pattern: str, *, combine: str = "merged", layer: int = 0,
-                         scale: float, stride: int | None = None,
-                         c: int | None = None) -> torch.Tensor:
-    """Full, strided or fixed attention: q (B, H, n_q, d), the last n_q positions of k, v
-    (B, Hkv, n_k, d) (Hkv dividing H), already validated (``fast.attention``). Returns
-    (B, H, n_q, d). Every query row is computed over the n_k positions (q is padded in
-    front with zero rows, whose outputs are dropped and whose gradients are zero): a
-    chunk of n_q < n_k queries costs what n_k do.
-
-    "full" is causal SDPA (``causal``), except where SDPA's answer would be wrong: its
-    backward recomputes the weights from a float32 log-sum-exp, wrong at |lse| >
-    EXACT_LSE ("Precision" above). An eager CPU call below float64 that autograd will
-    differentiate and whose scores may reach that (``_may_outgrow_float32``) runs as one
-    causal problem of n_k rows through the same operator (``plan``: stride = n_k), the
-    kernel SDPA would run, whose log-sum-exp then makes the float64 decision. Not taken
-    otherwise: the operator's output (B, H, n, d) costs the model a copy of its heads
-    that SDPA's (B, n, H, d) layout does not; a float64 call has nothing to decide; off
-    the CPU the operator's fallback is exact but not fast; and a traced call
-    (torch.compile) cannot branch on values, so a compiled "full" layer is SDPA's
-    whatever its scores (docs/design.md, "torch.compile")."""
-    n_k = k.shape[2]
-    if pattern == "full":
-        exact = (uses_kernel(q) and q.dtype != torch.float64
-                 and not torch.compiler.is_compiling() and torch.is_grad_enabled()
-                 and any(t.requires_grad for t in (q, k, v))
-                 and _may_outgrow_float32(q, k, scale))
-        if not exact:
-            return causal(q, k, v, scale)
-        stride = n_k
-    if n_k < stride:
-        params = {"stride": stride} if pattern == "strided" else {"stride": stride, "c": c}
-        return naive_sparse_attention(q, k, v, pattern, combine=combine, layer=layer,
-                                      scale=scale, **params)
-    # traced (torch.compile): the operator; eager: its twin, the same functions
-    attend = structured_op if torch.compiler.is_compiling() else _StructuredAttention.apply
-    out, _ = attend(q, k, v, pattern, combine, layer, stride, c, scale)  # (B, H, N, d)
-    n_q = q.shape[2]
+                         scale: float, stride: int, c: int | None = None) -> torch.Tensor:
+    """Full, strided or fixed attention through the operator: q (B, H, n_q, d), the last
+    n_q positions of k, v (B, Hkv, n_k, d) (Hkv dividing H), already validated, n_k >=
+    stride (``fast.attention``'s call plan sends shorter calls to the naive path, which is
+    no bigger than one block). Returns (B, H, n_q, d). Every query row is computed over
+    the n_k positions (q is padded in front with zero rows, whose outputs are dropped and
+    whose gradients are zero): a chunk of n_q < n_k queries costs what n_k do. "full" is
+    one causal problem of n_k rows (``plan``: stride = n_k)."""
+    out, _, _ = StructuredAttention.apply(q, k, v, pattern, combine, layer, stride, c,
+                                          scale)                        # (B, H, N, d)
+    n_q, n_k = q.shape[2], k.shape[2]
     if n_q < out.shape[2]:
         out = out[:, :, n_k - n_q:n_k]                                   # (B, H, n_q, d)
     return out.to(q.dtype)
+
+
+def full_attention(q, k, v, scale: float, exact_check: bool) -> torch.Tensor:
+    """The "full" pattern: causal SDPA (``causal``), except where SDPA's answer would be
+    wrong: its backward recomputes the weights from a float32 log-sum-exp, wrong at |lse|
+    > EXACT_LSE ("Precision" above). With ``exact_check`` -- decided once per call
+    signature by ``fast.attention``'s call plan: an eager CPU call below float64 that
+    autograd will differentiate -- a call whose scores may reach that
+    (``may_outgrow_float32``, one read of q and k) runs as one causal problem of n_k rows
+    through the operator, the kernel SDPA would run, whose log-sum-exp then makes the
+    float64 decision. Not checked otherwise: the operator's output (B, H, n, d) costs the
+    model a copy of its heads that SDPA's (B, n, H, d) layout does not; a float64 call
+    has nothing to decide; off the CPU the operator's fallback is exact but not fast; and
+    a traced call (torch.compile) cannot branch on values, so a compiled "full" layer is
+    SDPA's whatever its scores (docs/design.md, "torch.compile")."""
+    if exact_check and may_outgrow_float32(q, k, scale):
+        return structured_attention(q, k, v, "full", scale=scale, stride=k.shape[2])
+    return causal(q, k, v, scale)

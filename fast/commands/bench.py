@@ -13,6 +13,7 @@ written to JSON and drawn:
     python -m fast bench --replot [--device cuda]   # redraw the figure from the saved JSON
     python -m fast bench --crossover [--quick]      # where backend="auto" switches on the CPU
     python -m fast bench --compile [--quick]        # a GPT's training step, eager vs compiled
+    python -m fast bench --host-cost [--quick]      # what one attention call costs the host
 
 Writes figures/data/bench_cpu.json (machine, versions, load average, every
 timing) and figures/bench_cpu.png (``fast.plots.bench``); bench_cpu_same_process.*
@@ -25,7 +26,10 @@ data/auto_cpu.json and prints the crossovers it proposes for ``backend="auto"`` 
 constants of ``fast.backends.crossovers``, which a commit adopts). ``--compile`` times a small
 GPT's training step eager and under ``torch.compile``, in turns, on the CPU
 (``fast.measure.compile_step``) and writes data/compile_cpu.json (compiled / eager per
-pattern and n).
+pattern and n). ``--host-cost`` measures what one attention call costs the host -- time,
+Triton launches (stubbed: recorded, not run) and every other PyTorch op -- for the
+Triton path, the structured path, dense SDPA and the model's attention layer
+(``fast.measure.host_cost``) and writes data/host_cost_cpu.json.
 """
 
 from __future__ import annotations
@@ -42,10 +46,12 @@ from fast.experiments.bench import (
     compile_report,
     crossover_report,
     draw,
+    host_cost_report,
     incomplete,
     measure_and_save,
     measure_compile,
     measure_crossover,
+    measure_host_cost,
     paths,
     report,
 )
@@ -163,6 +169,11 @@ def parser() -> cli.Parser:
                    help="only a small GPT's training step, eager against torch.compile, in "
                         "turns on the CPU (one thread) at n = 256 and 1024 for full, strided, "
                         "fixed (--quick: n = 256, two rounds); writes data/compile_cpu.json")
+    p.add_argument("--host-cost", action="store_true",
+                   help="only the host's cost per attention call: time, Triton launches "
+                        "(stubbed) and every other op, for the Triton and structured paths, "
+                        "dense SDPA and the model's attention layer (--quick: 300 calls a "
+                        "measurement, not 2000); writes data/host_cost_cpu.json")
     p.add_argument("--variants", nargs="*", type=cli.choice(VARIANTS), default=None,
                    help="the variant sweep: these kernel variants (none named: all) side by "
                         "side at the GPU targets' points, float16, (B, H, n) = (4, 16, 16384), "
@@ -194,9 +205,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.points and args.only_long:
         cli.fail(PROG, "--points with --only-long; allowed: --points with a sweep (the long "
                        "sweep has its own n: --long-n-min, --long-n-max)")
-    if args.crossover and args.compile:
-        cli.fail(PROG, "--crossover with --compile; allowed: one of them (each is its own run)")
-    for alone in ("crossover", "compile"):
+    alone_given = [f"--{a.replace('_', '-')}" for a in ("crossover", "compile", "host_cost")
+                   if getattr(args, a)]
+    if len(alone_given) > 1:
+        cli.fail(PROG, f"{' with '.join(alone_given)}; allowed: one of them (each is its own "
+                       f"run)")
+    for alone in ("crossover", "compile", "host_cost"):
         if not getattr(args, alone):
             continue
         for flag, given in (("--device cuda", args.device == "cuda"), ("--long", args.long),
@@ -204,7 +218,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                             ("--variants", args.variants is not None),
                             ("--same-process", args.same_process)):
             if given:
-                cli.fail(PROG, f"--{alone} with {flag}; allowed: --{alone} alone, or with "
+                name = alone.replace("_", "-")
+                cli.fail(PROG, f"--{name} with {flag}; allowed: --{name} alone, or with "
                                f"--quick and --out (it times the CPU paths in one process)")
     if args.variants is not None:
         _check_variant_sweep(args)
@@ -284,7 +299,8 @@ def sweep_from(args: argparse.Namespace) -> Sweep:
 def main(argv=None) -> int:
     args = parse_args(argv)
     for alone, measure, say in (("crossover", measure_crossover, crossover_report),
-                                ("compile", measure_compile, compile_report)):
+                                ("compile", measure_compile, compile_report),
+                                ("host_cost", measure_host_cost, host_cost_report)):
         if getattr(args, alone):
             out = Path(args.out) if args.out is not None else FIGURES
             cli.writable_or_exit(PROG, out, out / "data")

@@ -1,4 +1,4 @@
-"""Input checks shared by every attention entry point: q, k, v and the scale.
+"""Input checks shared by every attention entry point: q, k, v, the scale, SDPA's arguments.
 
 Child et al., 2019, section 4 (eq. 2-4): causal attention reads q (B, H, n_q, d) and
 k, v (B, Hkv, n_k, d) -- the queries the last n_q of the n_k positions, Hkv = H or,
@@ -7,17 +7,43 @@ told otherwise.
 ``fast.attention.sparse_attention`` and the Triton kernel's own entry point
 (``fast.kernels.triton_attention``) call the same ``check_tensors`` and
 ``check_scale``; the kernel passes its narrower dtypes and adds its own limit on
-d. Every bad input raises ValueError saying what was given and what is allowed.
+d. ``check_call`` is every check of ``sparse_attention``'s arguments that reads no
+value -- the tensors, the scale, SDPA's arguments (mask, dropout, causal, grouped
+heads), the pattern's keywords and parameters (``reference.params.check_params``) --
+run once per call signature by its call plan. Every bad input raises ValueError saying
+what was given and what is allowed (TypeError for an unknown keyword).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from typing import NamedTuple
 
 import torch
 
+from fast.core.precision import fold_dtype
+from reference.params import PARAMS, check_params
+
 DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+# Every parameter some pattern takes: the only extra keywords sparse_attention accepts.
+KNOWN_PARAMS = frozenset(name for required, optional in PARAMS.values()
+                         for name in (*required, *optional))
+
+# Names other attention APIs take, and what to use here instead.
+OTHER_NAMES = {
+    "key_padding_mask": "a padded batch is given by lengths= (real tokens per sequence) and "
+                        "offsets= (pad tokens before each: left padding); any boolean mask "
+                        "is attn_mask= (True = may read; backend 'naive')",
+    "attention_mask": "a boolean mask is attn_mask= (True = may read; backend 'naive'); "
+                      "padding is lengths= and offsets=",
+    "mask": "a boolean mask is attn_mask= (True = may read)",
+    "causal": "is_causal= (True; every pattern is causal)",
+    "dropout": "dropout_p=",
+    "softmax_scale": "scale=",
+    "need_weights": "sparse_attention returns the output only",
+    "num_key_value_groups": "k and v with fewer heads, and enable_gqa=True",
+}
 
 
 def check_tensors(q, k, v, *, dtypes: tuple = DTYPES, finite: bool = True,
@@ -102,3 +128,82 @@ def check_scale(scale, d: int) -> float:
     if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
         raise ValueError(f"scale must be a finite real number or None, got {scale!r}")
     return float(scale)
+
+
+def check_keywords(params: dict) -> None:
+    """Extra keywords must be parameters of some pattern (``reference.params.PARAMS``);
+    any other is named, as Python names an unexpected keyword argument."""
+    unknown = sorted(set(params) - KNOWN_PARAMS)
+    if unknown:
+        hints = "; ".join(f"for {name!r}: {OTHER_NAMES[name]}" for name in unknown
+                          if name in OTHER_NAMES)
+        raise TypeError(f"sparse_attention() got unexpected keyword argument"
+                        f"{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                        f"it takes the pattern's parameters {sorted(KNOWN_PARAMS)} and the "
+                        f"arguments of its signature" + (f" ({hints})" if hints else ""))
+
+
+def check_mask(attn_mask, q, k) -> None:
+    """attn_mask: a bool tensor on q's device, broadcastable to (B, H, n_q, n_k)."""
+    B, H, n_q, _ = q.shape
+    want = (B, H, n_q, k.shape[2])
+    if not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype != torch.bool:
+        got = attn_mask.dtype if isinstance(attn_mask, torch.Tensor) else type(attn_mask).__name__
+        raise ValueError(f"attn_mask must be a bool tensor (True = may read), ANDed with the "
+                         f"pattern, broadcastable to (B, H, n_q, n_k) = {want}; got {got} "
+                         f"(an additive float mask is not taken)")
+    if attn_mask.device != q.device:
+        raise ValueError(f"attn_mask must be on q's device {q.device}, got {attn_mask.device}")
+    try:
+        fits = torch.broadcast_shapes(attn_mask.shape, want) == want
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                         f"(B, H, n_q, n_k) = {want}")
+
+
+def check_sdpa(dropout_p, is_causal, enable_gqa) -> float:
+    """SDPA's arguments as sparse_attention takes them; returns dropout_p as a float."""
+    if not isinstance(is_causal, bool):
+        raise ValueError(f"is_causal must be True or False, got {is_causal!r}")
+    if not is_causal:
+        raise ValueError("is_causal=False is not taken: every pattern is causal (row i reads "
+                         "j <= i); allowed: is_causal=True (the default)")
+    if not isinstance(enable_gqa, bool):
+        raise ValueError(f"enable_gqa must be True or False, got {enable_gqa!r}")
+    if (isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float))
+            or not 0.0 <= dropout_p < 1.0):
+        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    return float(dropout_p)
+
+
+class Checked(NamedTuple):
+    """What ``check_call`` leaves: the pattern's parameters as ``check_params`` returns
+    them, the scale and dropout_p as floats, and where the scale goes
+    (``fast.core.precision.fold_dtype``: None, or the dtype to fold it into q in)."""
+    params: dict
+    scale: float
+    dropout_p: float
+    fold: torch.dtype | None
+
+
+def check_call(q, k, v, pattern, combine, layer, scale, attn_mask, dropout_p, is_causal,
+               enable_gqa, check_finite, params: dict, pattern_params: dict) -> Checked:
+    """Every check of a ``fast.sparse_attention`` call that reads no value, in the order a
+    user meets them: the keywords, ``check_finite``, SDPA's arguments, q, k, v, the scale
+    (and where it goes), the mask's metadata, and last the pattern and its parameters
+    (``params``: stride and c as given, with ``pattern_params``) at n_k keys and H
+    heads."""
+    check_keywords(pattern_params)
+    if check_finite is not None and not isinstance(check_finite, bool):
+        raise ValueError(f"check_finite must be True, False or None, got {check_finite!r}")
+    dropout_p = check_sdpa(dropout_p, is_causal, enable_gqa)
+    check_tensors(q, k, v, finite=False, enable_gqa=enable_gqa)
+    scale = check_scale(scale, q.shape[-1])
+    fold = fold_dtype(scale, q.dtype)
+    if attn_mask is not None:
+        check_mask(attn_mask, q, k)
+    params = check_params(pattern, k.shape[2], q.shape[1], combine, layer,
+                          {**params, **pattern_params})
+    return Checked(params, scale, dropout_p, fold)

@@ -32,10 +32,17 @@ NaN would otherwise flow through the kernel's masked pairs too). Which rows read
 which positions comes from ``reach``; ``attention_reach(attend)`` derives it from
 the attention itself, run once more on zeros (every score 0, so every read key has
 weight 1 / |S_i| > 0) with d = 1; ``causal_reach`` is the closed form for full
-causal attention. On the CPU the check for non-finite values costs one read of
+causal attention. On the CPU the look for non-finite values costs one read of
 q, k, v and no wait, and clean inputs go straight to ``attend``; on a GPU that
-check would wait for the device, so every call is quarantined, and so is every call
-traced by torch.compile (the look is a host read).
+look would wait for the device, so a call there is quarantined without looking, and
+so is every call traced by torch.compile (the look is a host read).
+
+What it costs is why it is asked for, not given: ``fast.sparse_attention`` keeps this
+promise with ``check_finite=False`` (an isfinite pass of q, k, v on every call, the
+masked fills, and for patterns other than "full" a second attention, on d = 1, with its
+backward). By default it refuses non-finite input on the CPU and, on a GPU, looks at no
+value at all, as SDPA, flash-attn and FlexAttention do: a NaN there goes where the
+kernels carry it (``fast.attention``, "Non-finite").
 """
 
 from __future__ import annotations

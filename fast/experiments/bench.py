@@ -41,7 +41,7 @@ from fast.experiments.bench_sweep import (
     skip_reason,
 )
 from fast.layout.costs import DEFAULT_BLOCK, ideal_speedup, tile_flops
-from fast.measure import bench, bench_point, compile_step, contenders, crossover
+from fast.measure import bench, bench_point, compile_step, contenders, crossover, host_cost
 from fast.measure.child import run_child
 from fast.measure.contenders import DTYPES, LONG_PARAMS, PATTERN_PARAMS, D
 from fast.measure.timing import FRESH, SAME, synchronize
@@ -519,6 +519,31 @@ def compile_report(data: dict) -> str:
     for pattern, by_n in data["ratios"].items():
         lines.append(f"  {pattern:8} " + ", ".join(f"n={n}: {r:.3f}" for n, r in by_n.items()))
     return "\n".join(lines)
+
+
+def measure_host_cost(out: Path, quick: bool = False, log=print) -> tuple[dict, Path]:
+    """The host's cost per attention call (``fast.measure.host_cost``: Triton's launches
+    stubbed, ops counted), measured in a fresh process with TRITON_INTERPRET=1 (set before
+    Triton is imported, as the interpreter needs), with the machine and the load average
+    before and after, written to ``<out>/data/host_cost_cpu.json``. ``quick``: 300 timed
+    calls per measurement instead of 2000. Returns (the record, its path)."""
+    info = bench.machine_info("cpu")
+    info["loadavg_start"] = os.getloadavg()
+    t0 = time.time()
+    log("host cost per call: the Triton path with its launches stubbed, the structured "
+        "path, dense SDPA and the model's attention layer (a fresh process)")
+    got = run_child("fast.measure.host_cost:measure", {"calls": 300 if quick else 2000},
+                    timeout=1800, env={"TRITON_INTERPRET": "1"})
+    if "error" in got:
+        raise RuntimeError(f"the host-cost measurement {got['error']}\n{got['output']}")
+    data = {"machine": info, **got["result"]}
+    info["loadavg_end"], info["wall_s"] = os.getloadavg(), time.time() - t0
+    path = out / "data" / "host_cost_cpu.json"
+    write_json(path, data, indent=1)
+    return data, path
+
+
+host_cost_report = host_cost.report
 
 
 def report(data: dict) -> str:

@@ -1,4 +1,4 @@
-"""Launching the block-sparse kernels: forward, backward and their autograd Function.
+"""Launching the block-sparse kernels: a layout's launches decided once, forward, backward.
 
 Child et al., 2019, section 5.5 (block-sparse kernels) with the FlashAttention-2
 recipe (Dao, 2023) for the forward and backward passes; the kernels themselves
@@ -28,8 +28,16 @@ float32's range acts as its largest value. For |scale| > 1 (sharper than any
 default 1 / sqrt(d)) delta is summed over the recomputed tiles (``DELTA_PASS``)
 so that one-hot rows keep exact gradients (``fast.kernels.triton_kernels``).
 
-Nothing here reads a value back from the device: what the launchers branch on
-is in each part's ``facts`` (host ints).
+What a layout's launches are -- the parts' order for each output, where each
+launch writes (``_Writes``: zero-filled or not, a float32 scratch or not), each
+launch's grid, tables and settings (``_Launch``) -- is the same on every call, so it
+is decided once (``Launches``; ``fast.kernels.triton_attention.launches`` keeps them
+per layout); ``forward`` and ``backward`` then allocate what the kernels write, each
+output laid out as the tensor it belongs to (``empty_like``: a model's transposed
+views are read and written in place, the kernels take any batch, head and row
+strides), and launch. Nothing here reads a value back from the device: what the
+launchers branch on is in each part's ``facts`` (host ints), and nothing is made on
+the CPU per call, so a forward and backward can be captured in a CUDA graph.
 
 Run on a GPU, or on the CPU with ``TRITON_INTERPRET=1`` set before Triton is
 imported (NumPy interpreter: float32 only, slow, for tests; other dtypes on the
@@ -75,9 +83,14 @@ def fold_scale(q: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
     or so small that |scale| log2(e) is below float32's smallest normal, is folded into q
     (q * scale, differentiable, and scale 1): the same scores, and q's gradient gets its
     factor through autograd. A negative scale stays (the kernels negate the scores)."""
-    if abs(scale) * K.LOG2E < FLOAT32_TINY:
+    if folds(scale):
         return q * scale, 1.0                                              # (B, H, n, d)
     return q, scale
+
+
+def folds(scale: float) -> bool:
+    """Whether ``fold_scale`` folds ``scale`` into q."""
+    return abs(scale) * K.LOG2E < FLOAT32_TINY
 
 
 def _exponent(scale: float) -> tuple[float, float]:
@@ -105,45 +118,60 @@ def padded_d(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
-def _meta(q: torch.Tensor) -> dict:
-    if q.dtype != torch.float32:
+def _meta(dtype: torch.dtype, device: torch.device, d: int) -> dict:
+    if dtype != torch.float32:
         precision = "tf32"        # ignored for float16 / bfloat16 operands
-    elif q.device.type == "cpu":
+    elif device.type == "cpu":
         precision = "ieee"        # the interpreter: plain float32 NumPy matmuls
     else:
         # float32 on a GPU: never plain TF32 (it would weaken the fp32 ground truth);
         # "tf32x3" (three TF32 products) keeps float32 accuracy on tensor cores, where
         # "ieee" compiles to an FMA loop that spills (Triton 3.9, sm_80 / sm_90).
         precision = "tf32x3"
-    return dict(BLOCK_D=padded_d(q.shape[-1]), PRECISION=precision)
+    return dict(BLOCK_D=padded_d(d), PRECISION=precision)
 
 
 _STAGES: dict = {}  # (kernel, BLOCK, BLOCK_D, dtype, device, warps, stages) -> stages that fit
 
 
-def _launch(kernel, n_blocks: int, B: int, H: int, args, part, settings: Launch, meta: dict,
-            q: torch.Tensor, **flags) -> None:
-    """Launch over (ceil(n_blocks / group), B H) programs with the variant's warps (default
-    4, 8 for a padded head dim above 64) and stages (default 2); where the GPU's shared
-    memory is too small for those stages, retry once with 1 and remember it. The
-    interpreter ignores warps and stages."""
-    group = settings.group
-    warps = settings.warps or (4 if meta["BLOCK_D"] <= 64 else 8)
-    asked = settings.stages or 2
-    key = (id(kernel), part.block_size, meta["BLOCK_D"], q.dtype, str(q.device), warps, asked)
-    stages = _STAGES.get(key, asked)
-    grid = (triton.cdiv(n_blocks, group), B * H)
-    while True:
-        try:
-            kernel[grid](*args, BLOCK=part.block_size, GROUP=group, num_warps=warps,
-                         num_stages=stages, **meta, **flags)
-        except triton.runtime.errors.OutOfResources:
-            if stages == 1:
-                raise
-            stages = 1
-            continue
-        _STAGES[key] = stages
-        return
+class _Launch:
+    """One kernel over one part, everything but the call's tensors fixed: the grid's
+    first dimension (ceil(rows / group) programs; the second is B H), the part's tables,
+    and the variant's warps (default 4, 8 for a padded head dim above 64), stages
+    (default 2) and group. Where the GPU's shared memory is too small for those stages,
+    the launch is retried once with 1, which is remembered. The interpreter ignores
+    warps and stages."""
+
+    __slots__ = ("kernel", "blocks", "tables", "hl", "rows", "options", "_stages_key")
+
+    def __init__(self, kernel, part, rows: int, tables: tuple, hl: int, flags: dict,
+                 settings: Launch, meta: dict, dtype: torch.dtype, device: torch.device):
+        group = settings.group
+        warps = settings.warps or (4 if meta["BLOCK_D"] <= 64 else 8)
+        asked = settings.stages or 2
+        self._stages_key = (id(kernel), part.block_size, meta["BLOCK_D"], dtype, str(device),
+                            warps, asked)
+        self.kernel, self.blocks, self.tables = kernel, triton.cdiv(rows, group), tables
+        self.hl, self.rows = hl, rows
+        self.options = dict(BLOCK=part.block_size, GROUP=group, num_warps=warps,
+                            num_stages=_STAGES.get(self._stages_key, asked), **meta, **flags)
+
+    def __call__(self, B: int, H: int, head: tuple, sizes: tuple, tail: tuple, **flags):
+        """Launch on the call's tensors and strides (``head``), then the part's tables, the
+        sizes (n, H, layout heads, query heads per key/value head, rows, d) and ``tail``
+        (the scale's numbers)."""
+        n, share, d = sizes
+        args = (*head, *self.tables, n, H, self.hl, share, self.rows, d, *tail)
+        grid = (self.blocks, B * H)
+        while True:
+            try:
+                self.kernel[grid](*args, **self.options, **flags)
+            except triton.runtime.errors.OutOfResources:
+                if self.options["num_stages"] == 1:
+                    raise
+                self.options["num_stages"] = _STAGES[self._stages_key] = 1
+                continue
+            return
 
 
 _DUMMY: dict = {}
@@ -221,10 +249,6 @@ def _part_args(part, variant: Variant) -> PartArgs:
                     kv_range, qt_range)
 
 
-def _strides(*tensors) -> tuple:
-    return tuple(s for t in tensors for s in t.stride()[:3])
-
-
 # ----------------------------------------------------------------------------
 # Where each launch writes
 # ----------------------------------------------------------------------------
@@ -250,143 +274,203 @@ def _order(parts: list, covers, fused: bool) -> _Order:
 
 
 class _Writes:
-    """The buffers of ``count`` outputs of ``shape`` written by the launches of an
-    ``_Order``: ``final`` in ``dtype`` and a float32 ``scratch`` (one buffer when
-    ``dtype`` is float32 or when only one launch writes). ``step(i)`` gives launch i its
-    (destinations, sources, whether it loads the sources); ``result()`` the outputs."""
+    """How the launches of an ``_Order`` write ``count`` outputs in ``dtype``, decided
+    once: a ``final`` buffer in ``dtype`` and a float32 ``scratch`` (one buffer when
+    ``dtype`` is float32 or when only one launch writes); zero-filled or not.
+    ``buffers(like)`` makes them for one call, laid out as ``like`` (``empty_like``: a
+    transposed view's outputs are written in its layout, so the caller needs no copy);
+    ``step(i, buffers)`` gives launch i its (destinations, sources, whether it loads the
+    sources); ``result(buffers)`` the outputs."""
 
-    def __init__(self, order: _Order, count: int, shape, dtype, device):
-        self.order = order
-        last_writes_final = not order.cast
-        alone = len(order.parts) <= 1 and last_writes_final
-        make = torch.zeros if order.fill else torch.empty
-        if dtype == torch.float32 or alone:
-            self.scratch = [make(shape, dtype=dtype, device=device) for _ in range(count)]
-            self.final = self.scratch
-        else:
-            self.scratch = [make(shape, dtype=torch.float32, device=device)
-                            for _ in range(count)]
-            self.final = ([torch.empty(shape, dtype=dtype, device=device) for _ in range(count)]
-                          if last_writes_final else None)
-        self.dtype = dtype
+    def __init__(self, order: _Order, count: int, dtype: torch.dtype):
+        self.count, self.dtype, self.fill = count, dtype, order.fill
+        self.last = len(order.parts) - 1
+        self.final_written = not order.cast                 # the last launch writes final
+        self.one = dtype == torch.float32 or (len(order.parts) <= 1 and self.final_written)
 
-    def step(self, i: int):
-        last = i == len(self.order.parts) - 1
-        dst = self.final if (last and self.final is not None) else self.scratch
-        return dst, self.scratch, i > 0
+    def buffers(self, like: torch.Tensor) -> tuple[list, list]:
+        make = torch.zeros_like if self.fill else torch.empty_like
+        if self.one:
+            scratch = [make(like, dtype=self.dtype) for _ in range(self.count)]
+            return scratch, scratch
+        scratch = [make(like, dtype=torch.float32) for _ in range(self.count)]
+        final = ([torch.empty_like(like, dtype=self.dtype) for _ in range(self.count)]
+                 if self.final_written else None)
+        return final, scratch
 
-    def result(self) -> list[torch.Tensor]:
-        if self.final is not None:
-            return self.final
-        return [t.to(self.dtype) for t in self.scratch]
+    def step(self, i: int, buffers: tuple[list, list]):
+        final, scratch = buffers
+        dst = final if (i == self.last and final is not None) else scratch
+        return dst, scratch, i > 0
+
+    def result(self, buffers: tuple[list, list]) -> list[torch.Tensor]:
+        final, scratch = buffers
+        if final is not None:
+            return final
+        return [t.to(self.dtype) for t in scratch]
+
+
+# ----------------------------------------------------------------------------
+# The launches of a layout, decided once
+# ----------------------------------------------------------------------------
+
+class Launches:
+    """Every launch of a forward and a backward over ``parts`` for ``variant``, q's dtype
+    and head dim d on ``device``, decided once (a layout's launches are the same on
+    every call): the parts' order for each output, where each launch writes
+    (``_Writes``), each launch's settings and tables (``_Launch``). ``forward`` and
+    ``backward`` then only allocate what the kernels write and launch."""
+
+    def __init__(self, parts: list, variant: Variant, dtype: torch.dtype, d: int,
+                 device: torch.device, n: int):
+        self.n, self.variant, self.fused = n, variant, variant.fused
+        meta = _meta(dtype, device, d)
+        live = [p for p in parts if p.facts.tiles > 0]
+        self.live = bool(live)
+        fwd = _order(live, lambda p: p.facts.q_real == n, variant.fused)
+        q_order = _order(live, lambda p: p.facts.q_real == n, variant.fused)
+        k_order = _order(live, lambda p: p.facts.k_real == n, variant.fused)
+
+        def launch(kernel, part, table: str):
+            a = part_args(part, variant)
+            rows = getattr(a, table)[0].shape[1]
+            tables = (*a.q_slots, *a.k_slots, *getattr(a, table), a.token_masks)
+            rng = a.kv_range if table == "kv" else a.qt_range
+            return _Launch(kernel, part, rows, tables, a.hl, dict(**a.flags, RANGE=rng),
+                           variant.settings(part.name, dtype, meta["BLOCK_D"]), meta, dtype,
+                           device)
+
+        self.fwd = [launch(K._fwd_kernel, p, "kv") for p in fwd.parts]
+        self.fwd_writes = _Writes(fwd, 1, dtype)
+        self.fwd_fill = fwd.fill or not live        # the row statistics start empty
+        self.dq = [launch(K._dq_kernel, p, "kv") for p in q_order.parts]
+        self.dq_writes = _Writes(q_order, 1, dtype)
+        self.delta_sums = _Writes(q_order, 1, torch.float32)
+        # fused: the first dQ launch writes every row, so it forms delta itself
+        self.first_delta = variant.fused and bool(q_order.parts) and not q_order.fill
+        self.dkdv = [launch(K._dkdv_kernel, p, "qt") for p in k_order.parts]
+        self.k_order = k_order
+
+    def dkdv_writes(self, dtype: torch.dtype) -> _Writes:
+        return _Writes(self.k_order, 2, dtype)
+
+
+def _strides(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple:
+    """The batch, head and row strides of three (B, H, n, d) tensors."""
+    return (*a.stride()[:3], *b.stride()[:3], *c.stride()[:3])
 
 
 # ----------------------------------------------------------------------------
 # Forward and backward
 # ----------------------------------------------------------------------------
 
-def forward(q, k, v, parts: list, scale: float, variant: Variant):
-    """(out in q's dtype (B, H, n, d), row statistics m, l float32 (B, H, n)).
+def forward(q, k, v, launches: Launches, scale: float):
+    """(out in q's dtype and layout (B, H, n, d), row statistics m, l float32 (B, H, n)).
 
-    Trusts its inputs: q, k, v contiguous on the parts' device, parts that fit q,
-    ``scale`` as ``fold_scale`` leaves it."""
+    Trusts its inputs: q, k, v on the parts' device, each with contiguous rows (the last
+    stride 1; any other strides), ``launches`` made for q's n, dtype and d, ``scale`` as
+    ``fold_scale`` leaves it."""
     B, H, n, d = q.shape
-    meta = _meta(q)
     c, _ = _exponent(scale)
-    live = [p for p in parts if p.facts.tiles > 0]
-    order = _order(live, lambda p: p.facts.q_real == n, variant.fused)
-    writes = _Writes(order, 1, (B, H, n, d), q.dtype, q.device)
-    if order.fill or not live:
+    sizes = (n, H // k.shape[1], d)
+    writes = launches.fwd_writes
+    buffers = writes.buffers(q)
+    if launches.fwd_fill:
         m = torch.full((B, H, n), float("-inf"), dtype=torch.float32, device=q.device)
         l = torch.zeros(B, H, n, dtype=torch.float32, device=q.device)
     else:
         m = torch.empty(B, H, n, dtype=torch.float32, device=q.device)
         l = torch.empty_like(m)
-    for i, part in enumerate(order.parts):
-        (out,), (prev,), load = writes.step(i)
-        a = part_args(part, variant)
-        _launch(K._fwd_kernel, a.kv[0].shape[1], B, H, (
-            q, k, v, out, prev, m, l, *_strides(q, k, v, out),
-            *a.q_slots, *a.k_slots, *a.kv, a.token_masks,
-            n, H, a.hl, H // k.shape[1], a.kv[0].shape[1], d, c,
-        ), part, variant.settings(part.name, q.dtype, meta["BLOCK_D"]), meta, q,
-            LOAD_PREV=load, RANGE=a.kv_range, NEGATE=scale < 0, **a.flags)
-    out, = writes.result()
+    strides_qkv = _strides(q, k, v)
+    for i, launch in enumerate(launches.fwd):
+        (out,), (prev,), load = writes.step(i, buffers)
+        launch(B, H, (q, k, v, out, prev, m, l, *strides_qkv, *out.stride()[:3]), sizes, (c,),
+               LOAD_PREV=load, NEGATE=scale < 0)
+    out, = writes.result(buffers)
     return out, m, l
 
 
-def backward(q, k, v, out, m, l, grad_out, parts: list, scale: float, variant: Variant):
-    """(dq, dk, dv) in the inputs' dtype from the merged output and statistics
-    (FlashAttention-2 backward). Trusts its inputs, as ``forward``."""
+def backward(q, k, v, out, m, l, grad_out, launches: Launches, scale: float):
+    """(dq, dk, dv) in the inputs' dtype and layout from the merged output and statistics
+    (FlashAttention-2 backward). Trusts its inputs, as ``forward``; k and v share strides
+    (the kernels read both with k's)."""
     B, H, n, d = q.shape
     if k.stride() != v.stride():
         raise ValueError(f"k and v must share strides, got {k.stride()} and {v.stride()}")
-    meta = _meta(q)
     c, g = _exponent(scale)
-    do = grad_out.to(q.dtype).contiguous()
-    shape = (B, H, n, d)
-    live = [p for p in parts if p.facts.tiles > 0]
-    q_order = _order(live, lambda p: p.facts.q_real == n, variant.fused)
-    k_order = _order(live, lambda p: p.facts.k_real == n, variant.fused)
+    negate = scale < 0
+    sizes = (n, H // k.shape[1], d)
+    # dO is read with O's strides: a gradient of another layout (an expanded one, from a
+    # sum) is copied into O's
+    do = grad_out if (grad_out.dtype == out.dtype and grad_out.stride() == out.stride()) \
+        else torch.empty_like(out).copy_(grad_out)
+    head = _strides(q, k, do)
 
-    def dq_launch(part, dst, prev, load, delta, **flags):
-        a = part_args(part, variant)
-        _launch(K._dq_kernel, a.kv[0].shape[1], B, H, (
-            q, k, v, out, do, m, l, delta, dst, prev, *_strides(q, k, do, dst),
-            *a.q_slots, *a.k_slots, *a.kv, a.token_masks,
-            n, H, a.hl, H // k.shape[1], a.kv[0].shape[1], d, c, g,
-        ), part, variant.settings(part.name, q.dtype, meta["BLOCK_D"]), meta, q,
-            LOAD_PREV=load, RANGE=a.kv_range, NEGATE=scale < 0, **a.flags, **flags)
+    def dq_launch(i, dst, prev, load, delta, **flags):
+        launches.dq[i](B, H, (q, k, v, out, do, m, l, delta, dst, prev, *head,
+                              *dst.stride()[:3]), sizes, (c, g),
+                       LOAD_PREV=load, NEGATE=negate, **flags)
 
     first_delta = False
     if abs(scale) > EXACT_DELTA_ABOVE:      # delta = rowsum(P dP) over the same tiles
-        sums = _Writes(q_order, 1, (B, H, n), torch.float32, q.device)
-        for i, part in enumerate(q_order.parts):
-            (dst,), _, load = sums.step(i)
-            dq_launch(part, dst, dst, load, dst, COMPUTE_DELTA=False, DELTA_PASS=True)
-        delta, = sums.result()
-    elif variant.fused and q_order.parts and not q_order.fill:
-        delta = torch.empty(B, H, n, dtype=torch.float32, device=q.device)
-        first_delta = True                  # written by the first dQ launch
+        sums = launches.delta_sums
+        bufs = sums.buffers(m)
+        for i in range(len(launches.dq)):
+            (dst,), _, load = sums.step(i, bufs)
+            dq_launch(i, dst, dst, load, dst, COMPUTE_DELTA=False, DELTA_PASS=True)
+        delta, = sums.result(bufs)
+    elif launches.first_delta:
+        delta = torch.empty_like(m)         # written by the first dQ launch
+        first_delta = True
     else:
         delta = (do.float() * out.float()).sum(-1).contiguous()             # (B, H, n)
 
-    dqw = _Writes(q_order, 1, shape, q.dtype, q.device)
-    for i, part in enumerate(q_order.parts):
-        (dst,), (prev,), load = dqw.step(i)
-        dq_launch(part, dst, prev, load, delta, DELTA_PASS=False,
+    writes = launches.dq_writes
+    bufs = writes.buffers(q)
+    for i in range(len(launches.dq)):
+        (dst,), (prev,), load = writes.step(i, bufs)
+        dq_launch(i, dst, prev, load, delta, DELTA_PASS=False,
                   COMPUTE_DELTA=first_delta and i == 0)
     share = H // k.shape[1]          # grouped key/value heads: dk, dv per query head, summed
-    dkw = _Writes(k_order, 2, shape, k.dtype if share == 1 else torch.float32, q.device)
-    for i, part in enumerate(k_order.parts):
-        (dk, dv), (pk, pv), load = dkw.step(i)
-        a = part_args(part, variant)
-        _launch(K._dkdv_kernel, a.qt[0].shape[1], B, H, (
-            q, k, v, do, m, l, delta, dk, dv, pk, pv, *_strides(q, k, do, dk),
-            *a.q_slots, *a.k_slots, *a.qt, a.token_masks,
-            n, H, a.hl, H // k.shape[1], a.qt[0].shape[1], d, c, g,
-        ), part, variant.settings(part.name, q.dtype, meta["BLOCK_D"]), meta, q,
-            LOAD_PREV=load, RANGE=a.qt_range, NEGATE=scale < 0, **a.flags)
-    dq, = dqw.result()
-    dk, dv = dkw.result()
+    kw = launches.dkdv_writes(k.dtype if share == 1 else torch.float32)
+    kbufs = kw.buffers(k if share == 1 else q)
+    for i, launch in enumerate(launches.dkdv):
+        (dk, dv), (pk, pv), load = kw.step(i, kbufs)
+        launch(B, H, (q, k, v, do, m, l, delta, dk, dv, pk, pv, *head, *dk.stride()[:3]),
+               sizes, (c, g), LOAD_PREV=load, NEGATE=negate)
+    dq, = writes.result(bufs)
+    dk, dv = kw.result(kbufs)
     if share > 1:   # the query heads of key/value head j are j share .. j share + share - 1
-        dk, dv = (t.unflatten(1, (-1, share)).sum(2).to(k.dtype) for t in (dk, dv))
+        dk, dv = (torch.empty_like(k).copy_(t.unflatten(1, (-1, share)).sum(2))
+                  for t in (dk, dv))
     return dq, dk, dv
 
 
+def rows_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """t, or a copy of it when its rows are not contiguous (the kernels read each row of d
+    values with stride 1)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 class BlockSparseAttention(torch.autograd.Function):
-    """out = softmax(scale q k^T restricted to the layout) v, with a Triton backward."""
+    """out = softmax(scale q k^T restricted to the layout) v, with a Triton backward, on
+    parts the caller built (``fast.kernels.triton_attention.attention_with_parts``; the
+    layouts of ``sparse_attention`` run as the operator, ``triton_attention``)."""
 
     @staticmethod
     def forward(ctx, q, k, v, parts, scale, variant):
-        out, m, l = forward(q, k, v, parts, scale, variant)
+        q, k, v = (rows_contiguous(t) for t in (q, k, v))
+        if k.stride() != v.stride():
+            k, v = k.contiguous(), v.contiguous()
+        launches = Launches(parts, variant, q.dtype, q.shape[-1], q.device, q.shape[2])
+        out, m, l = forward(q, k, v, launches, scale)
         ctx.save_for_backward(q, k, v, out, m, l)  # delta = rowsum(dO * O) as in FlashAttention-2
-        ctx.parts, ctx.scale, ctx.variant = parts, scale, variant
+        ctx.launches, ctx.scale = launches, scale
         return out
 
     @staticmethod
     @once_differentiable("the Triton backend of sparse_attention")
     def backward(ctx, grad_out):
         q, k, v, out, m, l = ctx.saved_tensors
-        dq, dk, dv = backward(q, k, v, out, m, l, grad_out, ctx.parts, ctx.scale, ctx.variant)
+        dq, dk, dv = backward(q, k, v, out, m, l, grad_out, ctx.launches, ctx.scale)
         return dq, dk, dv, None, None, None

@@ -6,18 +6,36 @@ job each:
 
 * ``fast.kernels.triton_kernels`` -- the @triton.jit kernels (forward, dQ, dK/dV);
 * ``fast.kernels.variants``       -- the kernel variants (the speed levers) by name;
-* ``fast.kernels.launch``         -- the launchers and the autograd Function;
-* this module                     -- ``triton_sparse_attention`` (pattern in,
-  layout from ``fast.layout.block_layout``, moved to the device once and cached),
-  ``attention_with_parts`` / ``attention_lse`` / ``forward`` (already-built parts
-  in) and the input checks (``fast.core.checks`` plus the kernel's own limits).
-  And the kernels as custom operators, ``sparse_transformer::triton`` and its backward,
-  which ``torch.compile`` sees of a traced call (``_registered`` says when).
+* ``fast.kernels.launch``         -- the launches of a layout, decided once
+  (``Launches``), and what a forward and a backward launch;
+* this module                     -- the layout cache (``cached_layout``: built by
+  ``fast.layout.block_layout``, moved to the device once) and the launches of each
+  layout (``launches``); the kernels as one operator, ``sparse_transformer::triton``,
+  with its backward ``sparse_transformer::triton_backward`` as the autograd formula
+  (``TritonAttention``); ``prepare`` (the entry of ``fast.sparse_attention``'s call
+  plan: a ``TritonCall`` per call signature) and ``triton_sparse_attention`` (the
+  public function); ``attention_with_parts`` / ``attention_lse`` / ``forward``
+  (already-built parts in, eager only) and the input checks (``fast.core.checks``
+  plus the kernel's own limits).
 
-Checks run once per call, at the entry the caller used: the public functions here
-check q, k, v, the scale and the kernel's limits; ``attend`` is the entry of
-``fast.sparse_attention``, which has checked q, k, v, the pattern and the scale
-already, so it checks only what the kernel alone limits (dtype, d, device).
+One path (docs/design.md, "torch.compile"): every call of the layouts of
+``sparse_attention`` runs the operator, eager or compiled, as flash-attn binds its
+operator once -- an autograd Function whose forward and backward call the two
+operators (``FORWARD``, ``BACKWARD``); ``torch.compile`` traces the Function and keeps
+each operator as one opaque call. The operators are defined with
+``torch.library.Library`` (a kernel registered for every backend, and a fake one): an
+eager call costs one dispatch each way, about a third of what a
+``torch.library.custom_op`` with ``register_autograd`` costs (its Python wrapper checks
+aliasing and fills defaults on every call: ``python -m fast bench --host-cost``
+measures the path). A layout is named by the operators' attributes -- the pattern,
+its parameters (``params_text``), combine, layer, block, order and variant -- and its
+launches found by one look-up of a flat key per call (``launches``).
+
+Checks run once per call signature, at the entry the caller used: the public
+functions here check q, k, v, the scale and the kernel's limits on every call;
+``prepare`` is the entry of ``fast.sparse_attention``'s call plan, which has checked
+q, k, v, the pattern and the scale already, so it checks only what the kernel alone
+limits (dtype, d, device), once.
 
 This is the one module to import the kernels from: it also re-exports the names
 that tests and notebook 04 use (``interpreted``, ``parts_from_masks``,
@@ -34,7 +52,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fast.core.autograd import refuse_second_derivative
+from fast.core.autograd import Function, backward_through, keep_for_backward
 from fast.core.checks import check_scale, check_tensors
 from fast.core.merge import merge
 from fast.kernels import launch as L
@@ -45,9 +63,10 @@ from fast.layout.from_masks import parts_from_masks
 from reference.params import check_params
 
 __all__ = [
-    "GPU_DTYPES", "MAX_HEAD_DIM", "VARIANTS", "Variant", "attend", "attention_lse",
-    "attention_with_parts", "cached_layout", "clear_layout_cache", "default_block", "forward",
-    "interpreted", "layout_cost", "merge", "parts_from_masks", "triton_sparse_attention",
+    "GPU_DTYPES", "MAX_HEAD_DIM", "VARIANTS", "TritonAttention", "TritonCall", "Variant",
+    "attention_lse", "attention_with_parts", "cached_layout", "clear_layout_cache",
+    "default_block", "forward", "interpreted", "launches", "layout_cost", "merge",
+    "parts_from_masks", "prepare", "triton_sparse_attention",
     "variant_parts",
 ]
 
@@ -154,7 +173,6 @@ def _on_device(q, parts, block_size: int) -> list[LayoutPart]:
 
 def _apply(q, k, v, parts, scale: float, variant: Variant) -> torch.Tensor:
     q, scale = L.fold_scale(q, scale)
-    q, k, v = (t.contiguous() for t in (q, k, v))
     return L.BlockSparseAttention.apply(q, k, v, parts, scale, variant)
 
 
@@ -186,12 +204,15 @@ def forward(q, k, v, parts, scale=None, block_size: int | None = None, separate:
     parts = _on_device(q, parts, _check_block(block_size))
     q, scale = L.fold_scale(q, scale)
     q, k, v = (t.contiguous() for t in (q, k, v))
+    n, d = q.shape[2], q.shape[3]
     if not separate:
-        out, m, l = L.forward(q, k, v, parts, scale, variant)
+        out, m, l = L.forward(q, k, v, L.Launches(parts, variant, q.dtype, d, q.device, n),
+                              scale)
         return out, L.lse_of(m, l, scale)
     outs, lses = [], []
     for p in parts:
-        out, m, l = L.forward(q, k, v, [p], scale, variant)
+        out, m, l = L.forward(q, k, v, L.Launches([p], variant, q.dtype, d, q.device, n),
+                              scale)
         outs.append(out)
         lses.append(L.lse_of(m, l, scale))
     return outs, lses
@@ -241,8 +262,9 @@ def cached_layout(pattern: str, n: int, n_heads: int, combine: str, layer: int,
 
 
 def clear_layout_cache() -> None:
-    """Forget every cached layout (and free its device tables)."""
+    """Forget every cached layout and its launches (and free their device tables)."""
     _LAYOUTS.clear()
+    _LAUNCHES.clear()
 
 
 def default_block(device) -> int:
@@ -288,11 +310,7 @@ def layout_cost(pattern: str, n: int, n_heads: int, params: dict, variant=None,
 
 
 # ----------------------------------------------------------------------------
-# The entries
-# ----------------------------------------------------------------------------
-
-# ----------------------------------------------------------------------------
-# The operator: what torch.compile sees of the kernels
+# The operator: what every call of sparse_attention's Triton path runs
 # ----------------------------------------------------------------------------
 
 def params_text(params: dict) -> str:
@@ -314,111 +332,166 @@ def params_of(text: str) -> dict:
     return out
 
 
-def _op_parts(q, pattern, combine, layer, params, block, order, variant):
-    """The cached layout's parts for the operators' attributes (``params``: text)."""
-    return variant_parts(pattern, q.shape[2], q.shape[1], combine, layer, params_of(params),
-                         block, q.device, order, VARIANTS[variant], q.dtype, q.shape[3])
+_CALLER_VARIANTS: dict = {}   # repr -> a Variant built by the caller (not in VARIANTS)
 
 
-@torch.library.custom_op("sparse_transformer::triton", mutates_args=())
-def triton_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str, combine: str,
-              layer: int, params: str, scale: float, block: int, order: str,
-              variant: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``launch.forward`` as one operator: (out in q's dtype, the row statistics m, l
-    float32 (B, H, n)) of q, k, v (B, H, n, d) / (B, Hkv, n, d) (q already padded to the
-    keys' n, the scale as ``launch.fold_scale`` leaves it). The layout is named by its
-    attributes -- the pattern, its parameters (``params_text``), the block, the order and
-    a variant of ``VARIANTS`` by name -- and taken from the layout cache on every call."""
-    parts = _op_parts(q, pattern, combine, layer, params, block, order, variant)
-    q, k, v = (t.contiguous() for t in (q, k, v))
-    return L.forward(q, k, v, parts, scale, VARIANTS[variant])
+def variant_text(variant: Variant) -> str:
+    """The operators' name for ``variant``: its name when it is the one ``VARIANTS`` holds
+    under it, else its ``repr`` (every field; registered here, so the operator finds it)."""
+    if VARIANTS.get(variant.name) is variant:
+        return variant.name
+    text = repr(variant)
+    _CALLER_VARIANTS.setdefault(text, variant)
+    return text
 
 
-@triton_op.register_fake
+def _variant_of(text: str) -> Variant:
+    found = VARIANTS.get(text) or _CALLER_VARIANTS.get(text)
+    if found is None:
+        raise ValueError(f"unknown kernel variant {text[:80]!r}: a Variant built by the "
+                         f"caller is known to the operator once it has been passed to "
+                         f"sparse_attention (or triton_sparse_attention) in this process")
+    return found
+
+
+# (pattern, combine, layer parity, params text, block, order, variant text, n, H, device,
+# dtype, d) -> the layout's launches (``launch.Launches``), least recently used first
+_LAUNCHES: OrderedDict = OrderedDict()
+
+
+def launches(q: torch.Tensor, pattern: str, combine: str, layer: int, params: str, block: int,
+             order: str, variant: str) -> L.Launches:
+    """The launches of the operators' layout for q (B, H, n, d): found by one look-up of a
+    flat key (no sorting, no conversion), built on the first call of a signature from the
+    cached layout (``variant_parts``). Kept with the layouts: the ``MAX_CACHED_LAYOUTS``
+    most recently used, dropped by ``clear_layout_cache``."""
+    _, H, n, d = q.shape
+    key = (pattern, combine, layer % 2 if combine == "interleaved" else 0, params, block,
+           order, variant, n, H, q.device, q.dtype, d)
+    hit = _LAUNCHES.get(key)
+    if hit is None:
+        v = _variant_of(variant)
+        parts = variant_parts(pattern, n, H, combine, layer, params_of(params), block,
+                              q.device, order, v, q.dtype, d)
+        hit = _LAUNCHES[key] = L.Launches(parts, v, q.dtype, d, q.device, n)
+        while len(_LAUNCHES) > MAX_CACHED_LAYOUTS:
+            _LAUNCHES.popitem(last=False)
+    else:
+        try:
+            _LAUNCHES.move_to_end(key)
+        except KeyError:                  # dropped meanwhile by another thread: still good
+            pass
+    return hit
+
+
+def _forward_op(q, k, v, pattern, combine, layer, params, scale, block, order, variant):
+    """``launch.forward`` on the layout the attributes name: (out in q's dtype and layout,
+    the row statistics m, l float32 (B, H, n)) of q, k, v (B, H, n, d) / (B, Hkv, n, d)
+    (q already padded to the keys' n, the scale as ``launch.fold_scale`` leaves it; every
+    row contiguous, k and v of one layout: ``TritonCall`` sees to both)."""
+    return L.forward(q, k, v, launches(q, pattern, combine, layer, params, block, order,
+                                       variant), scale)
+
+
+def _backward_op(grad_out, q, k, v, out, m, l, pattern, combine, layer, params, scale, block,
+                 order, variant):
+    """``launch.backward`` on the layout the attributes name: (dq, dk, dv) shaped, typed
+    and laid out as q, k, v."""
+    return L.backward(q, k, v, out, m, l, grad_out,
+                      launches(q, pattern, combine, layer, params, block, order, variant),
+                      scale)
+
+
+_ATTRIBUTES = ("str pattern, str combine, int layer, str params, float scale, int block, "
+               "str order, str variant")
+_LIB = torch.library.Library("sparse_transformer", "FRAGMENT")   # kept: it owns the ops
+_LIB.define(f"triton(Tensor q, Tensor k, Tensor v, {_ATTRIBUTES}) -> (Tensor, Tensor, Tensor)")
+_LIB.define(f"triton_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+            f"Tensor m, Tensor l, {_ATTRIBUTES}) -> (Tensor, Tensor, Tensor)")
+_LIB.impl("triton", _forward_op, "CompositeExplicitAutograd")
+_LIB.impl("triton_backward", _backward_op, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("sparse_transformer::triton")
 def _(q, k, v, pattern, combine, layer, params, scale, block, order, variant):
     B, H, n, _ = q.shape
-    return (q.new_empty(q.shape), q.new_empty(B, H, n, dtype=torch.float32),
+    return (torch.empty_like(q), q.new_empty(B, H, n, dtype=torch.float32),
             q.new_empty(B, H, n, dtype=torch.float32))
 
 
-@torch.library.custom_op("sparse_transformer::triton_backward", mutates_args=())
-def triton_backward_op(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                       v: torch.Tensor, out: torch.Tensor, m: torch.Tensor, l: torch.Tensor,
-                       pattern: str, combine: str, layer: int, params: str, scale: float,
-                       block: int, order: str, variant: str
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``launch.backward`` as one operator: (dq, dk, dv) shaped and typed as q, k, v."""
-    parts = _op_parts(q, pattern, combine, layer, params, block, order, variant)
-    q, k, v = (t.contiguous() for t in (q, k, v))
-    grads = L.backward(q, k, v, out, m, l, grad_out, parts, scale, VARIANTS[variant])
-    return tuple(g.contiguous() for g in grads)
-
-
-@triton_backward_op.register_fake
+@torch.library.register_fake("sparse_transformer::triton_backward")
 def _(grad_out, q, k, v, out, m, l, pattern, combine, layer, params, scale, block, order,
       variant):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, *attributes = inputs
-    out, m, l = output
-    ctx.save_for_backward(q, k, v, out, m, l)  # delta = rowsum(dO * O), FlashAttention-2
-    ctx.attributes = attributes
-    ctx.mark_non_differentiable(m, l)
+FORWARD = torch.ops.sparse_transformer.triton.default       # bound once (as flash-attn does)
+BACKWARD = torch.ops.sparse_transformer.triton_backward.default
 
 
-def _backward(ctx, grad_out, _grad_m, _grad_l):
-    refuse_second_derivative("the Triton backend of sparse_attention")
-    q, k, v, out, m, l = ctx.saved_tensors
-    dq, dk, dv = triton_backward_op(grad_out, q, k, v, out, m, l, *ctx.attributes)
-    return dq, dk, dv, *(None for _ in ctx.attributes)
+class TritonAttention(Function):
+    """The operator ``sparse_transformer::triton`` with its backward
+    ``sparse_transformer::triton_backward`` as autograd formula: (out, m, l) of q, k, v
+    and the attributes. Every call takes it, eager or traced by torch.compile (which
+    traces this Function and keeps each operator as one opaque call)."""
+
+    @staticmethod
+    def forward(q, k, v, pattern, combine, layer, params, scale, block, order, variant):
+        # every parameter named (no *args): torch.compile passes no context to a forward
+        # of as many parameters as the call has arguments
+        return FORWARD(q, k, v, pattern, combine, layer, params, scale, block, order, variant)
+
+    # apart, as torch.func's transforms require; delta = rowsum(dO * O), FlashAttention-2
+    setup_context = staticmethod(keep_for_backward)
+    backward = staticmethod(backward_through(BACKWARD, "the Triton backend of sparse_attention"))
 
 
-triton_op.register_autograd(_backward, setup_context=_setup_context)
+class TritonCall:
+    """The kernels for one call signature of ``fast.sparse_attention`` (``prepare``): what
+    the signature decides is decided here, once -- the scale folded into q or not
+    (``launch.fold_scale``), which tensors need a copy for the kernels (rows not
+    contiguous, k and v of two layouts), the operator's attributes -- and ``__call__``
+    runs the operator: no check, no look-up but the launches'.
 
-
-def _registered(variant: Variant) -> str | None:
-    """The name of ``variant`` when it is the one ``VARIANTS`` holds under it (the
-    operator takes variants by name), else None.
-
-    The operator is what ``torch.compile`` sees of the kernels (docs/design.md, "torch.compile"):
-    ``launch.forward`` and ``launch.backward`` behind one opaque call each. Eager calls run
-    the same launchers through ``launch.BlockSparseAttention``, without the dispatcher's
-    overhead; so does a compiled call with a Variant built by the caller (a graph break)."""
-    return variant.name if VARIANTS.get(variant.name) is variant else None
-
-
-def _run(q, k, v, pattern, combine, layer, params, scale, block_size, order, variant):
-    """q (B, H, n_q, d), the last n_q positions of k, v (B, Hkv, n_k, d): the layout is
+    q (B, H, n_q, d), the last n_q positions of k, v (B, Hkv, n_k, d): the layout is
     built for n_k positions and H heads, and q padded in front with n_k - n_q zero rows
     (their outputs dropped, their gradients zero: a chunk of queries costs what n_k do).
     Grouped key/value heads are read in the kernels (head h reads k, v of h // share)."""
-    variant = resolve(variant)
-    block = default_block(q.device) if block_size is None else _check_block(block_size)
-    B, H, n_q, d = q.shape
-    n = k.shape[2]
-    if n_q < n:
-        q = F.pad(q, (0, 0, n - n_q, 0))                                 # (B, H, n_k, d)
-    name = _registered(variant)
-    if torch.compiler.is_compiling() and name is not None:
-        # traced: the operator (the same launchers), which a compiled graph holds whole
-        q, scale = L.fold_scale(q, scale)
-        out, _, _ = triton_op(q, k, v, pattern, combine, layer, params_text(params), scale,
-                              block, order, name)
-    else:         # eager (or a Variant built by the caller): the autograd Function
-        parts = variant_parts(pattern, n, H, combine, layer, params, block, q.device, order,
-                              variant, q.dtype, d)
-        out = _apply(q, k, v, parts, scale, variant)
-    return out if n_q == n else out[:, :, n - n_q:]
+
+    __slots__ = ("fold", "scale", "copy_q", "copy_kv", "attributes")
+
+    def __init__(self, q, k, v, pattern: str, combine: str, layer: int, params: dict,
+                 scale: float, block_size=None, order: str = "structured", variant=None):
+        variant = resolve(variant)
+        block = default_block(q.device) if block_size is None else _check_block(block_size)
+        self.fold, self.scale = L.folds(scale), scale      # q * scale, and scale 1, or not
+        self.copy_q = q.stride(-1) != 1   # (after F.pad or a padded batch's gather: a no-op)
+        self.copy_kv = k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride() != v.stride()
+        self.attributes = (pattern, combine, layer, params_text(params),
+                           1.0 if self.fold else scale, block, order, variant_text(variant))
+
+    def __call__(self, q, k, v):
+        front = k.shape[2] - q.shape[2]   # zero rows in front of q (a padded batch has none)
+        if front:
+            q = F.pad(q, (0, 0, front, 0))                               # (B, H, n_k, d)
+        if self.fold:
+            q = q * self.scale                  # as launch.fold_scale: scale 1 in the kernels
+        if self.copy_q:
+            q = q.contiguous()
+        if self.copy_kv:
+            k, v = k.contiguous(), v.contiguous()
+        out, _, _ = TritonAttention.apply(q, k, v, *self.attributes)
+        return out[:, :, front:] if front else out
 
 
-def attend(q, k, v, pattern: str, *, combine: str, layer: int, scale: float, params: dict,
-           block_size=None, order: str = "structured", variant=None) -> torch.Tensor:
-    """The kernels for ``fast.sparse_attention``, which has checked q, k, v, the pattern,
-    its parameters and the scale (a float): only the kernel's own limits are checked here."""
+def prepare(q, k, v, pattern: str, *, combine: str, layer: int, scale: float, params: dict,
+            block_size=None, order: str = "structured", variant=None) -> TritonCall:
+    """The kernels for ``fast.sparse_attention``'s call plan, which has checked q, k, v,
+    the pattern, its parameters and the scale (a float): only the kernel's own limits are
+    checked here, once per signature."""
     _kernel_limits(q)
-    return _run(q, k, v, pattern, combine, layer, params, scale, block_size, order, variant)
+    return TritonCall(q, k, v, pattern, combine, layer, params, scale, block_size, order,
+                      variant)
 
 
 def triton_sparse_attention(q, k, v, pattern: str, *, stride=None, c=None,
@@ -442,11 +515,13 @@ def triton_sparse_attention(q, k, v, pattern: str, *, stride=None, c=None,
     (default: strided columns transposed, fixed summaries gathered, so every part
     is truly block-sparse) or "natural" (one part in natural order, for comparison
     in the benchmark). variant: a name in ``VARIANTS``, a ``Variant``, or None (the
-    default, ``fast.kernels.variants.DEFAULT``).
+    default, ``fast.kernels.variants.DEFAULT``). Every call checks its inputs;
+    ``fast.sparse_attention(..., backend="triton")`` checks once per signature.
     """
     scale = _check_inputs(q, k, v, scale, enable_gqa)
     # the pattern, layer and parameters as every path checks them (before the layout
     # cache, whose key would let 4.0 find the entry of 4 and skip the check)
     params = check_params(pattern, k.shape[2], q.shape[1], combine, layer,
                           {"stride": stride, "c": c, **pattern_params})
-    return _run(q, k, v, pattern, combine, layer, params, scale, block_size, order, variant)
+    return TritonCall(q, k, v, pattern, combine, layer, params, scale, block_size, order,
+                      variant)(q, k, v)

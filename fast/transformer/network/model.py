@@ -161,8 +161,9 @@ class Attention(nn.Module):
             # with zeros (q.k is unchanged) and keep the scale of the true width.
             pad = v.shape[-1] - q.shape[-1]
             q, k = F.pad(q, (0, pad)), F.pad(k, (0, pad))               # (B, H, n, dh)
-        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        if not q.dtype == k.dtype == v.dtype:   # (a dispatch each: only when they differ)
+            dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         return sparse_attention(q, k, v, cfg.pattern, combine=cfg.combine, layer=self.layer,
                                 scale=scale, backend=cfg.attention_backend,
                                 **cfg.pattern_params())

@@ -3,13 +3,15 @@
 Child et al., 2019, sections 4.3 and 5.1 (the patterns and their heads), section 5.5 (the
 structured pieces) and 5.4 (recomputation: a float32 call whose log-sum-exp outgrows
 float32 is recomputed in float64, in the backward too). ``sparse_transformer::structured``
-(and its backward) and ``sparse_transformer::check_inputs`` are what ``torch.compile``
-sees of a traced call (docs/design.md, "torch.compile"; eager calls run the same functions
-without the dispatcher): ``torch.library.opcheck`` checks each
-(schema, autograd registration, fake tensors against real ones -- shapes, dtypes and
-strides -- and the AOT-dispatched forward and backward against eager) on odd sizes: n
-not a multiple of the stride, d = 48, one and three heads, n_q < n_k, grouped key/value
-heads, inputs that are transposed views (as a model's split into heads leaves them).
+(and its backward) and ``sparse_transformer::check_inputs`` are what every call runs,
+eager or traced by ``torch.compile`` (docs/design.md, "torch.compile"); the structured
+operators' autograd formula is ``StructuredAttention``, a Function that calls them (as
+flash-attn's does): ``torch.library.opcheck`` checks each operator (schema, fake tensors
+against real ones -- shapes, dtypes and strides -- and the AOT-dispatched operator
+against eager) on odd sizes: n not a multiple of the stride, d = 48, one and three
+heads, n_q < n_k, grouped key/value heads, inputs that are transposed views (as a
+model's split into heads leaves them); the gradients through the Function are compared
+with the reference.
 The reference comparisons here run compiled calls (``aot_eager``: dynamo and AOT
 autograd, no code generation) against ``reference/`` in float64.
 """
@@ -21,6 +23,7 @@ import torch
 
 import fast.attention  # noqa: F401  (registers the operators)
 from fast import sparse_attention
+from fast.backends.structured import StructuredAttention
 from tests.fast.api_helpers import inputs, run, truth, truth_masks
 
 OPS = torch.ops.sparse_transformer
@@ -57,17 +60,18 @@ def _pair_id(pair):
 @pytest.mark.parametrize("case,shape", PAIRS, ids=map(_pair_id, PAIRS))
 @pytest.mark.parametrize("grad", [True, False], ids=["backward", "forward"])
 def test_opcheck_structured(case, shape, grad):
+    """Each operator alone (no input requires grad: their autograd formula is the
+    Function's, ``StructuredAttention``, whose gradients ``test_op_equals_reference``
+    checks)."""
     B, H, Hkv, n_q, n_k = shape
     q, k, v, _ = inputs(B, H, Hkv, n_q, n_k, 48, seed=1, dtype=torch.float32)
     args = (*case[:2], case[2], case[3], case[4], 48 ** -0.5)
-    q, k, v = (t.requires_grad_(grad) for t in (q, k, v))
     torch.library.opcheck(OPS.structured, (q, k, v, *args))
     if not grad:
         return
-    out, lse = OPS.structured(q.detach(), k.detach(), v.detach(), *args)
+    out, lse, exact = OPS.structured(q, k, v, *args)
     go = torch.randn_like(out)
-    torch.library.opcheck(OPS.structured_backward,
-                          (go, q.detach(), k.detach(), v.detach(), out, lse, *args))
+    torch.library.opcheck(OPS.structured_backward, (go, q, k, v, out, lse, exact, *args))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16], ids=str)
@@ -77,10 +81,10 @@ def test_opcheck_structured_transposed_views(dtype):
     compiled graph's next ``view`` failed)."""
     q, k, v = (_transposed(2, 3, 37, 48, dtype, seed) for seed in (1, 2, 3))
     args = ("fixed", "multihead", 0, 8, 2, 0.2)
-    torch.library.opcheck(OPS.structured, (q.requires_grad_(), k, v, *args))
-    out, lse = OPS.structured(q.detach(), k, v, *args)
+    torch.library.opcheck(OPS.structured, (q, k, v, *args))
+    out, lse, exact = OPS.structured(q, k, v, *args)
     torch.library.opcheck(OPS.structured_backward,
-                          (torch.randn_like(out), q.detach(), k, v, out, lse, *args))
+                          (torch.randn_like(out), q, k, v, out, lse, exact, *args))
 
 
 def test_opcheck_check_inputs():
@@ -92,8 +96,9 @@ def test_opcheck_check_inputs():
 
 @pytest.mark.parametrize("case,shape", PAIRS, ids=map(_pair_id, PAIRS))
 def test_op_equals_reference(case, shape):
-    """The operator itself (out, and dq, dk, dv through its registered autograd) against
-    the float64 reference: the answer is out's last n_q of the first n_k rows."""
+    """The operator (out, and dq, dk, dv through its autograd formula, the Function that
+    calls it and its backward) against the float64 reference: the answer is out's last
+    n_q of the first n_k rows."""
     pattern, combine, layer, stride, c = case
     B, H, Hkv, n_q, n_k = shape
     params = {"stride": stride} if c is None else {"stride": stride, "c": c}
@@ -102,8 +107,9 @@ def test_op_equals_reference(case, shape):
     want = truth(q, k, v, go, mask)
 
     def op(q, k, v):
-        out, lse = OPS.structured(q, k, v, pattern, combine, layer, stride, c, 48 ** -0.5)
-        assert out.shape[2] % stride == 0 and lse.shape == out.shape[:3]
+        out, lse, exact = StructuredAttention.apply(q, k, v, pattern, combine, layer, stride,
+                                                    c, 48 ** -0.5)
+        assert out.shape[2] % stride == 0 and lse.shape == out.shape[:3] and not exact
         return out[:, :, n_k - n_q:n_k]
 
     got = run(op, q, k, v, go)
@@ -232,11 +238,11 @@ def test_compiled_raises_what_eager_raises(backend):
 
 
 def test_second_derivative_through_the_operator_raises():
-    """The operator's registered backward refuses create_graph=True as its eager twin
-    (``_StructuredAttention``) does."""
+    """The operator's autograd formula (``StructuredAttention``) refuses create_graph=True
+    by name."""
     q, k, v, go = inputs(1, 2, 2, 40, 40, 16, seed=9)
     q.requires_grad_(True)
-    out, _ = OPS.structured(q, k, v, "strided", "merged", 0, 4, None, 0.25)
+    out, _, _ = StructuredAttention.apply(q, k, v, "strided", "merged", 0, 4, None, 0.25)
     with pytest.raises(RuntimeError, match="once_differentiable.*backend='naive'"):
         torch.autograd.grad((out * go).sum(), q, create_graph=True)
 

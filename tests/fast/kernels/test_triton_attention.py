@@ -262,10 +262,11 @@ def test_both_entry_points_share_one_tensor_check(case):
 
 @needs_runner
 def test_inputs_are_checked_once_per_call(monkeypatch):
-    """q, k, v and the scale are checked once per call, at the entry the caller used:
-    ``fast.sparse_attention`` checks them and the kernel trusts it; the kernel's own
-    entry checks them itself."""
-    from fast import attention
+    """q, k, v and the scale are checked once, at the entry the caller used:
+    ``fast.sparse_attention`` checks them once per call signature (its call plan; a
+    repeated call checks nothing again) and the kernel trusts it; the kernel's own entry
+    checks them itself, on every call."""
+    from fast.core import checks
 
     counts = {}
 
@@ -275,16 +276,21 @@ def test_inputs_are_checked_once_per_call(monkeypatch):
             return fn(*args, **kwargs)
         return wrapper
 
-    for module in (attention, T):
+    for module in (checks, T):
         monkeypatch.setattr(module, "check_tensors", counted("tensors", module.check_tensors))
         monkeypatch.setattr(module, "check_scale", counted("scale", module.check_scale))
     q = torch.randn(1, 1, 20, 16)
-    for entry in (lambda: sparse_attention(q, q, q, "strided", stride=4, backend="triton"),
-                  lambda: T.triton_sparse_attention(q, q, q, "strided", stride=4,
-                                                    block_size=BLOCK)):
+    for entry, again in ((lambda: sparse_attention(q, q, q, "strided", stride=4,
+                                                   backend="triton"), {}),
+                         (lambda: T.triton_sparse_attention(q, q, q, "strided", stride=4,
+                                                            block_size=BLOCK),
+                          {"tensors": 1, "scale": 1})):
         counts.clear()
         entry()
         assert counts == {"tensors": 1, "scale": 1}, counts
+        counts.clear()
+        entry()
+        assert counts == again, counts
 
 
 def test_both_entry_points_share_one_scale_check():

@@ -2,7 +2,9 @@
 
 Child et al., 2019, section 5.5 (block-sparse kernels) over the patterns of section 4.3.
 ``sparse_transformer::triton`` and its backward (``fast.kernels.triton_attention``) are
-what ``torch.compile`` sees of the "triton" backend (docs/design.md, "torch.compile").
+what every call of the "triton" backend runs, eager or compiled (docs/design.md,
+"torch.compile"); their autograd formula is ``TritonAttention``, a Function that calls
+them, so opcheck checks each operator on inputs that require no grad.
 Under ``TRITON_INTERPRET=1`` they run on the CPU in Triton's interpreter (float32), which
 is slow: one small odd case each (n = 37, d = 48, grouped key/value heads).
 """
@@ -35,10 +37,10 @@ def test_opcheck_triton():
     q, k, v, _ = inputs(1, 2, 1, 37, 37, 48, seed=1, dtype=torch.float32)
     args = ("fixed", "merged", 0, T.params_text({"stride": 8, "c": 2}), 48 ** -0.5, 32,
             "structured", "baseline")
-    torch.library.opcheck(OPS.triton, (q.requires_grad_(), k, v, *args))
-    out, m, l = OPS.triton(q.detach(), k, v, *args)
+    torch.library.opcheck(OPS.triton, (q, k, v, *args))
+    out, m, l = OPS.triton(q, k, v, *args)
     torch.library.opcheck(OPS.triton_backward,
-                          (torch.randn_like(out), q.detach(), k, v, out, m, l, *args))
+                          (torch.randn_like(out), q, k, v, out, m, l, *args))
 
 
 @pytest.mark.slow
