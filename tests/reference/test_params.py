@@ -27,6 +27,23 @@ def test_names():
     assert P.PATTERNS is R.PATTERNS and P.COMBINES is R.COMBINES
 
 
+def test_a_parameter_without_a_check_is_refused_at_import(monkeypatch):
+    """A module of reference.extensions that takes a parameter no check knows is refused
+    when reference is imported (the check itself, on made-up tables); one named in its
+    INTEGERS is checked as a bounded integer by check_params."""
+    table = {"made_up": (("stride", "levels"), {})}
+    with pytest.raises(TypeError, match=r"'made_up' takes \['levels'\].*INTEGERS"):
+        R._every_parameter_checked(table, {})
+    R._every_parameter_checked(table, {"made_up": {"levels": 1}})
+    monkeypatch.setattr(R, "PATTERNS", R.PATTERNS + ("made_up",))
+    monkeypatch.setattr(R, "PARAMS", {**R.PARAMS, **table})
+    monkeypatch.setattr(R, "INTEGERS", {"made_up": {"levels": 1}})
+    with pytest.raises(ValueError, match=r"levels must be an integer >= 1, got 0"):
+        R.check_params("made_up", 9, 1, "merged", 0, {"stride": 2, "levels": 0})
+    assert R.check_params("made_up", 9, 1, "merged", 0, {"stride": 2, "levels": np.int64(3)}) \
+        == {"stride": 2, "levels": 3}
+
+
 def test_is_int():
     for x in (0, 7, np.int32(3), np.int64(-2), np.uint8(1)):
         assert R.is_int(x)
