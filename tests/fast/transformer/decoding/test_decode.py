@@ -169,8 +169,13 @@ def test_head_groups():
     assert [g.parts for g in groups] == [("block",), ("summary",)]
     assert [list(range(4))[g.heads] for g in groups] == [[0, 2], [1, 3]]
     assert groups[1].summaries == ((4, 6), (2, 4))            # ranks 0 and 1
-    with pytest.raises(ValueError, match="sparse cache serves"):
+    # a pattern without laid-out stores is one group read through its rows, at the n its
+    # parameters are checked at
+    with pytest.raises(ValueError, match="read through its rows of the mask"):
         head_groups("longformer", 2, "merged", 0, window=4)
+    (group,) = head_groups("longformer", 2, "merged", 0, n=10, window=4)
+    assert group.store() == "all" and group.may_read_nothing
+    assert group.rows.at(9, "cpu").shape == (2, 10)
     with pytest.raises(ValueError, match="cache must be one of"):
         layer_cache("paged", 10, 2, 4, "full", "merged", 0, {})
     with pytest.raises(ValueError, match=r"row t must lie in \[0, n=5\)"):
