@@ -13,13 +13,18 @@ import pytest
 
 from reference import params as R
 from reference import patterns as P
+from reference.extensions import EXTENSIONS
 
 BIG = [2**31, 2**63, np.int64(2**40)]
 
 
 def test_names():
-    assert R.PATTERNS == ("full", "strided", "fixed", "longformer", "bigbird")
+    # the paper's patterns and the neighbours, then those added since, one module each
+    assert R.PATTERNS == ("full", "strided", "fixed", "longformer", "bigbird",
+                          *EXTENSIONS)
+    assert tuple(EXTENSIONS) == ("strided3",)
     assert R.FACTORIZED == ("full", "strided", "fixed")
+    assert R.NEIGHBOURS == ("longformer", "bigbird")
     assert R.COMBINES == ("merged", "multihead", "interleaved")
     assert set(R.PARAMS) == set(R.PATTERNS)
     assert R.MAX_INT == 2**31 - 1

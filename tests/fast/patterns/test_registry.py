@@ -31,6 +31,7 @@ CASES = [
     ("fixed", {"stride": 6, "c": 2}),
     ("longformer", {"window": 3, "dilation": 2, "global_tokens": (0, 11)}),
     ("bigbird", {"window": 3, "n_random": 2, "n_global": 1, "seed": 4}),
+    ("strided3", {"stride": 3}),
 ]
 COMBINE_LAYER = [("merged", 0), ("multihead", 0), ("interleaved", 0), ("interleaved", 1),
                  ("interleaved", 2)]
