@@ -120,7 +120,8 @@ class Group:
     """Heads of a layer that read the same parts.
 
     heads:     a slice of the layer's heads (so q[:, heads] is a view);
-    parts:     the parts every head of the group reads (``reference.heads.PARTS``);
+    parts:     the parts every head of the group reads (``reference.heads.PARTS``; for a
+               group read through ``rows``, those some head of it reads);
     summaries: fixed only: each head's summary sub-block [lo, hi), in group order;
     rows:      a pattern without laid-out stores (not in ``LAID_OUT``): its heads' rows
                of the mask, from which a step reads the keys some head reads.

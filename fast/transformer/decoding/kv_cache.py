@@ -218,7 +218,7 @@ class SparseCache(LayerCache):
                          kv_heads)
         self.groups = head_groups(pattern, n_heads, combine, layer, n=capacity, **params)
         self.l, self.c = params.get("stride"), params.get("c")
-        if self.share > 1 and not any(g.rows for g in self.groups):
+        if self.share > 1 and all(g.rows is None for g in self.groups):
             self._check_shared_reads()           # a group read by rows keeps every key
         self.whole = len(self.groups) == 1                    # one group: every head
         self.writes = [self._summary_writes(g) for g in self.groups]

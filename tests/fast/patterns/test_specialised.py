@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from fast import patterns, sparse_attention
+from fast.backends import cpu_window, reads
 from fast.backends import masks as masks_torch
-from fast.backends import reads
 from fast.backends.naive import masked_attention
 from fast.layout import block_layout
 from fast.layout.blocks import STRUCTURED
@@ -81,10 +81,12 @@ def test_structured_backend_in_float64(pattern, n, params, H, combine, layer):
 
 @pytest.mark.parametrize("pattern,n,params,H,combine,layer",
                          [r for r in RUNS if r.values[0] != "full"])
-def test_structured_backend_in_float32(pattern, n, params, H, combine, layer):
-    """float32 on the CPU runs the pieces through the C kernel where it is built: its error
-    against float64 at most twice that of plain float32 attention over the registry's mask,
-    plus a floor."""
+def test_structured_backend_in_float32(pattern, n, params, H, combine, layer, monkeypatch):
+    """float32 on the CPU runs the pieces through the C kernel where it is built (its calls
+    are seen): its error against float64 at most twice that of plain float32 attention over
+    the registry's mask, plus a floor."""
+    calls = []
+    monkeypatch.setattr(cpu_window, "OBSERVERS", [lambda *a: calls.append(a)])
     mask = both(pattern, n, H, combine, layer, params)
     q, k, v, go = inputs(1, H, H, n, n, 48, seed=2 * n + H)
     want = truth(q, k, v, go, mask)
@@ -97,6 +99,7 @@ def test_structured_backend_in_float32(pattern, n, params, H, combine, layer):
         err, err_plain = ((x.double() - b).abs().max().item() for x in (a, c))
         print(f"{name}: structured {err:.2e}, plain float32 {err_plain:.2e}")
         assert err <= 2 * err_plain + 1e-5, name
+    assert calls or cpu_window.library() is None, "the C kernel was not called"
 
 
 # ----------------------------------------------------------------------------
