@@ -5,7 +5,8 @@ Child et al., 2019, section 4 (eq. 2-4, factorized self-attention), section 4.3
 interleaved heads). Head h of layer ``layer`` reads exactly
 ``reference.patterns.head_masks(pattern, n, H, combine, layer, **params)[h]``
 (for "longformer" and "bigbird" every head reads the one mask; combine and layer
-do not change them). The pattern and its parameters are checked by
+do not change them), for every pattern of the registry (``fast.patterns``, where each is
+stated once). The pattern and its parameters are checked by
 ``reference.params.check_params``, as everywhere else.
 
 The arguments follow ``torch.nn.functional.scaled_dot_product_attention`` (SDPA), the
@@ -52,17 +53,19 @@ Backends (one flag, the slow and the fast path side by side):
                summaries, merged through their log-sum-exp (``fast.backends.structured``);
                one query (n_q = 1) -> the one-query step (``fast.backends.row``): the keys
                its row reads, gathered, O(keys read) (eager only: it reads values and
-               positions on the host, so a traced call takes the operator);
+               positions on the host, so a traced call takes the operator); it serves
+               every pattern, the structured path the paper's three (``FACTORIZED``);
 * "triton"     the block-sparse Triton kernel (``fast.kernels.triton_attention``);
 * "auto"       the fastest exact path that honours the call's arguments: attn_mask or
-               dropout -> "naive"; full -> causal SDPA everywhere; one query of a
-               full, strided or fixed pattern -> the one-query step (traced: as any
-               other call, below). On CUDA, with
+               dropout -> "naive"; full -> causal SDPA everywhere; one query of any
+               pattern -> the one-query step (traced: as any other call, below). On
+               CUDA, with
                Triton importable (and not in its interpreter mode) and a
                float16/bfloat16/float32 input, every other pattern -> "triton" (the
                structured path's CUDA fallback is exact but not fast). Else strided and
                fixed -> "naive" below the crossover measured on the CPU, "structured"
-               from it on (``fast.backends.auto``); longformer, bigbird -> "naive".
+               from it on (``fast.backends.auto``); every other pattern (longformer,
+               bigbird, those added to the registry) -> "naive".
 
 One call plan per signature (docs/design.md, "The call plan"). A call's signature --
 the shapes, strides, dtypes, devices and requires_grad of q, k, v, grad mode, autocast,
@@ -231,9 +234,9 @@ def resolve_backend(backend, pattern: str, device: torch.device,
     still trains and samples on the GPU."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "structured" and pattern in ("longformer", "bigbird"):
-        raise ValueError(f"backend 'structured' serves the patterns ('full', 'strided', "
-                         f"'fixed'), got pattern {pattern!r}; use 'naive' or 'triton'")
+    if backend == "structured" and pattern not in FACTORIZED:
+        raise ValueError(f"backend 'structured' serves the patterns {FACTORIZED}, got "
+                         f"pattern {pattern!r}; use 'naive' or 'triton'")
     why = _refused(backend, attn_mask, dropout)
     if why is not None:
         raise ValueError(why)
@@ -242,13 +245,12 @@ def resolve_backend(backend, pattern: str, device: torch.device,
     n_q = n if n_q is None else n_q
     if attn_mask or dropout:
         return "naive"
-    if pattern == "full" or (n_q == 1 and pattern in FACTORIZED
-                             and not torch.compiler.is_compiling()):
+    if pattern == "full" or (n_q == 1 and not torch.compiler.is_compiling()):
         return "structured"                   # traced, one query is an ordinary call
     if (device.type == "cuda" and dtype != torch.float64 and _triton_available()
             and not _triton_interpreted()):
         return "triton"
-    if pattern not in ("strided", "fixed"):
+    if pattern not in FACTORIZED:             # the structured path serves these only
         return "naive"
     if n is not None and device.type == "cpu" and auto.prefer_naive(pattern, n_q, n, stride,
                                                                      backward):
@@ -265,8 +267,8 @@ def choose_path(backend: str, pattern: str, combine: str, params: dict, device: 
 
     * "auto"'s naive path below the crossover, when that path cannot hold the call in
       memory (``fast.backends.naive.too_big``): "structured";
-    * the structured backend with one query (n_q = 1) of a full, strided or fixed
-      pattern: "row", the one-query step (``fast.backends.row``; eager only: it reads
+    * the structured backend with one query (n_q = 1) of any pattern: "row", the
+      one-query step (``fast.backends.row``; eager only: it reads
       values and positions on the host, so a traced call takes the operator);
     * the structured backend on "full": "full", causal SDPA
       (``fast.backends.structured.full_attention``);
@@ -283,8 +285,8 @@ def choose_path(backend: str, pattern: str, combine: str, params: dict, device: 
         which = "structured"                  # the crossover's path cannot hold this call
     if which != "structured":
         return which
-    if n_q == 1 and pattern in FACTORIZED and not torch.compiler.is_compiling():
-        return "row"
+    if n_q == 1 and not torch.compiler.is_compiling():
+        return "row"                          # every pattern of the registry
     if pattern == "full":
         return "full"
     return "naive" if n_k < stride else "structured"
@@ -523,7 +525,8 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern:
 
     pattern: "full", "strided" (stride), "fixed" (stride, c), "longformer"
     (window, dilation=1, global_tokens=()), "bigbird" (window, n_random,
-    n_global, seed=0). combine: "merged" | "multihead" | "interleaved" (sec. 5.1);
+    n_global, seed=0), or a pattern added since (``reference.params.PARAMS`` lists
+    each with its parameters). combine: "merged" | "multihead" | "interleaved" (sec. 5.1);
     layer: the residual block index (only "interleaved" looks at it).
     scale defaults to 1 / sqrt(d); any finite value is allowed. Where the structured
     path's float32 log-sum-exp grows beyond what float32 holds exactly (huge scores), the

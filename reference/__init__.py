@@ -2,6 +2,8 @@
 
 Bottom to top, each module imports only the ones above it in this list:
 
+* ``extensions`` -- the patterns added beyond the paper's and the two neighbours, one
+                   module each (NumPy only), found by their names;
 * ``params``    -- pattern names, the parameters each takes, and every input check
                    (one ``check_params`` for all paths; integers bounded by 2**31 - 1);
 * ``heads``     -- head roles: which part(s) each head of a layer reads (sec. 5.1,

@@ -5,13 +5,15 @@ section 5.1 (eq. 5-8) for the three ways of using the two factorized heads
 A(1), A(2) of section 4.2, and section 4.3 for the fixed pattern's summaries.
 
 Every pattern is a tuple of named parts (``PARTS``): strided = (local, column),
-fixed = (block, summary), the others one part each. A ``HeadRole`` says which of
-them head h reads, for every combine mode:
+fixed = (block, summary), full, longformer and bigbird one part each, and each
+pattern of ``reference.extensions`` the parts its module names. A ``HeadRole`` says
+which of them head h reads, for every combine mode, with p the number of parts (2
+for the factorized patterns of sec. 4.3; eq. 6 writes r mod p):
 
   combine        eq.  head h of layer r reads
-  "merged"       7    every part: A(1) | A(2)
-  "multihead"    8    A(h mod 2): the heads alternate, computed in parallel
-  "interleaved"  6    A(r mod 2): all heads of a layer read the same part
+  "merged"       7    every part: A(1) | ... | A(p)
+  "multihead"    8    A(h mod p): the heads take the parts in turn, computed in parallel
+  "interleaved"  6    A(r mod p): all heads of a layer read the same part
 
 "full", "longformer" and "bigbird" have a single part: every head reads it, and
 combine and layer change nothing.
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reference.extensions import EXTENSIONS
 from reference.params import (
     check_combine,
     check_layer,
@@ -53,6 +56,7 @@ PARTS = {
     "fixed": ("block", "summary"),
     "longformer": ("longformer",),
     "bigbird": ("bigbird",),
+    **{name: tuple(module.PARTS) for name, module in EXTENSIONS.items()},
 }
 
 
@@ -109,9 +113,9 @@ def head_roles(pattern: str, n_heads: int, combine: str = "merged", layer: int =
         if len(parts) == 1 or combine == "merged":
             reads = parts
         elif combine == "multihead":
-            reads = (parts[h % 2],)
+            reads = (parts[h % len(parts)],)
         else:  # interleaved
-            reads = (parts[layer % 2],)
+            reads = (parts[layer % len(parts)],)
         if pattern == "fixed":
             rank = summary_rank(h, combine)
             roles.append(HeadRole(h, reads, rank, summary_range(stride, c, rank)))

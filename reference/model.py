@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference.attention import attend
+from reference.params import PARAMS
 from reference.patterns import head_masks
 
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default
@@ -58,11 +59,10 @@ def coordinates(cfg, n: int) -> list[np.ndarray]:
 
 
 def pattern_params(cfg) -> dict:
-    if cfg.pattern == "full":
-        return {}
-    if cfg.pattern == "strided":
-        return {"stride": cfg.stride}
-    return {"stride": cfg.stride, "c": cfg.c}
+    """The config's fields the pattern takes as parameters (of stride and c)."""
+    required, optional = PARAMS[cfg.pattern]
+    return {name: getattr(cfg, name) for name in ("stride", "c")
+            if name in required or name in optional}
 
 
 def attention(x: np.ndarray, w: dict, cfg, layer: int) -> np.ndarray:

@@ -4,7 +4,9 @@ Child et al., 2019, "Generating Long Sequences with Sparse Transformers":
 section 4.3 (the strided pattern, stride l; the fixed pattern, stride l and
 summary width c), section 5.1 (eq. 5-8: merged, multi-head and interleaved
 heads); Longformer (Beltagy et al., 2020) and BigBird (Zaheer et al., 2020) as
-the two neighbours the benchmarks compare with.
+the two neighbours the benchmarks compare with; the patterns added since, one module
+each in ``reference.extensions`` (their names, parameters and the checks of parameters
+this module does not know by name come from there).
 
 This is the bottom of the contract: ``reference.heads`` (which head reads which
 part), ``reference.patterns`` (the masks) and every path in ``fast`` validate
@@ -34,8 +36,11 @@ from types import MappingProxyType
 
 import numpy as np
 
-PATTERNS = ("full", "strided", "fixed", "longformer", "bigbird")
+from reference.extensions import EXTENSIONS
+
 FACTORIZED = ("full", "strided", "fixed")      # the paper's patterns (sec. 4.3)
+NEIGHBOURS = ("longformer", "bigbird")         # written in reference.patterns too
+PATTERNS = FACTORIZED + NEIGHBOURS + tuple(EXTENSIONS)
 COMBINES = ("merged", "multihead", "interleaved")  # sec. 5.1: eq. 7, eq. 8, eq. 6
 
 # The parameters each pattern takes: (required names, {optional name: default}).
@@ -45,7 +50,29 @@ PARAMS = MappingProxyType({
     "fixed": (("stride", "c"), MappingProxyType({})),
     "longformer": (("window",), MappingProxyType({"dilation": 1, "global_tokens": ()})),
     "bigbird": (("window", "n_random", "n_global"), MappingProxyType({"seed": 0})),
+    **{name: (tuple(module.REQUIRED), MappingProxyType(dict(module.OPTIONAL)))
+       for name, module in EXTENSIONS.items()},
 })
+# The parameters checked by name in ``check_params``; an extension's others are integers
+# with the smallest value it gives (its ``INTEGERS``).
+BY_NAME = ("stride", "c", "window", "dilation", "global_tokens", "n_random", "n_global", "seed")
+INTEGERS = MappingProxyType({name: MappingProxyType(dict(getattr(module, "INTEGERS", {})))
+                             for name, module in EXTENSIONS.items()})
+
+
+def _every_parameter_checked(params, integers) -> None:
+    """Refuse, when ``reference`` is imported, a module of ``reference.extensions`` that
+    takes a parameter no check knows (it names each one in its ``INTEGERS``): ``params``
+    as ``PARAMS``, ``integers`` as ``INTEGERS``."""
+    for name, (required, optional) in params.items():
+        unchecked = set(required) | set(optional)
+        unchecked -= set(BY_NAME) | set(integers.get(name, {}))
+        if unchecked:
+            raise TypeError(f"pattern {name!r} takes {sorted(unchecked)}, which no check "
+                            f"knows: give each its smallest value in its module's INTEGERS")
+
+
+_every_parameter_checked(PARAMS, INTEGERS)
 
 MAX_INT = 2**31 - 1
 _WHY_MAX = "2**31 - 1: the kernels keep positions, strides and windows in int32"
@@ -243,4 +270,6 @@ def check_params(pattern, n, n_heads, combine, layer, params: dict) -> dict:
         out["n_global"] = check_n_global(n, out["n_global"])
     if "seed" in out:
         out["seed"] = check_seed(out["seed"])
+    for key, low in INTEGERS.get(pattern, {}).items():
+        out[key] = check_int(key, out[key], low)
     return {key: out[key] for key in names}

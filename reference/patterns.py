@@ -4,7 +4,8 @@ Child et al., 2019, "Generating Long Sequences with Sparse Transformers",
 section 4.2 (factorized self-attention) and section 4.3 (the strided and fixed
 patterns); section 5.1 (eq. 5-8) for the three ways of combining the two heads;
 Longformer (Beltagy et al., 2020) and BigBird (Zaheer et al., 2020), made causal,
-as the neighbours the benchmarks compare with.
+as the neighbours the benchmarks compare with. Patterns added since are written one
+module each in ``reference.extensions``; ``factorized`` and ``head_masks`` serve them too.
 
 A mask is a bool array of shape (n, n): ``mask[i, j]`` is True where output i may
 read input j. Every pattern here is causal (j <= i). Decisions (positions are
@@ -23,7 +24,7 @@ read input j. Every pattern here is causal (j <= i). Decisions (positions are
   outputs 0, never NaN (``reference.attention``).
 
 ``head_masks`` is the contract: which positions every head of every layer reads,
-for all five patterns, built from the head roles of ``reference.heads``. The
+for every pattern, built from the head roles of ``reference.heads``. The
 fast implementations in ``fast/`` must reproduce it. Names and checks live in
 ``reference.params``. Everything is written for clarity, not speed: masks are
 built from index grids.
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from reference.extensions import EXTENSIONS
 from reference.heads import PARTS, head_roles, summary_range
 from reference.params import (
     COMBINES,
@@ -185,7 +187,8 @@ def bigbird(n: int, window: int, n_random: int, n_global: int, seed: int = 0) ->
 def factorized(pattern: str, n: int, head: int = 0, **params) -> tuple[np.ndarray, ...]:
     """The masks of the parts of ``pattern`` (``reference.heads.PARTS``), in order:
     strided (local, column), fixed (block, summary) as read by the head of summary
-    rank ``head``; full, longformer and bigbird have one part: (mask,).
+    rank ``head``; full, longformer and bigbird have one part: (mask,); a pattern of
+    ``reference.extensions`` the masks its module gives.
 
     ``head`` (a summary rank, ``reference.heads``) chooses keys only for "fixed";
     the heads of the other patterns all read the same keys, so for them it must
@@ -201,7 +204,9 @@ def factorized(pattern: str, n: int, head: int = 0, **params) -> tuple[np.ndarra
         return fixed(n, params["stride"], params["c"], head)
     if pattern == "longformer":
         return (longformer(n, **params),)
-    return (bigbird(n, **params),)
+    if pattern == "bigbird":
+        return (bigbird(n, **params),)
+    return tuple(EXTENSIONS[pattern].masks(n, **params))
 
 
 def head_masks(pattern: str, n: int, n_heads: int, combine: str = "merged",
@@ -210,12 +215,13 @@ def head_masks(pattern: str, n: int, n_heads: int, combine: str = "merged",
 
     pattern and params: "full"; "strided" (stride); "fixed" (stride, c);
     "longformer" (window, dilation=1, global_tokens=()); "bigbird" (window,
-    n_random, n_global, seed=0) -- see ``reference.params.PARAMS``.
-    combine (sec. 5.1): "merged" (eq. 7, every head reads A(1) | A(2)),
-    "multihead" (eq. 8, head h reads A(h mod 2)), "interleaved" (eq. 6, every head
-    of layer r reads A(r mod 2)). Head h reads the union of the parts its
-    ``reference.heads.HeadRole`` names; for "fixed", its summary is the sub-block
-    of its rank. full, longformer and bigbird: every head reads the one mask.
+    n_random, n_global, seed=0); the patterns of ``reference.extensions`` -- see
+    ``reference.params.PARAMS``.
+    combine (sec. 5.1), for a pattern of p parts: "merged" (eq. 7, every head reads
+    A(1) | ... | A(p)), "multihead" (eq. 8, head h reads A(h mod p)), "interleaved"
+    (eq. 6, every head of layer r reads A(r mod p)). Head h reads the union of the
+    parts its ``reference.heads.HeadRole`` names; for "fixed", its summary is the
+    sub-block of its rank. full, longformer and bigbird: every head reads the one mask.
     """
     params = check_params(pattern, n, n_heads, combine, layer, params)
     roles = head_roles(pattern, n_heads, combine, layer,

@@ -2,14 +2,13 @@
 
 Child et al., 2019, "Generating Long Sequences with Sparse Transformers", sec. 4.3
 (strided and fixed patterns) and sec. 5.1 (merged / multi-head / interleaved heads),
-exactly as ``reference.patterns.head_masks`` for all five patterns: parameters are
-checked by ``reference.params.check_params``, what each head reads comes from
-``reference.heads.head_roles`` (as ``fast.layout.heads.head_table``); Longformer
-and BigBird: every head reads the same mask.
+exactly as ``reference.patterns.head_masks`` for every registered pattern.
 
-* ``mask_mod``: the pattern as a FlexAttention ``mask_mod(b, h, q_idx, kv_idx)``,
-  built from closed forms (tensor ops only); per-head behaviour comes from small
-  per-head lookup tensors, BigBird's random keys from an (n, n_random) table.
+* ``mask_mod``: the pattern as a FlexAttention ``mask_mod(b, h, q_idx, kv_idx)``: the
+  registry's (``fast.patterns``), where each pattern is stated once as closed forms
+  (tensor ops only), its parameters checked by ``reference.params.check_params`` and
+  what each head reads from ``reference.heads.head_roles`` (small per-head look-up
+  tensors; BigBird's random keys from an (n, n_random) table).
 * ``block_mask``: a ``BlockMask`` built from the NATURAL-order ``fast.layout``
   (partial tiles -> kv_num_blocks / kv_indices, full tiles -> full_kv_*), via
   ``BlockMask.from_kv_blocks``: no n x n evaluation (``create_block_mask`` would
@@ -32,90 +31,27 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from fast import patterns
 from fast.backends.padding import check_padding
 from fast.core.checks import check_finite as reject_non_finite
 from fast.core.checks import check_scale
 from fast.core.nonfinite import attention_reach, quarantine
 from fast.layout import block_layout
-from fast.layout.heads import head_table
-from reference.heads import head_roles
 from reference.params import check_params
-from reference.patterns import bigbird_random_keys
 
 
 def mask_mod(pattern: str, n: int, n_heads: int, combine: str = "merged", layer: int = 0,
              *, device="cpu", **params):
-    """A FlexAttention mask_mod (b, h, q_idx, kv_idx) -> bool for ``pattern``.
-
-    Arguments as ``fast.layout.block_layout`` (and ``reference.patterns.head_masks``
-    for full / strided / fixed). Its lookup tensors live on ``device`` (that of the
-    q, k, v it will mask; ``create_block_mask`` needs them there too).
-    """
-    return _mask_mod(pattern, n, n_heads, combine, layer, device, params)
-
-
-def _mask_mod(pattern, n, n_heads, combine, layer, device, params):
-    params = check_params(pattern, n, n_heads, combine, layer, params)
-    n = int(n)
-    roles = head_roles(pattern, n_heads, combine, layer,
-                       stride=params.get("stride"), c=params.get("c"))
-    table = head_table(pattern, roles).to(device)                        # (H, k)
-    table = [table[:, col].contiguous() for col in range(table.shape[1])]  # one (H,) per column
-
-    if pattern == "full":
-        def full_mod(b, h, q_idx, kv_idx):
-            return kv_idx <= q_idx
-        return full_mod
-
-    if pattern == "strided":
-        l = params["stride"]
-        reads_local, reads_column = table[0].bool(), table[1].bool()
-
-        def strided_mod(b, h, q_idx, kv_idx):
-            back = q_idx - kv_idx
-            local = (back >= 0) & (back < l)
-            column = (back >= 0) & (back % l == 0)
-            return (reads_local[h] & local) | (reads_column[h] & column)
-        return strided_mod
-
-    if pattern == "fixed":
-        l = params["stride"]
-        reads_block, reads_summary = table[0].bool(), table[1].bool()
-        lo, hi = table[2], table[3]
-
-        def fixed_mod(b, h, q_idx, kv_idx):
-            causal = kv_idx <= q_idx
-            block = causal & (kv_idx // l == q_idx // l)
-            phase = kv_idx % l
-            summary = causal & (phase >= lo[h]) & (phase < hi[h])
-            return (reads_block[h] & block) | (reads_summary[h] & summary)
-        return fixed_mod
-
-    window, dilation = params["window"], params.get("dilation", 1)
-    is_global = torch.zeros(n, dtype=torch.bool, device=device)
-    if pattern == "longformer":
-        is_global[list(params["global_tokens"])] = True
-        random_keys = None
-    else:
-        is_global[: params["n_global"]] = True
-        random_keys = torch.from_numpy(np.asarray(bigbird_random_keys(
-            n, params["n_random"], params["seed"]), dtype=np.int64)).to(device)  # (n, n_random)
-    columns = [] if random_keys is None else [random_keys[:, r].contiguous()
-               for r in range(random_keys.shape[1])]  # (n,) each: contiguous for inductor
-
-    def neighbour_mod(b, h, q_idx, kv_idx):
-        back = q_idx - kv_idx
-        causal = back >= 0
-        out = causal & (back < window * dilation) & (back % dilation == 0)
-        out = out | (causal & (is_global[q_idx] | is_global[kv_idx]))
-        for keys in columns:  # BigBird: kv_idx is one of the random keys of q_idx
-            out = out | (keys[q_idx] == kv_idx)
-        return out
-    return neighbour_mod
+    """A FlexAttention mask_mod (b, h, q_idx, kv_idx) -> bool for ``pattern``: the
+    registry's (``fast.patterns.Pattern.mask_mod``). Arguments as
+    ``fast.layout.block_layout`` (and ``reference.patterns.head_masks``). Its look-up
+    tensors live on ``device`` (that of the q, k, v it will mask; ``create_block_mask``
+    needs them there too)."""
+    return patterns.get(pattern).mask_mod(n, n_heads, combine, layer, device=device,
+                                          **params)
 
 
 def block_mask(pattern: str, n: int, n_heads: int, combine: str = "merged", layer: int = 0,
@@ -137,7 +73,7 @@ def block_mask(pattern: str, n: int, n_heads: int, combine: str = "merged", laye
     is_partial = valid & (part.kv_mask >= 0)
     partial_count, partial_index = _select(part.kv_index, is_partial, nb)
     full_count, full_index = _select(part.kv_index, is_full, nb)
-    mod = _mask_mod(pattern, n, n_heads, combine, layer, device, params)
+    mod = mask_mod(pattern, n, n_heads, combine, layer, device=device, **params)
     return BlockMask.from_kv_blocks(
         partial_count[None].to(device), partial_index[None].to(device),    # (1, H, NB[, NB])
         full_count[None].to(device), full_index[None].to(device),
@@ -258,7 +194,7 @@ def _aligned_block_mask(pattern, B, n_heads, n_q, n, combine, layer, device, par
     """The BlockMask of queries at the last n_q of n positions, in a batch padded by
     ``lengths`` and ``offsets`` (either may be None): the pattern's mask_mod at each
     sequence's own positions, every pair with a padded position False."""
-    inner = _mask_mod(pattern, n, n_heads, combine, layer, device, params)
+    inner = mask_mod(pattern, n, n_heads, combine, layer, device=device, **params)
     padded = lengths is not None or offsets is not None
     start = offsets if offsets is not None else torch.zeros(B, dtype=torch.long, device=device)
     length = lengths if lengths is not None else n - start

@@ -3,10 +3,10 @@
 Child et al., 2019, section 4 (eq. 2-4): Attend(X, S) with S_i given as a mask.
 O(n_q n_k) time and memory -- the obviously-correct path that the structured and
 Triton backends are checked against, the path for patterns without a structured
-kernel (Longformer, BigBird), and the one that honours every argument of
-``fast.sparse_attention``: queries aligned to the end of the keys, padded batches
-(``fast.backends.padding``), grouped key/value heads, an ``attn_mask`` of the user's
-ANDed with the pattern, and dropout.
+kernel (Longformer, BigBird, the patterns added to ``fast.patterns``), and the one
+that honours every argument of ``fast.sparse_attention``: queries aligned to the end
+of the keys, padded batches (``fast.backends.padding``), grouped key/value heads, an
+``attn_mask`` of the user's ANDed with the pattern, and dropout.
 
 A row that reads nothing outputs 0 (never NaN) on every SDPA backend: such a row
 is given one harmless key (j = 0) so the softmax is defined, and its output is
@@ -36,9 +36,11 @@ import os
 import torch
 import torch.nn.functional as F
 
+from fast import patterns
 from fast.backends import masks as masks_torch
 from fast.backends import padding
 from fast.core.precision import acc_dtype, may_overflow, overflow_rows
+from reference.params import FACTORIZED
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -146,7 +148,7 @@ def instead(pattern: str, attn_mask: bool, dropout: bool) -> str:
                             if on)
         return (f"{what} are honoured by the naive path only: drop {what}, or shorten "
                 f"the sequence")
-    if pattern in ("full", "strided", "fixed"):
+    if pattern in FACTORIZED:                            # what the structured backend serves
         return "use backend='structured' (no n_q x n_k tensor), or 'triton' on a GPU"
     return ("use backend='triton' on a GPU (block-sparse), or "
             "fast.backends.flex.flex_sparse_attention")
@@ -166,13 +168,11 @@ def check_size(B: int, H: int, n_q: int, n_k: int, dtype: torch.dtype, device: t
 
 
 def mask_heads(pattern: str, combine: str, n_heads: int) -> int:
-    """How many distinct head masks the pattern has (1: every head reads the same):
-    multihead layers and fixed layers whose heads read their own summary sub-blocks."""
-    if pattern in ("full", "longformer", "bigbird") or n_heads == 1:
-        return 1
-    if pattern == "fixed" or combine == "multihead":
-        return n_heads
-    return 1
+    """How many head masks ``fast.backends.masks.position_masks`` holds: 1 when every head
+    reads the same (``fast.patterns.Pattern.alike``), else one per head (multi-head layers
+    of a pattern of several parts, and fixed layers whose heads read their own summary
+    sub-blocks)."""
+    return 1 if patterns.get(pattern).alike(n_heads, combine) else n_heads
 
 
 def naive_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: str,

@@ -11,16 +11,16 @@ forms below start from the head roles of ``reference.heads.head_roles`` (the
 contract); nothing here re-derives which head reads which part.
 
 * ``row_mask`` -- the generic form: row t of every head's mask as a bool
-  (H, t + 1) tensor, from the closed forms of all five patterns (full, strided,
-  fixed, and the Longformer and BigBird neighbours). A cache that keeps every
-  key reads all t + 1 of them and masks the rest (the dense cache of
+  (H, t + 1) tensor, the pattern registry's rule at query t (``fast.patterns``,
+  through ``fast.backends.masks``), for every registered pattern. A cache that keeps
+  every key reads all t + 1 of them and masks the rest (the dense cache of
   ``fast.transformer.decoding.kv_cache``): exact for any pattern, but a step costs O(t).
 
-* ``head_groups`` and ``step_pieces`` -- the sparse form, for the model's
-  patterns (full, strided, fixed; ``fast.transformer.config``). Heads that read
-  the same parts form a group (all heads for "merged" and "interleaved"; even
-  and odd heads for "multihead"), and a group's keys at step t are one or two
-  pieces of the store it keeps (``STORES``):
+* ``head_groups`` and ``step_pieces`` -- the sparse form. For the paper's patterns
+  (``LAID_OUT``: full, strided, fixed) heads that read the same parts form a group
+  (all heads for "merged" and "interleaved"; even and odd heads for "multihead"),
+  and a group's keys at step t are one or two pieces of the store laid out for it
+  (``STORES``):
 
     parts            store     rows read at step t (s = t mod l, b = t // l)
     full             all       [0, t]
@@ -41,7 +41,9 @@ contract); nothing here re-derives which head reads which part.
   the summaries leave out the own block, so every key is read once. A step reads
   l + t / l keys (strided) or about l + t c / l (fixed) instead of t + 1, and a
   fixed cache keeps O(n c / l + l) keys instead of n: summaries are the only keys
-  a later query of another block can read.
+  a later query of another block can read. Any other pattern is one group that keeps
+  every key ("all") and reads, at step t, the keys its row of the mask holds (``Rows``:
+  the generic form, gathered): O(t) index arithmetic, but only those keys attended.
 
 Both readers of the sparse form take the same pieces: a key/value cache
 (``fast.transformer.decoding.kv_cache``) reads them from its stores, and the one-query
@@ -61,9 +63,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fast import patterns
+from fast.backends.masks import checked_masks
 from reference.heads import head_roles
-from reference.params import check_params
-from reference.patterns import bigbird_random_keys
 
 # What each store keeps: "all" every position (B, H, n, d); "ring" l slots, slot
 # j mod l; "summary" c rows per block of length l, the head's own sub-block;
@@ -75,55 +77,38 @@ STORES = ("all", "ring", "summary", "joint")
 # The generic form: row t of every head's mask.
 # ----------------------------------------------------------------------------
 
-def _part_row(part: str, t: int, j: torch.Tensor, params: dict, summary) -> torch.Tensor:
-    """Row t of one part's mask over j = 0..t (closed forms of reference.patterns)."""
-    back = t - j
-    if part == "full":
-        return torch.ones_like(j, dtype=torch.bool)
-    if part in ("local", "column"):
-        l = params["stride"]
-        return back < l if part == "local" else back % l == 0
-    if part == "block":
-        return j // params["stride"] == t // params["stride"]
-    if part == "summary":
-        lo, hi = summary
-        jmod = j % params["stride"]
-        return (jmod >= lo) & (jmod < hi)
-    if part == "longformer":
-        r = params["dilation"]
-        row = (back < params["window"] * r) & (back % r == 0)
-        g = torch.as_tensor(params["global_tokens"], dtype=torch.long, device=j.device)
-        if bool((g == t).any()):
-            return torch.ones_like(row)                  # a global token reads every j <= t
-        return row | torch.isin(j, g)
-    # bigbird: row t of the seeded draws depends only on rows 0..t (drawn in order)
-    keys = bigbird_random_keys(t + 1, params["n_random"], params["seed"])[t]
-    row = (back < params["window"]) | (j < params["n_global"]) | (t < params["n_global"])
-    row[torch.as_tensor(keys[keys >= 0], device=j.device)] = True
-    return row
-
-
 def row_mask(pattern: str, n: int, n_heads: int, combine: str, layer: int, t: int, *,
              device=None, **params) -> torch.Tensor:
     """Row t < n of every head's mask: bool (n_heads, t + 1); [h, j] is True where
     head h of layer ``layer`` reads key j at query t, as in
-    ``reference.patterns.head_masks(pattern, n, n_heads, combine, layer, **params)``."""
-    params = check_params(pattern, n, n_heads, combine, layer, params)
+    ``reference.patterns.head_masks(pattern, n, n_heads, combine, layer, **params)``:
+    the registry's rule at query t and keys 0..t (``fast.backends.masks``)."""
+    entry = patterns.get(pattern)
+    params = entry.check(n, n_heads, combine, layer, params)
     if not 0 <= t < n:
         raise ValueError(f"row t must lie in [0, n={n}), got t={t}")
-    roles = head_roles(pattern, n_heads, combine, layer,
-                       stride=params.get("stride"), c=params.get("c"))
-    j = torch.arange(t + 1, device=device)
-    rows, parts = [], {}
-    for role in roles:
-        row = torch.zeros(t + 1, dtype=torch.bool, device=device)
-        for part in role.parts:
-            key = (part, role.summary)
-            if key not in parts:
-                parts[key] = _part_row(part, t, j, params, role.summary)
-            row |= parts[key]
-        rows.append(row)
-    return torch.stack(rows)                                             # (H, t + 1)
+    keys = torch.arange(t + 1, device=device)
+    return checked_masks(entry, n, n_heads, combine, layer, keys[t:], keys,
+                         params)[:, 0]                                 # (H, t + 1)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Where a group of heads finds its keys when no store is laid out for its pattern:
+    row t of their masks (``row_mask``), at the sequence length n its parameters were
+    checked at. Hashable, so that the layers whose heads read alike share a step's reads
+    (``layer`` is the pattern's ``layer_key``)."""
+    pattern: str
+    n: int
+    n_heads: int
+    combine: str
+    layer: int
+    params: tuple
+
+    def at(self, t: int, device) -> torch.Tensor:
+        """Row t of every head's mask: bool (n_heads, t + 1) on ``device``."""
+        return row_mask(self.pattern, self.n, self.n_heads, self.combine, self.layer, t,
+                        device=device, **dict(self.params))
 
 
 # ----------------------------------------------------------------------------
@@ -135,31 +120,71 @@ class Group:
     """Heads of a layer that read the same parts.
 
     heads:     a slice of the layer's heads (so q[:, heads] is a view);
-    parts:     the parts every head of the group reads (``reference.heads.PARTS``);
-    summaries: fixed only: each head's summary sub-block [lo, hi), in group order.
+    parts:     the parts every head of the group reads (``reference.heads.PARTS``; for a
+               group read through ``rows``, those some head of it reads);
+    summaries: fixed only: each head's summary sub-block [lo, hi), in group order;
+    rows:      a pattern without laid-out stores (not in ``LAID_OUT``): its heads' rows
+               of the mask, from which a step reads the keys some head reads.
     """
     heads: slice
     parts: tuple[str, ...]
     summaries: tuple[tuple[int, int], ...] = ()
+    rows: Rows | None = None
 
     def store(self) -> str:
         """The store this group keeps (``STORES``)."""
-        if "full" in self.parts or "column" in self.parts:
+        if self.rows is not None or "full" in self.parts or "column" in self.parts:
             return "all"
         if "summary" in self.parts:
             return "joint" if "block" in self.parts else "summary"
         return "ring"
 
+    @property
+    def key(self) -> tuple:
+        """What the group's reads depend on besides the step: groups with one key read
+        alike (the layers of one model share a step's reads by it)."""
+        return self.parts, self.summaries, self.rows
 
-def head_groups(pattern: str, n_heads: int, combine: str, layer: int,
+    @property
+    def may_read_nothing(self) -> bool:
+        """Whether a head may read no key at some step: a fixed head that reads only the
+        summaries, before its first one; any head of a pattern read through ``rows``."""
+        return self.parts == ("summary",) or self.rows is not None
+
+
+# The patterns whose groups keep the stores of ``STORES`` laid out for them (the table of
+# the module docstring); every other pattern's group keeps every key ("all") and reads the
+# keys its row holds.
+LAID_OUT = ("full", "strided", "fixed")
+
+
+def may_read_nothing(pattern: str, combine: str) -> bool:
+    """Whether some head of a layer may read no key at some row: a fixed head that reads
+    only the summaries (multi-head and interleaved layers), before its first one; any
+    pattern not in ``LAID_OUT``, whose rows are not known in closed form here."""
+    return (pattern == "fixed" and combine != "merged") or pattern not in LAID_OUT
+
+
+def head_groups(pattern: str, n_heads: int, combine: str, layer: int, *, n: int | None = None,
                 **params) -> tuple[Group, ...]:
     """The heads of layer ``layer`` grouped by the parts they read (``head_roles``).
 
-    One group for "merged" and "interleaved" (and for full); for "multihead" the
-    even heads (A(1)) and the odd heads (A(2)), as the slices 0::2 and 1::2."""
-    if pattern not in ("full", "strided", "fixed"):
-        raise ValueError(f"the sparse cache serves the model's patterns ('full', 'strided', "
-                         f"'fixed'), got pattern {pattern!r}; read row_mask with a dense cache")
+    For the patterns of ``LAID_OUT``: one group for "merged" and "interleaved" (and for
+    full); for "multihead" the even heads (A(1)) and the odd heads (A(2)), as the slices
+    0::2 and 1::2. Any other pattern: one group of every head, reading the rows of its
+    mask at sequence length n (the n its parameters are checked at)."""
+    if pattern not in LAID_OUT:
+        entry = patterns.get(pattern)
+        if n is None:
+            raise ValueError(f"pattern {pattern!r} is read through its rows of the mask, at "
+                             f"the sequence length n its parameters hold for; got n=None")
+        checked = entry.check(n, n_heads, combine, layer, params)
+        roles = head_roles(pattern, n_heads, combine, layer, stride=checked.get("stride"),
+                           c=checked.get("c"))
+        parts = tuple(p for p in entry.part_names if any(r.reads(p) for r in roles))
+        rows = Rows(pattern, n, n_heads, combine, entry.layer_key(combine, layer),
+                    tuple(sorted(checked.items())))
+        return (Group(slice(0, n_heads), parts, (), rows),)
     roles = head_roles(pattern, n_heads, combine, layer,
                        stride=params.get("stride"), c=params.get("c"))
     groups = []
@@ -199,7 +224,15 @@ def step_pieces(group: Group, t: int, stride: int | None, c: int | None,
     (rows, drop) where rows is a slice of the store's rows or a LongTensor of
     them, and drop says which rows no head reads: None, a slice (for every
     head), or ``("summary", s)`` (``summary_mask`` at residue s, per head).
-    Pieces are disjoint."""
+    Pieces are disjoint. A group read through ``rows``: one piece, the positions some
+    head of the group reads, with (Hg, 1, m) True where a head does not."""
+    if group.rows is not None:
+        row = group.rows.at(t, device)[group.heads]                      # (Hg, t + 1)
+        pos = torch.nonzero(row.any(0)).squeeze(1)                       # (m,)
+        if not pos.numel():
+            return []
+        read = row[:, pos]                                               # (Hg, m)
+        return [(pos, None if bool(read.all()) else ~read[:, None, :])]
     parts = group.parts
     if parts == ("full",):
         return [(slice(0, t + 1), None)]

@@ -120,14 +120,14 @@ def _drop(drop, Hg: int, m: int, device) -> torch.Tensor:
     return out
 
 
-def _group_keys(q, k, v, group, t: int, params: dict):
-    """The keys and values row t of ``group``'s heads reads, as one small dense problem:
-    (K, V) (B, Hk, m, d), drop (Hg, 1, m) bool or None (True where a head does not read
-    a key), G (the consecutive query heads per key/value head of K)."""
+def _group_keys(q, k, v, group, t: int, params: dict, reads: list):
+    """The keys and values row t of ``group``'s heads reads (``reads``: its
+    ``step_pieces``), as one small dense problem: (K, V) (B, Hk, m, d), drop (Hg, 1, m)
+    bool or None (True where a head does not read a key), G (the consecutive query heads
+    per key/value head of K)."""
     H, share = q.shape[1], q.shape[1] // k.shape[1]
     l, c = params.get("stride"), params.get("c")
-    pieces = [(drop, store_positions(group, rows, t, l, c, q.device))
-              for rows, drop in step_pieces(group, t, l, c, q.device)]
+    pieces = [(drop, store_positions(group, rows, t, l, c, q.device)) for rows, drop in reads]
     heads, G = _kv_heads(group.heads, H, share)
     if G == 1 and share > 1 or any(not isinstance(p, slice) and p.dim() == 2
                                    for _, p in pieces):
@@ -163,24 +163,26 @@ def read_nothing(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape) -> to
 
 def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: int, pattern: str,
          combine: str, layer: int, scale: float, params: dict,
-         check_finite: bool | None = True) -> torch.Tensor:
+         check_finite: bool | None = True, n: int | None = None) -> torch.Tensor:
     """Row t of every head, one sequence position for the whole batch: q (B, H, 1, d),
     k, v (B, Hkv, >= t + 1, d) -> (B, H, 1, dv) in the accumulation dtype. Keys past t
     are never read. ``check_finite``: True rejects NaN and inf in q and in the keys and
     values the row reads; False keeps ``fast.core.nonfinite``'s promise over them (a head
     whose query, or a key or value it reads, is not finite outputs NaN); None looks at no
-    value (``fast.sparse_attention``'s default on a GPU)."""
+    value (``fast.sparse_attention``'s default on a GPU). ``n``: the sequence length the
+    parameters were checked at (None: t + 1)."""
     B, H = q.shape[:2]
-    groups = head_groups(pattern, H, combine, layer, **params)
+    groups = head_groups(pattern, H, combine, layer, n=t + 1 if n is None else n, **params)
     outs = []
     for group in groups:
         qg = q[:, group.heads]                                           # (B, Hg, 1, d)
-        if not step_pieces(group, t, params.get("stride"), params.get("c"), q.device):
+        reads = step_pieces(group, t, params.get("stride"), params.get("c"), q.device)
+        if not reads:
             # a summary head before its first summary: reads nothing
             outs.append(read_nothing(qg, k, v, (*qg.shape[:3], v.shape[-1])))
             continue
-        K, V, drop, G = _group_keys(q, k, v, group, t, params)
-        empty = group.parts == ("summary",)
+        K, V, drop, G = _group_keys(q, k, v, group, t, params, reads)
+        empty = group.may_read_nothing
 
         def attend(a, b, c, drop=drop, G=G, empty=empty):
             B_, Hk, m, _ = b.shape                             # one piece: K^T, V, drop
@@ -206,14 +208,14 @@ def row_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: st
                   lengths: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
                   check_finite: bool | None = True) -> torch.Tensor:
     """The one-query step: q (B, H, 1, d) at position n_k - 1 (of each sequence, minus
-    its offset), k, v (B, Hkv, n_k, d), Hkv dividing H; the pattern one of
-    ``reference.params.FACTORIZED``, its parameters checked. ``lengths`` and ``offsets``:
+    its offset), k, v (B, Hkv, n_k, d), Hkv dividing H; any registered pattern, its
+    parameters checked at n_k. ``lengths`` and ``offsets``:
     (B,) integer tensors, checked (``fast.backends.padding``). ``check_finite`` as
     ``step``: only q and what the row reads are looked at. Returns (B, H, 1, d) in q's
     dtype (module docstring)."""
     B, n_k = q.shape[0], k.shape[2]
     run = lambda qq, kk, vv, t: step(qq, kk, vv, t, pattern, combine, layer, scale, params,
-                                     check_finite)
+                                     check_finite, n_k)
     inside = None
     if lengths is not None:                  # the query outside its sequence outputs 0 ...
         inside = query_rows(1, lengths, offsets, n_k, q.device)          # (B, 1, 1, 1)

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fast import patterns
 from fast.core.autograd import Function, backward_through, keep_for_backward
 from fast.core.checks import check_scale, check_tensors
 from fast.core.merge import merge
@@ -243,9 +244,10 @@ def cached_layout(pattern: str, n: int, n_heads: int, combine: str, layer: int,
     The cache keeps the ``MAX_CACHED_LAYOUTS`` most recently used layouts with every
     table a variant has written on the device (listed tables of the fixed pattern at
     n = 2**20, H = 8 hold 4 GiB; its range tables megabytes: ``fast.kernels.variants``);
-    ``clear_layout_cache`` empties it. Interleaved layers r and r + 2 share one entry
-    (they read the same part), other combine modes one for every layer."""
-    layer_key = layer % 2 if combine == "interleaved" else 0
+    ``clear_layout_cache`` empties it. Interleaved layers r and r + p share one entry
+    (they read the same of the pattern's p parts), other combine modes one for every
+    layer."""
+    layer_key = patterns.get(pattern).layer_key(combine, layer)
     key = (pattern, n, n_heads, combine, layer_key,
            tuple(sorted((k, _hashable(v)) for k, v in params.items())), block, str(device),
            order)

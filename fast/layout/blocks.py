@@ -17,16 +17,21 @@ the list of non-empty (query block, key block) tiles, with an exact token mask f
 every tile that is not full (causal inside diagonal blocks, padding never allowed).
 
     order="natural":    one part, natural order (what FlexAttention sees; strided
-                        and fixed touch almost every causal block at block 128).
+                        and fixed touch almost every causal block at block 128),
+                        derived from the pattern registry's rules for every pattern
+                        (``fast.layout.natural``).
     order="structured": strided -> "local" (natural) + "column" (transposed by l);
                         fixed -> "block" (natural) + "summary" (keys gathered);
                         full -> "full"; longformer -> "window" (natural, or
                         transposed by the dilation) + "global_keys" +
-                        "global_queries"; bigbird -> those + "random".
+                        "global_queries"; bigbird -> those + "random"; a
+                        pattern without a structured layout (one added to the
+                        registry since) -> its natural-order part.
 
 Building a layout never forms an n x n mask (at n = 2**20 it would take 1 TiB):
-candidate tiles come from closed forms on block ranges (``fast.layout.parts``), and
-token rules are evaluated only on candidate tiles (``fast.layout.tiles``).
+candidate tiles come from closed forms on block ranges (``fast.layout.parts``; for the
+natural order, from where the registry says each term's pairs lie), and token rules are
+evaluated only on candidate tiles (``fast.layout.tiles``).
 """
 
 from __future__ import annotations
@@ -36,13 +41,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fast import patterns
 from fast.layout import parts as lp
 from fast.layout.heads import head_table
 from fast.layout.lut import Ranges, move, one_row, per_head
+from fast.layout.natural import natural
 from fast.layout.slots import SlotMap
 from fast.layout.tiles import build_part
 from reference.heads import head_roles
-from reference.params import check_int, check_params
+from reference.params import check_int
 from reference.patterns import bigbird_random_keys
 
 ORDERS = ("structured", "natural")
@@ -230,17 +237,21 @@ def block_layout(pattern: str, n: int, n_heads: int = 1, combine: str = "merged"
                  **params) -> BlockLayout:
     """The block-sparse layout of ``pattern`` for every head of layer ``layer``.
 
-    pattern, params: "full"; "strided" (stride); "fixed" (stride, c);
-        "longformer" (window, dilation=1, global_tokens=());
-        "bigbird" (window, n_random, n_global, seed=0).
+    pattern, params: any registered pattern (``fast.patterns``): "full"; "strided"
+        (stride); "fixed" (stride, c); "longformer" (window, dilation=1,
+        global_tokens=()); "bigbird" (window, n_random, n_global, seed=0); and the
+        patterns added since (``reference.params.PARAMS``).
     n_heads, combine, layer: exactly as ``reference.patterns.head_masks``: head h
-        reads the parts of its ``reference.heads.HeadRole`` (merged: A(1) | A(2);
-        multihead: A(h mod 2); interleaved: layer r reads A(r mod 2); a fixed head
+        reads the parts of its ``reference.heads.HeadRole`` (merged: every part;
+        multihead: A(h mod p); interleaved: layer r reads A(r mod p); a fixed head
         of summary rank r reads sub-block r mod l/c). Longformer and BigBird: every
         head reads the same mask; combine and layer are checked and have no effect.
     block_size: B, slots per block (any integer >= 1; n need not be a multiple).
     order: "structured" (several disjoint parts, each in its own token order, so
-        that each is truly block-sparse) or "natural" (one part, natural order).
+        that each is truly block-sparse, for the patterns that have them: those of
+        ``STRUCTURED``; any other pattern has its natural-order part here too) or
+        "natural" (one part, natural order, derived from the registry's rules:
+        ``fast.layout.natural``).
 
     Structured parts: strided -> "local" (natural order, 0 <= i-j < l) and
     "column" (slot of i = (i mod l) * R_pad + i // l, R_pad = ceil(ceil(n/l)/B)*B;
@@ -255,18 +266,26 @@ def block_layout(pattern: str, n: int, n_heads: int = 1, combine: str = "merged"
     """
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    params = check_params(pattern, n, n_heads, combine, layer, params)
+    entry = patterns.get(pattern)
+    params = entry.check(n, n_heads, combine, layer, params)
     n, n_heads = int(n), int(n_heads)
     block_size = check_int("block_size", block_size, 1)
-    build = _BUILDERS[pattern]
-    roles = head_roles(pattern, n_heads, combine, layer,
-                       stride=params.get("stride"), c=params.get("c"))
-    table = head_table(pattern, roles)  # (H, k) per-head behaviour
+    if order == "natural" or pattern not in STRUCTURED:
+        heads = entry.heads(n_heads, combine, layer, params)
+        table, inverse = _distinct(heads.table())
+        first = torch.full((table.shape[0],), n_heads).scatter_reduce_(
+            0, inverse, torch.arange(n_heads), "amin")                  # a head of each row
+        plan = natural(pattern, n, block_size, heads.select(first), params)
+        plans = [(plan, inverse)]
+    else:
+        roles = head_roles(pattern, n_heads, combine, layer,
+                           stride=params.get("stride"), c=params.get("c"))
+        plans = STRUCTURED[pattern](n, block_size, head_table(pattern, roles), params)
     parts = [_expand(LayoutPart(**(
         p if isinstance(p, dict)   # already built (the fixed summary)
         else build_part(p.name, p.q_pos, p.k_pos, block_size, p.cand, p.rule, p.tile_key,
                         p.pairs, p.q_map, p.k_map))), inverse)
-        for p, inverse in build(n, block_size, order, table, params)]
+        for p, inverse in plans]
     return BlockLayout(n, n_heads, block_size, pattern, params, parts)
 
 
@@ -299,78 +318,42 @@ def _expand(part: LayoutPart, inverse: torch.Tensor) -> LayoutPart:
 
 
 # ----------------------------------------------------------------------------
-# One builder per pattern: [(its parts (structured) or its natural-order part,
-# the head -> distinct-row map of that part)].
+# The structured layouts, one builder per pattern that has one: [(a part's plan (or
+# the built fixed summary), the head -> distinct-row map of that part)].
 # ----------------------------------------------------------------------------
 
-def _full(n, block, order, table, params):
+def _full(n, block, table, params):
     one = torch.zeros(table.shape[0], dtype=torch.long)                 # every head alike
     zero, big = torch.zeros(1, dtype=torch.long), torch.full((1,), lp.BIG)
-    plan = lp.band("full", n, block, 1, zero, big, torch.ones(1, dtype=torch.bool))
-    if order == "structured":
-        return [(plan, one)]
-    return [(lp.natural(n, block, 1, [plan.rule], None, True, _translation_key(1)), one)]
+    return [(lp.band("full", n, block, 1, zero, big, torch.ones(1, dtype=torch.bool)), one)]
 
 
-def _strided(n, block, order, table, params):
+def _strided(n, block, table, params):
     l = params["stride"]
-    if order == "structured":
-        (lt, li), (ct, ci) = _distinct(table, [0]), _distinct(table, [1, 2])
-        local = lp.band("local", n, block, 1, torch.zeros(len(lt), dtype=torch.long),
-                        torch.full((len(lt),), l), lt[:, 0].bool())
-        column = lp.band("column", n, block, l, ct[:, 1], torch.full((len(ct),), lp.BIG),
-                         ct[:, 0].bool())
-        return [(local, li), (column, ci)]
-    table, inverse = _distinct(table)
-    nh = table.shape[0]
-    reads_local, reads_column, col_lo = table[:, 0].bool(), table[:, 1].bool(), table[:, 2]
-    rules = [_only(lp.band_rule(1, torch.zeros(nh, dtype=torch.long), torch.full((nh,), l)),
-                   reads_local),
-             _only(lp.band_rule(l, col_lo, torch.full((nh,), lp.BIG)), reads_column)]
-    return [(lp.natural(n, block, nh, rules, None, False, _translation_key(nh)), inverse)]
+    (lt, li), (ct, ci) = _distinct(table, [0]), _distinct(table, [1, 2])
+    local = lp.band("local", n, block, 1, torch.zeros(len(lt), dtype=torch.long),
+                    torch.full((len(lt),), l), lt[:, 0].bool())
+    column = lp.band("column", n, block, l, ct[:, 1], torch.full((len(ct),), lp.BIG),
+                     ct[:, 0].bool())
+    return [(local, li), (column, ci)]
 
 
-def _fixed(n, block, order, table, params):
+def _fixed(n, block, table, params):
     l = params["stride"]
-    if order == "structured":
-        (bt, bi), (st, si) = _distinct(table, [0]), _distinct(table, [1, 2, 3, 4])
-        return [(lp.fixed_block(n, block, l, bt[:, 0].bool()), bi),
-                (lp.fixed_summary(n, block, l, st[:, 1], st[:, 2], st[:, 3].bool(),
-                                  st[:, 0].bool()), si)]
-    table, inverse = _distinct(table)
-    nh = table.shape[0]
-    reads_block, reads_summary = table[:, 0].bool(), table[:, 1].bool()
-    lo, hi, strict = table[:, 2], table[:, 3], table[:, 4].bool()
-    rules = [_only(lp.fixed_block_rule(l), reads_block),
-             _only(lp.summary_rule(l, lo, hi, strict), reads_summary)]
-
-    def key(h, qb, kb):  # depends on the block offset and the phase of q_lo in l
-        return ((qb - kb) * l + (qb * block) % l) * nh + h
-    return [(lp.natural(n, block, nh, rules, None, False, key), inverse)]
+    (bt, bi), (st, si) = _distinct(table, [0]), _distinct(table, [1, 2, 3, 4])
+    return [(lp.fixed_block(n, block, l, bt[:, 0].bool()), bi),
+            (lp.fixed_summary(n, block, l, st[:, 1], st[:, 2], st[:, 3].bool(),
+                              st[:, 0].bool()), si)]
 
 
-def _neighbour(n, block, order, table, params, glob, keys):
+def _neighbour(n, block, table, params, glob, keys):
     """Longformer / BigBird: window + global tokens (+ random keys); every head alike."""
     one = torch.zeros(table.shape[0], dtype=torch.long)
-    return [(p, one) for p in _neighbour_plans(n, block, order, params, glob, keys)]
-
-
-def _neighbour_plans(n, block, order, params, glob, keys):
     nh = 1
     window, dilation = params["window"], params.get("dilation", 1)
     in_window = lp.window_rule(window, dilation)
     is_global = torch.zeros(n, dtype=torch.bool)
     is_global[glob] = True
-    if order == "natural":
-        rules = [in_window, lambda h, i, j: (j <= i) & (is_global[i] | is_global[j])]
-        cands = [lp.band_natural_candidates(n, block, nh, window, dilation)]
-        if glob.numel():
-            cands += lp.global_natural_candidates(n, block, nh, glob)
-        pairs = None
-        if keys is not None:
-            cands.append(lp.random_natural_candidates(block, nh, keys))
-            pairs = lp.per_head_pairs(*lp.random_pairs(keys), nh)
-        return [lp.natural(n, block, nh, rules, cands, False, None, pairs)]
     plans = [lp.band("window", n, block, dilation, torch.zeros(nh, dtype=torch.long),
                      torch.full((nh,), window), torch.ones(nh, dtype=torch.bool))]
     if glob.numel():
@@ -379,35 +362,26 @@ def _neighbour_plans(n, block, order, params, glob, keys):
                   lp.global_queries(n, block, nh, glob, is_global, in_window)]
     if keys is not None:
         plans.append(lp.bigbird_random(n, block, nh, keys, is_global, in_window))
-    return plans
+    return [(p, one) for p in plans]
 
 
-def _longformer(n, block, order, table, params):
+def _longformer(n, block, table, params):
     glob = torch.tensor(params["global_tokens"], dtype=torch.long)
-    return _neighbour(n, block, order, table, params, glob, None)
+    return _neighbour(n, block, table, params, glob, None)
 
 
-def _bigbird(n, block, order, table, params):
+def _bigbird(n, block, table, params):
     keys = torch.from_numpy(np.asarray(bigbird_random_keys(
         n, params["n_random"], params["seed"]), dtype=np.int64))  # (n, n_random), -1 padded
     glob = torch.arange(params["n_global"])
-    return _neighbour(n, block, order, table, params, glob, keys)
+    return _neighbour(n, block, table, params, glob, keys)
 
 
-def _only(rule, active):
-    """A rule that holds only for heads with ``active[h]``."""
-    return lambda h, i, j: rule(h, i, j) & active[h]
+# The patterns with a structured layout, and its builder.
+STRUCTURED = {"full": _full, "strided": _strided, "fixed": _fixed,
+              "longformer": _longformer, "bigbird": _bigbird}
 
-
-def _translation_key(n_heads):
-    """Natural-order tiles of a band pattern depend only on the block offset."""
-    return lambda h, qb, kb: (qb - kb) * n_heads + h
-
-
-_BUILDERS = {"full": _full, "strided": _strided, "fixed": _fixed,
-             "longformer": _longformer, "bigbird": _bigbird}
-
-__all__ = ["BlockLayout", "LayoutPart", "block_layout", "ORDERS"]
+__all__ = ["BlockLayout", "LayoutPart", "block_layout", "ORDERS", "STRUCTURED"]
 
 
 def _facts(part: LayoutPart) -> PartFacts:

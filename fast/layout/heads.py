@@ -1,11 +1,12 @@
 """The head roles of ``reference.heads`` as a small per-head integer table.
 
 Child et al., 2019, sec. 5.1 (eq. 5-8: merged, multi-head and interleaved heads)
-and sec. 4.3 (the fixed pattern's summary sub-blocks). The layouts
-(``fast.layout.blocks``) and the FlexAttention mask_mod (``fast.backends.flex``)
-index per-head behaviour by h inside tensor code, so the roles become columns
-of an int64 tensor; equal rows mean equal behaviour (a layout builds once per
-distinct row).
+and sec. 4.3 (the fixed pattern's summary sub-blocks). The reordered layouts of the
+paper's patterns (``fast.layout.blocks``, order "structured") index per-head behaviour
+by h inside tensor code, so the roles become columns of an int64 tensor, with what
+their disjoint parts need (which part holds the diagonal, or a head's own block);
+equal rows mean equal behaviour (a layout builds once per distinct row). The natural
+order and FlexAttention take the registry's ``fast.patterns.Heads`` instead.
 """
 
 from __future__ import annotations

@@ -32,8 +32,13 @@ from dataclasses import dataclass
 
 from fast.attention import BACKENDS
 from fast.data import DATASETS, SPLITS
-from reference.params import COMBINES, MAX_INT, check_int, check_params, check_stride
-from reference.params import FACTORIZED as PATTERNS  # the model's patterns: full, strided, fixed
+from reference.params import COMBINES, MAX_INT, PARAMS, check_int, check_params, check_stride
+
+# The model's patterns: every registered pattern whose parameters are fields of
+# ModelConfig (stride, c): full, strided, fixed, and those added since that take no other.
+FIELDS = ("stride", "c")
+PATTERNS = tuple(name for name, (required, optional) in PARAMS.items()
+                 if set(required) | set(optional) <= set(FIELDS))
 
 EMBEDDINGS = ("image", "text")
 ATTENTION_IMPLS = ("sparse", "masked")
@@ -51,7 +56,8 @@ class ModelConfig:
     d_model: int = 128               # residual width d
     n_heads: int = 4                 # attention heads; per-head width d / n_heads (sec. 5.1, eq. 8)
     n_layers: int = 4                # residual blocks N
-    pattern: str = "strided"         # "full", "strided" or "fixed" (sec. 4.3)
+    pattern: str = "strided"         # "full", "strided" or "fixed" (sec. 4.3), or another
+                                     # of PATTERNS
     combine: str = "merged"          # "merged", "multihead" or "interleaved" (sec. 5.1)
     stride: int | None = 16          # l: strided / fixed stride, also the width of the text
                                      # position grid
@@ -97,14 +103,15 @@ class ModelConfig:
         _choice(self, "attention_backend", BACKENDS)
         _choice(self, "output_init", OUTPUT_INITS)
         _number(self, "dropout", 0.0, 1.0, hi_open=True)
-        if self.pattern in ("strided", "fixed") or self.embedding == "text":
+        takes = self._takes()
+        if "stride" in takes or self.embedding == "text":
             if self.stride is None:
                 raise ValueError(f"pattern={self.pattern!r} with embedding={self.embedding!r} "
                                  f"needs a stride l (an integer >= 1), got None")
             check_stride(self.stride)
-        if self.pattern == "fixed" and self.c is None:
-            raise ValueError("pattern='fixed' needs the summary width c, got None")
-        if self.pattern != "fixed" and self.c is not None:
+        if "c" in takes and self.c is None:
+            raise ValueError(f"pattern={self.pattern!r} needs the summary width c, got None")
+        if "c" not in takes and self.c is not None:
             raise ValueError(f"c is the fixed pattern's summary width; pattern={self.pattern!r} "
                              f"takes no c, got c={self.c!r}")
         # the checks of every attention path; the heads' summary ranks do not depend
@@ -133,13 +140,14 @@ class ModelConfig:
         """Width of the q and k projections: d, or d/2 with qk_half."""
         return self.d_model // 2 if self.qk_half else self.d_model
 
+    def _takes(self) -> tuple[str, ...]:
+        """The fields the pattern takes as parameters (``reference.params.PARAMS``)."""
+        required, optional = PARAMS[self.pattern]
+        return tuple(name for name in FIELDS if name in required or name in optional)
+
     def pattern_params(self) -> dict:
         """Keyword parameters of the pattern (``reference.params.PARAMS``)."""
-        if self.pattern == "full":
-            return {}
-        if self.pattern == "strided":
-            return {"stride": self.stride}
-        return {"stride": self.stride, "c": self.c}
+        return {name: getattr(self, name) for name in self._takes()}
 
 
 @dataclass

@@ -239,7 +239,7 @@ def problems(draw):
     H = draw(st.integers(1, 3))
     layer = draw(st.integers(0, 1))
     params = {}
-    if pattern == "strided":
+    if pattern in ("strided", "strided3"):
         params = {"stride": stride}
     elif pattern == "fixed":
         divisors = [c for c in range(1, stride + 1) if stride % c == 0]

@@ -13,18 +13,40 @@ import pytest
 
 from reference import params as R
 from reference import patterns as P
+from reference.extensions import EXTENSIONS
 
 BIG = [2**31, 2**63, np.int64(2**40)]
 
 
 def test_names():
-    assert R.PATTERNS == ("full", "strided", "fixed", "longformer", "bigbird")
+    # the paper's patterns and the neighbours, then those added since, one module each
+    assert R.PATTERNS == ("full", "strided", "fixed", "longformer", "bigbird",
+                          *EXTENSIONS)
+    assert tuple(EXTENSIONS) == ("strided3",)
     assert R.FACTORIZED == ("full", "strided", "fixed")
+    assert R.NEIGHBOURS == ("longformer", "bigbird")
     assert R.COMBINES == ("merged", "multihead", "interleaved")
     assert set(R.PARAMS) == set(R.PATTERNS)
     assert R.MAX_INT == 2**31 - 1
     # reference.patterns re-exports the names from their one home
     assert P.PATTERNS is R.PATTERNS and P.COMBINES is R.COMBINES
+
+
+def test_a_parameter_without_a_check_is_refused_at_import(monkeypatch):
+    """A module of reference.extensions that takes a parameter no check knows is refused
+    when reference is imported (the check itself, on made-up tables); one named in its
+    INTEGERS is checked as a bounded integer by check_params."""
+    table = {"made_up": (("stride", "levels"), {})}
+    with pytest.raises(TypeError, match=r"'made_up' takes \['levels'\].*INTEGERS"):
+        R._every_parameter_checked(table, {})
+    R._every_parameter_checked(table, {"made_up": {"levels": 1}})
+    monkeypatch.setattr(R, "PATTERNS", R.PATTERNS + ("made_up",))
+    monkeypatch.setattr(R, "PARAMS", {**R.PARAMS, **table})
+    monkeypatch.setattr(R, "INTEGERS", {"made_up": {"levels": 1}})
+    with pytest.raises(ValueError, match=r"levels must be an integer >= 1, got 0"):
+        R.check_params("made_up", 9, 1, "merged", 0, {"stride": 2, "levels": 0})
+    assert R.check_params("made_up", 9, 1, "merged", 0, {"stride": 2, "levels": np.int64(3)}) \
+        == {"stride": 2, "levels": 3}
 
 
 def test_is_int():

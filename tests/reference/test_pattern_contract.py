@@ -4,9 +4,10 @@ Child et al., 2019, sec. 4.3 (patterns) and sec. 5.1 (eq. 5-8, head roles). One
 contract lives in reference/ (params: names and checks; heads: head roles;
 patterns: masks); the torch masks of the naive path, the block layouts of the
 Triton kernels, the FlexAttention mask_mod and the structured backend's plan all
-derive from it. Here they are compared with it for all five patterns, the three
-combine modes, several layers and odd n, and every path must reject the same bad
-input with the same message (integers bounded by 2**31 - 1 included).
+derive from it. Here they are compared with it for every pattern (the added p = 3
+one too), the three combine modes, several layers and odd n, and every path must
+reject the same bad input with the same message (integers bounded by 2**31 - 1
+included).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ CASES = [  # (pattern, n, n_heads, params): odd n, one head and several
     ("fixed", 19, 2, {"stride": 5, "c": 2}),     # c does not divide l: one summary rank
     ("longformer", 25, 3, {"window": 3, "dilation": 2, "global_tokens": (0, 11)}),
     ("bigbird", 27, 2, {"window": 3, "n_random": 2, "n_global": 1, "seed": 4}),
+    ("strided3", 31, 4, {"stride": 3}),          # p = 3: n > l^3, four heads
 ]
-COMBINE_LAYER = [("merged", 0), ("multihead", 0), ("interleaved", 0), ("interleaved", 1)]
+COMBINE_LAYER = [("merged", 0), ("multihead", 0), ("interleaved", 0), ("interleaved", 1),
+                 ("interleaved", 2)]
 
 
 
@@ -127,6 +130,8 @@ BAD = [  # (pattern, params, words of the message)
     ("longformer", {"window": 2, "global_tokens": np.array([12])}, "global_tokens"),
     ("bigbird", {"window": 2, "n_random": 1, "n_global": 13}, "n_global must be"),
     ("full", {"stride": 3}, "got unexpected ['stride']"),
+    ("strided3", {"stride": 0}, "stride l must be an integer >= 1, got 0"),
+    ("strided3", {"stride": 3, "c": 1}, "got unexpected ['c']"),
 ]
 
 

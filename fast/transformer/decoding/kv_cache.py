@@ -47,7 +47,14 @@ import math
 import numpy as np
 import torch
 
-from fast.backends.reads import head_groups, row_mask, step_pieces, summary_mask
+from fast import patterns
+from fast.backends.reads import (
+    head_groups,
+    may_read_nothing,
+    row_mask,
+    step_pieces,
+    summary_mask,
+)
 from fast.backends.row import attend_pieces
 from fast.core.precision import acc_dtype
 from reference.heads import head_roles
@@ -156,7 +163,7 @@ class DenseCache(LayerCache):
         not read; None for full. ``masks`` shares it between the blocks of a step."""
         if self.pattern == "full":
             return None
-        key = (self.layer % 2 if self.combine == "interleaved" else 0, t)
+        key = (patterns.get(self.pattern).layer_key(self.combine, self.layer), t)
         masks = {} if masks is None else masks
         if key not in masks:
             rows = row_mask(self.pattern, self.capacity, self.n_heads, self.combine,
@@ -173,7 +180,7 @@ class DenseCache(LayerCache):
         """[(heads, store, signature)]: every head reads the one store "all", and
         layers whose masks agree share a signature (``LayerCache.plan_groups``)."""
         self._one_head_per_key()
-        mask = self.layer % 2 if self.combine == "interleaved" else 0
+        mask = patterns.get(self.pattern).layer_key(self.combine, self.layer)
         return [(list(range(self.n_heads)), "all", ("dense", self.pattern, mask))]
 
     def plan(self, g: int, t: int, shared: dict) -> tuple:
@@ -191,8 +198,7 @@ class DenseCache(LayerCache):
         """Row t of attention: q (B, H, 1, dk) -> (B, H, 1, dv). ``masks`` shares
         the row masks of step t between the blocks of one step."""
         (_, pieces), = self.pieces(t, masks)
-        # only a head that reads the fixed summaries alone has rows that read nothing
-        empty_rows = self.pattern == "fixed" and self.combine != "merged"
+        empty_rows = may_read_nothing(self.pattern, self.combine)
         return self._attend(q, scale, pieces, empty_rows)
 
 
@@ -210,17 +216,16 @@ class SparseCache(LayerCache):
                  layer: int, params: dict, qk_fp32: bool = True, kv_heads: int | None = None):
         super().__init__(capacity, n_heads, key_width, pattern, combine, layer, params, qk_fp32,
                          kv_heads)
-        self.groups = head_groups(pattern, n_heads, combine, layer, **params)
+        self.groups = head_groups(pattern, n_heads, combine, layer, n=capacity, **params)
         self.l, self.c = params.get("stride"), params.get("c")
-        if self.share > 1:
-            self._check_shared_reads()
+        if self.share > 1 and all(g.rows is None for g in self.groups):
+            self._check_shared_reads()           # a group read by rows keeps every key
         self.whole = len(self.groups) == 1                    # one group: every head
         self.writes = [self._summary_writes(g) for g in self.groups]
         self.drops = [{} for _ in self.groups]                # residue -> ~summary_mask
         self.views: dict = {}                  # group -> (flat, K^T, V) views: _make_views
         self.kinds = [g.store() for g in self.groups]         # each group's store
-        # only a head that reads the fixed summaries alone has rows that read nothing
-        self.empty = [g.parts == ("summary",) for g in self.groups]
+        self.empty = [g.may_read_nothing for g in self.groups]
         self.device = "cpu"                                   # the stores' (set on allocation)
 
     def _check_shared_reads(self) -> None:
@@ -252,7 +257,7 @@ class SparseCache(LayerCache):
         """For each residue s = t mod l: (store heads of the group whose summary
         sub-block holds s, as an index tensor or None for all of them, row offset
         s - lo), or None when no head's sub-block holds s."""
-        if "summary" not in group.parts:
+        if group.store() not in ("summary", "joint"):
             return []
         writes, summaries = [], self._store_summaries(group)
         for s in range(self.l):
@@ -328,7 +333,7 @@ class SparseCache(LayerCache):
         the stores' device. Blocks whose groups read alike share one list through
         ``shared`` (the step's dict), so a step works out its reads once, not per block."""
         group = self.groups[g]
-        key = ("reads", group.parts, group.summaries, self.l, self.c, t)
+        key = ("reads", group.key, self.l, self.c, t)
         if key not in shared:
             reads = []
             for rows, drop in step_pieces(group, t, self.l, self.c, self.device):
@@ -345,14 +350,14 @@ class SparseCache(LayerCache):
         """[(heads, store, signature)] per group (``LayerCache.plan_groups``)."""
         self._one_head_per_key()
         return [(list(range(self.n_heads))[group.heads], g,
-                 ("sparse", group.parts, group.summaries, self.kinds[g]))
+                 ("sparse", group.key, self.kinds[g]))
                 for g, group in enumerate(self.groups)]
 
     def plan(self, g: int, t: int, shared: dict) -> tuple:
         """Group g at step t for the CPU kernel (``LayerCache.plan``): position t goes
         where ``append`` puts it, and the rows read are ``step_pieces``'."""
         group, store = self.groups[g], self.kinds[g]
-        key = ("plan", group.parts, group.summaries, store, t)
+        key = ("plan", group.key, store, t)
         if key not in shared:
             heads = len(range(self.n_heads)[group.heads])
             writes = np.full((heads, 2), -1, dtype=np.int64)

@@ -29,9 +29,11 @@ Decisions:
 * **What it keeps** (mode "sparse"): only what a later query can still read, the
   project's rule (``fast.transformer.decoding.kv_cache.SparseCache``): strided keeps
   every key and reads l + t / l of them, fixed keeps each head's own summaries and
-  the current block. Mode "dense" keeps every key, reads all t + 1 and masks the row:
-  the baseline to compare with, and the mode for the neighbours "longformer" and
-  "bigbird" (the sparse stores serve the paper's patterns full, strided, fixed).
+  the current block (stores laid out for the paper's patterns full, strided, fixed);
+  any other registered pattern keeps every key and reads only those its row of the
+  mask holds (``fast.backends.reads``: the row found by O(t) index arithmetic, the
+  attention over the keys read). Mode "dense" keeps every key, reads all t + 1 and
+  masks the row: the baseline to compare with.
 * **The position is the cache's**: ``prefill`` starts at position 0 (a cache that
   holds positions refuses it: ``reset`` first); ``step`` appends at ``position``.
   It is one position for the whole batch: the cache takes no padding, so prompts of
@@ -61,11 +63,12 @@ Decisions:
   ``n_heads``; query head h reads key/value head h // (n_heads / kv_heads), as
   ``torch.repeat_interleave`` and SDPA's ``enable_gqa`` pair them. A key/value head
   must keep the union of what its query heads read. Mode "dense" keeps every key:
-  any pattern. Mode "sparse" keeps one set per head, so it takes grouped heads where
-  every query head of a key/value head reads the same keys -- "full", strided
-  "merged" and "interleaved", a fixed layer whose heads read only the block -- and
-  refuses the rest with a ValueError naming ``kv_heads`` (multi-head layers pair an
-  A(1) head with an A(2) head, and fixed heads read distinct summary sub-blocks).
+  any pattern. Mode "sparse" keeps one set per head for the paper's patterns, so it
+  takes grouped heads where every query head of a key/value head reads the same keys
+  -- "full", strided "merged" and "interleaved", a fixed layer whose heads read only
+  the block -- and refuses the rest with a ValueError naming ``kv_heads`` (multi-head
+  layers pair an A(1) head with an A(2) head, and fixed heads read distinct summary
+  sub-blocks); the other patterns keep every key, so they take any grouping.
 * **One implementation**: the project's ``Decoder`` holds one of these per residual
   block. It checks its input once and computes q, k and v in one fused product, so it
   calls ``_step`` (one position, key and value side by side, unchecked); its compiled
@@ -80,7 +83,7 @@ import torch
 
 from fast.core.checks import DTYPES, check_scale
 from fast.transformer.decoding.kv_cache import CACHES, layer_cache
-from reference.params import FACTORIZED, check_int, check_params
+from reference.params import check_int, check_params
 
 
 class SparseKVCache:
@@ -109,10 +112,6 @@ class SparseKVCache:
         capacity = check_int("capacity", capacity, 1)
         params = check_params(pattern, capacity, n_heads, combine, layer,
                               {"stride": stride, "c": c, **pattern_params})
-        if mode == "sparse" and pattern not in FACTORIZED:
-            raise ValueError(f"mode 'sparse' serves the patterns {FACTORIZED}, got pattern "
-                             f"{pattern!r}; mode='dense' serves every pattern (it keeps every "
-                             f"key and masks row t)")
         self.key_dim = check_int("key_dim", key_dim, 1)
         self.value_dim = self.key_dim if value_dim is None else check_int("value_dim",
                                                                            value_dim, 1)

@@ -41,8 +41,10 @@ COMBINES = ("merged", "multihead", "interleaved")
 
 def model_params(pattern: str, heads: int) -> dict:
     """Odd sizes: strided l = 5, fixed l = 6 with c = 2 (three sub-blocks, so four
-    heads wrap around to head 0's), full none."""
-    return {"full": {}, "strided": {"stride": 5}, "fixed": {"stride": 6, "c": 2}}[pattern]
+    heads wrap around to head 0's), full none; strided3 l = 3 (l^3 = 27: its third part
+    matters at n = 29)."""
+    return {"full": {}, "strided": {"stride": 5}, "fixed": {"stride": 6, "c": 2},
+            "strided3": {"stride": 3}}[pattern]
 
 
 # ----------------------------------------------------------------------------
@@ -88,8 +90,8 @@ def read_positions(cache, t: int, heads: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("kind", ["sparse", "dense"])
 @pytest.mark.parametrize("pattern,combine,heads",
-                         [(p, c, h) for p in ("full", "strided", "fixed") for c in COMBINES
-                          for h in (1, 3, 4)])
+                         [(p, c, h) for p in ("full", "strided", "fixed", "strided3")
+                          for c in COMBINES for h in (1, 3, 4)])
 def test_cache_reads_exactly_row_t(kind, pattern, combine, heads):
     n, dk, dv = 29, 3, 2
     params = model_params(pattern, heads)
@@ -108,8 +110,8 @@ def test_cache_reads_exactly_row_t(kind, pattern, combine, heads):
 
 @pytest.mark.parametrize("kind", ["sparse", "dense"])
 @pytest.mark.parametrize("pattern,combine,heads",
-                         [(p, c, h) for p in ("full", "strided", "fixed") for c in COMBINES
-                          for h in (1, 3, 4)])
+                         [(p, c, h) for p in ("full", "strided", "fixed", "strided3")
+                          for c in COMBINES for h in (1, 3, 4)])
 def test_kernel_plan_writes_and_reads_what_the_cache_does(kind, pattern, combine, heads):
     """The CPU kernel's plan (``LayerCache.plan``): writing position t where it
     says leaves the stores equal to ``append``'s, and the rows it reads, with the
@@ -169,8 +171,13 @@ def test_head_groups():
     assert [g.parts for g in groups] == [("block",), ("summary",)]
     assert [list(range(4))[g.heads] for g in groups] == [[0, 2], [1, 3]]
     assert groups[1].summaries == ((4, 6), (2, 4))            # ranks 0 and 1
-    with pytest.raises(ValueError, match="sparse cache serves"):
+    # a pattern without laid-out stores is one group read through its rows, at the n its
+    # parameters are checked at
+    with pytest.raises(ValueError, match="read through its rows of the mask"):
         head_groups("longformer", 2, "merged", 0, window=4)
+    (group,) = head_groups("longformer", 2, "merged", 0, n=10, window=4)
+    assert group.store() == "all" and group.may_read_nothing
+    assert group.rows.at(9, "cpu").shape == (2, 10)
     with pytest.raises(ValueError, match="cache must be one of"):
         layer_cache("paged", 10, 2, 4, "full", "merged", 0, {})
     with pytest.raises(ValueError, match=r"row t must lie in \[0, n=5\)"):

@@ -26,6 +26,7 @@ import torch
 import reference.patterns as P
 from fast import SparseKVCache, sparse_attention
 from fast.transformer.decoding.decode import Decoder
+from fast.transformer.decoding.kv_cache import CACHES
 from fast.transformer.decoding.sparse_kv_cache import SparseKVCache as Internal
 from reference.attention import attend
 
@@ -211,16 +212,15 @@ def test_sparse_mode_refuses_heads_that_read_differently(pattern, params, combin
     ("longformer", dict(window=3, dilation=2, global_tokens=(0, 7))),
     ("bigbird", dict(window=3, n_random=2, n_global=2, seed=3)),
 ])
-def test_neighbours_in_dense_mode(pattern, params):
+def test_neighbours_in_both_modes(pattern, params):
+    """The neighbours in both modes: "dense" masks every key, "sparse" keeps every key and
+    reads those its row holds (a pattern without laid-out stores, ``fast.backends.reads``)."""
     q, k, v = qkv(2, 2, N, D, seed=4)
     want = truth(q, k, v, P.head_masks(pattern, N, 2, "merged", 0, **params))
-    cache = SparseKVCache(pattern, n_heads=2, key_dim=D, capacity=N, mode="dense", **params)
-    got = run(cache, q, k, v, 4, (1, 2))
-    assert (got - want[:, :, 4:]).abs().max().item() < 1e-10
-    with pytest.raises(ValueError, match=r"mode 'sparse' serves the patterns \('full', "
-                                         r"'strided', 'fixed'\), got pattern "
-                                         rf"'{pattern}'; mode='dense' serves every pattern"):
-        SparseKVCache(pattern, n_heads=2, key_dim=D, capacity=N, **params)
+    for mode in CACHES:
+        cache = SparseKVCache(pattern, n_heads=2, key_dim=D, capacity=N, mode=mode, **params)
+        got = run(cache, q, k, v, 4, (1, 2))
+        assert (got - want[:, :, 4:]).abs().max().item() < 1e-10, mode
 
 
 # ----------------------------------------------------------------------------
