@@ -46,6 +46,10 @@ PARAMS = MappingProxyType({
     "longformer": (("window",), MappingProxyType({"dilation": 1, "global_tokens": ()})),
     "bigbird": (("window", "n_random", "n_global"), MappingProxyType({"seed": 0})),
 })
+# The same table in plain dicts, which check_params reads: a traced caller (torch.compile
+# of a model whose code mutates a dict, as transformers' models do) cannot read a mapping
+# proxy without a graph break.
+_LOOKUP = {name: (required, dict(optional)) for name, (required, optional) in PARAMS.items()}
 
 MAX_INT = 2**31 - 1
 _WHY_MAX = "2**31 - 1: the kernels keep positions, strides and windows in int32"
@@ -215,7 +219,7 @@ def check_params(pattern, n, n_heads, combine, layer, params: dict) -> dict:
     n_heads = check_n_heads(n_heads)
     check_combine(combine)
     check_layer(layer)
-    required, optional = PARAMS[pattern]
+    required, optional = _LOOKUP[pattern]
     given = {key: val for key, val in dict(params).items() if val is not None}
     names = list(required) + list(optional)
     extra = sorted(set(given) - set(names))

@@ -46,6 +46,8 @@ COMMANDS = {
                                                "and strided models at Table 2's shapes (GPU)"),
     "gpu-check": ("fast.commands.gpu_check", "everything a GPU session runs: the gpu tests, "
                                              "the variant sweep, the benchmark, Table 2's time"),
+    "peer-hf": ("fast.commands.peer_hf", "transformers' own model tests with sdpa and with the "
+                                         "Hugging Face adapter, compared test by test"),
 }
 
 
