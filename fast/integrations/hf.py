@@ -69,14 +69,7 @@ except ModuleNotFoundError as err:                         # pragma: no cover - 
 
 from fast.attention import BACKENDS, sparse_attention
 from fast.backends.masks import position_masks
-from fast.integrations.hf_masks import (
-    Dense,
-    ModelMask,
-    given_mask,
-    mask_function,
-    plan,
-    segments,
-)
+from fast.integrations.hf_masks import Dense, ModelMask, given_mask, mask_function, plan
 from reference.params import COMBINES, MAX_INT, check_params
 
 # What transformers passes down to attention for the loss and for bookkeeping: nothing
@@ -205,10 +198,8 @@ def _attention_function(name: str, spec: dict):
                                  f"module's layer_idx, which is {layer!r}. Allowed: an "
                                  f"attention module with an integer layer_idx")
         _check_window(where, kwargs.get("sliding_window"), mask)
-        packed = segments(kwargs, B, n_q, key.shape[2], query.device, where)
-        how = plan(mask, kwargs.get("position_ids") if positional else None, packed,
-                   positional=positional, dense_ok=backend in ("auto", "naive"),
-                   backend=backend, where=where)
+        how = plan(mask, kwargs, positional=positional,
+                   dense_ok=backend in ("auto", "naive"), backend=backend, where=where)
         common = dict(scale=scaling, dropout_p=float(dropout), backend=backend,
                       enable_gqa=key.shape[1] != H)
         if isinstance(how, Dense):

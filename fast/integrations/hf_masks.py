@@ -69,7 +69,7 @@ import torch
 from torch._library.effects import EffectType
 from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
 
-# what a plan says when a padded run cannot serve a call, in a refusal's words
+# what a refusal allows where a backend without attn_mask cannot serve a call
 ALLOWED_DENSE = "backend 'auto' or 'naive', which take any mask"
 
 
@@ -234,31 +234,36 @@ def given_mask(name: str, mask, q: torch.Tensor, k: torch.Tensor, where: str) ->
 # The plan of one call
 # ---------------------------------------------------------------------------------------
 
-def plan(mask: ModelMask, position_ids, segments, *, positional: bool, dense_ok: bool,
-         backend: str, where: str) -> Padded | Dense:
-    """The plan of this call (module docstring), made once per forward pass eagerly.
+# the keywords a plan reads: the positions, and packed sequences (``segments``)
+PLAN_KEYWORDS = ("position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "seq_idx")
 
-    position_ids: the model's, or None; segments: (query ids (B, n_q), key ids (B, n_k))
-    of packed sequences, or None; positional: the pattern reads positions (all but
-    "full"); dense_ok: the backend takes ``attn_mask``."""
+
+def plan(mask: ModelMask, kwargs: dict, *, positional: bool, dense_ok: bool, backend: str,
+         where: str) -> Padded | Dense:
+    """The plan of this call (module docstring), made once per forward pass eagerly (the
+    layers of a pass get the same mask and the same keyword tensors).
+
+    kwargs: the attention's keywords (``PLAN_KEYWORDS`` are read); positional: the
+    pattern reads positions (all but "full"); dense_ok: the backend takes ``attn_mask``."""
     traced = torch.compiler.is_compiling()
+    given = tuple(kwargs.get(key) for key in PLAN_KEYWORDS)
     if not traced:
-        for ids, segs, done in mask._plans:
-            if ids is position_ids and segs is segments:
+        for seen, done in mask._plans:
+            if all(a is b for a, b in zip(seen, given)):
                 return done
         if isinstance(mask.q_offset, torch.Tensor):      # a static cache's: read once
             mask.q_offset = int(mask.q_offset)
-    pos = _query_positions(mask, position_ids, where) if positional else None
-    padded, why = _padded(mask, pos, segments, positional, traced, dense_ok, backend,
-                          where)
+    packed = segments(kwargs, mask.batch, mask.q_length, mask.kv_length, mask.device, where)
+    pos = _query_positions(mask, kwargs.get("position_ids"), where) if positional else None
+    padded, why = _padded(mask, pos, packed, positional, traced, dense_ok, backend, where)
     if padded is None:
         if not dense_ok:
             raise ValueError(f"{where}: backend {backend!r} runs padding before or after "
                              f"each sequence only, and this call needs the general path: "
                              f"{why}. Allowed: {ALLOWED_DENSE}")
-        padded = _dense(mask, pos, segments, positional, traced, where)
+        padded = _dense(mask, pos, packed, positional, traced, where)
     if not traced:
-        mask._plans.append((position_ids, segments, padded))
+        mask._plans.append((given, padded))
     return padded
 
 
