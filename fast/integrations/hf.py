@@ -69,7 +69,14 @@ except ModuleNotFoundError as err:                         # pragma: no cover - 
 
 from fast.attention import BACKENDS, sparse_attention
 from fast.backends.masks import position_masks
-from fast.integrations.hf_masks import Dense, ModelMask, given_mask, mask_function, plan
+from fast.integrations.hf_masks import (
+    PLAN_KEYWORDS,
+    Dense,
+    ModelMask,
+    given_mask,
+    mask_function,
+    plan,
+)
 from reference.params import COMBINES, MAX_INT, check_params
 
 # What transformers passes down to attention for the loss and for bookkeeping: nothing
@@ -80,9 +87,9 @@ IGNORED = frozenset({
     "num_items_in_batch", "shift_labels", "ignore_index",   # the loss (Trainer's, ...)
     "max_length_q", "max_length_k",                      # sizes cu_seq_lens_* imply
 })
-# What changes attention and is honoured here (the attention function says how).
-HONOURED = frozenset({"position_ids", "sliding_window", "cu_seq_lens_q", "cu_seq_lens_k",
-                      "seq_idx", "output_attentions"})
+# What changes attention and is honoured here: the plan's keywords (positions, packed
+# sequences), the window (in the mask), output_attentions (warned, as sdpa warns).
+HONOURED = frozenset({*PLAN_KEYWORDS, "sliding_window", "output_attentions"})
 # What other attention functions take and this one cannot honour.
 REFUSED = {
     "softcap": "attention logit soft-capping is not computed by sparse_attention",
