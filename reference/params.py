@@ -73,6 +73,11 @@ def _every_parameter_checked(params, integers) -> None:
 
 
 _every_parameter_checked(PARAMS, INTEGERS)
+# The same tables in plain dicts, which check_params reads: a traced caller (torch.compile
+# of a model whose code mutates a dict, as transformers' models do) cannot read a mapping
+# proxy without a graph break.
+_LOOKUP = {name: (required, dict(optional)) for name, (required, optional) in PARAMS.items()}
+_INTEGER_LOOKUP = {name: dict(integers) for name, integers in INTEGERS.items()}
 
 MAX_INT = 2**31 - 1
 _WHY_MAX = "2**31 - 1: the kernels keep positions, strides and windows in int32"
@@ -242,7 +247,7 @@ def check_params(pattern, n, n_heads, combine, layer, params: dict) -> dict:
     n_heads = check_n_heads(n_heads)
     check_combine(combine)
     check_layer(layer)
-    required, optional = PARAMS[pattern]
+    required, optional = _LOOKUP[pattern]
     given = {key: val for key, val in dict(params).items() if val is not None}
     names = list(required) + list(optional)
     extra = sorted(set(given) - set(names))
@@ -270,6 +275,6 @@ def check_params(pattern, n, n_heads, combine, layer, params: dict) -> dict:
         out["n_global"] = check_n_global(n, out["n_global"])
     if "seed" in out:
         out["seed"] = check_seed(out["seed"])
-    for key, low in INTEGERS.get(pattern, {}).items():
+    for key, low in _INTEGER_LOOKUP.get(pattern, {}).items():
         out[key] = check_int(key, out[key], low)
     return {key: out[key] for key in names}

@@ -48,6 +48,8 @@ COMMANDS = {
     "gpu-check": ("fast.commands.gpu_check", "a GPU session in 9 minutes: the gpu tests, the "
                                              "variants and the benchmark at the targets, Table "
                                              "2's time (--all: the longer sweeps too)"),
+    "peer-hf": ("fast.commands.peer_hf", "transformers' own model tests with sdpa and with the "
+                                         "Hugging Face adapter, compared test by test"),
 }
 
 

@@ -30,7 +30,8 @@ from fast.commands.registry import COMMANDS
 
 SCRATCH_FILE = "a_file"          # made in the scratch folder: "a_file/out.png" is unwritable
 NOTEBOOK = "nb.ipynb"            # made there too
-GOOD = {"checkpoint": SCRATCH_FILE, "notebooks": NOTEBOOK}  # a value the required ones accept
+GOOD = {"checkpoint": SCRATCH_FILE, "notebooks": NOTEBOOK,  # a value the required ones accept
+        "action": "report", "tree": "peer"}
 VALUES = st.one_of(
     st.sampled_from([
         "nan", "inf", "-inf", "NaN", "1e400", "-1e400", "-1", "0", "1", "2", "3", "0.5", "1e-40",

@@ -38,10 +38,9 @@ from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     GPT2Config,
     LlamaConfig,
-    MistralConfig,
 )
 
-from fast.integrations import hf  # noqa: E402
+from fast.integrations import hf, hf_masks  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -352,65 +351,31 @@ def strided_llama():
     return build(llama(), hf.register("test_refuse", "strided", stride=6))
 
 
-def test_a_mask_with_holes_is_refused(strided_llama):
-    ids, mask = tokens(2, N), torch.ones(2, N, dtype=torch.long)
-    mask[1, 10] = 0
-    with pytest.raises(ValueError, match=r"row 1 is \[1, 1, .*0, 1.*pads between tokens"):
-        strided_llama(ids, attention_mask=mask)
-
-
-def test_a_4d_mask_is_refused(strided_llama):
+def test_a_4d_mask_that_reads_later_keys_is_refused(strided_llama):
+    """A 4D mask given to the model is served (test_hf_dropin.py), unless it lets a query
+    read a later key: an additive mask of zeros is bidirectional attention."""
     ids = tokens(2, N)
     mask = torch.zeros(2, 1, N, N)
-    with pytest.raises(ValueError, match=r"got a tensor of shape \(2, 1, 37, 37\).*a 4D mask"):
+    with pytest.raises(ValueError, match=r"lets query 0 read a later key \(1\).*every sparse "
+                                         r"pattern is causal"):
         strided_llama(ids, attention_mask=mask)
-
-
-def test_positions_that_disagree_with_the_padding_are_refused(strided_llama):
-    """Left padding without position ids: the model's positions run from the pad, the
-    pattern's from the first token -- refused, saying what to pass."""
-    ids, mask = tokens(2, N), torch.ones(2, N, dtype=torch.long)
-    mask[0, :3] = 0
-    with pytest.raises(ValueError, match=r"position_ids\[0, 3\] = 3, .*position 0.*cumsum") \
-            as err:
-        strided_llama(ids, attention_mask=mask)
-    assert "no position_ids numbers every row from its first slot" in str(err.value)
-    assert not str(err.value).endswith("or none")         # none is what was passed
-
-
-def test_output_attentions_is_refused(strided_llama):
-    """Asked for in the call or in the config (as from_pretrained(...,
-    output_attentions=True) sets it), where transformers reads it too; the call's False
-    wins over the config's True, as in transformers."""
-    with pytest.raises(ValueError, match="output_attentions=True.*'eager'"):
-        strided_llama(tokens(1, N), output_attentions=True)
-    model = build(llama(output_attentions=True), hf.register("test_refuse", "strided",
-                                                             stride=6))
-    with pytest.raises(ValueError, match="output_attentions=True.*'eager'"):
-        model(tokens(1, N))
-    assert model(tokens(1, N), output_attentions=False).logits.shape == (1, N, VOCAB)
-
-
-def test_a_static_cache_is_refused(strided_llama):
-    with pytest.raises(ValueError, match=r"queries at positions 0..10 against \d+ keys.*"
-                                         r"dynamic cache"):
-        greedy(strided_llama, tokens(1, 11), 3, cache_implementation="static")
-
-
-def test_sliding_windows_are_refused():
-    model = build(MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
-                                num_hidden_layers=1, num_attention_heads=2,
-                                num_key_value_heads=1, sliding_window=8),
-                  hf.register("test_refuse_window", "strided", stride=6))
-    with pytest.raises(ValueError, match="sliding_window=8: a sliding window is a pattern"):
-        model(tokens(1, N))
+    with pytest.raises(ValueError, match=r"must be 4D, broadcastable to \(batch, heads, "
+                                         r"queries, keys\) = \(2, 4, 37, 37\); got a tensor "
+                                         r"of shape \(2, 1, 37, 36\)"):
+        strided_llama(ids, attention_mask=torch.zeros(2, 1, N, N - 1, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"entry \(0, 0, 3, 1\) is 1.0, a bias"):
+        bias = torch.zeros(2, 1, N, N).masked_fill(~torch.ones(N, N).tril().bool(),
+                                                   torch.finfo(torch.float32).min)
+        bias[0, 0, 3, 1] = 1.0
+        strided_llama(ids, attention_mask=bias)
 
 
 @pytest.mark.parametrize("config", ["qwen2_moe", "olmo3"])
 def test_a_sliding_mask_no_layer_uses_is_not_refused(config):
     """Some models build a sliding-window mask whatever their layers are (Qwen2-MoE with
-    no sliding layer, Olmo3 with full-attention layers only): the refusal waits for a
-    layer that receives it, so these run, and "full" equals the model's own sdpa."""
+    no sliding layer, Olmo3 with full-attention layers only): the mask function only keeps
+    its arguments, so a mask no layer uses costs nothing, and "full" equals the model's
+    own sdpa."""
     from transformers import Olmo3Config, Qwen2MoeConfig
     kw = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, bos_token_id=None,
@@ -437,8 +402,9 @@ def test_cross_attention_is_refused():
 
 
 def test_the_attention_function_refuses_what_it_cannot_serve():
-    """Called directly, as other models might call it: no mask, non-causal, keys of
-    another length, a keyword it does not know, interleaved without a layer."""
+    """Called directly, as other models might call it: no mask, a mask that reads later
+    keys, non-causal, keys of another length, a keyword it does not know or cannot
+    honour, interleaved without a layer."""
     name = hf.register("test_direct", "strided", stride=6, combine="interleaved")
     attend = AttentionInterface._global_mapping[name]
     make_mask = transformers.AttentionMaskInterface._global_mapping[name]
@@ -449,9 +415,10 @@ def test_the_attention_function_refuses_what_it_cannot_serve():
     with pytest.raises(ValueError, match="must come from the mask function.*got None"):
         attend(module, q, k, v, None)
     # a mask it cannot serve is refused by the attention that receives it, not when made
-    window = make_mask(batch_size=1, q_length=5, kv_length=5, local_size=3)
-    with pytest.raises(ValueError, match="with local_size=3 .*Allowed: the plain causal"):
-        attend(module, q, k, v, window)
+    both_ways = make_mask(batch_size=1, q_length=5, kv_length=5,
+                          mask_function=transformers.masking_utils.bidirectional_mask_function)
+    with pytest.raises(ValueError, match=r"lets query 0 read a later key \(1\)"):
+        attend(module, q, k, v, both_ways)
     with pytest.raises(ValueError, match="is_causal=False"):
         attend(module, q, k, v, padding, is_causal=False)
     module.is_causal = False                                  # a cross-attention module
@@ -464,6 +431,15 @@ def test_the_attention_function_refuses_what_it_cannot_serve():
         attend(module, q, k, v, padding, softcap=30.0)
     with pytest.raises(ValueError, match="temperature=2.0: it is not an argument"):
         attend(module, q, k, v, padding, temperature=2.0)
+    with pytest.raises(ValueError, match=r"s_aux=a tensor of shape \(2,\): attention sinks"):
+        attend(module, q, k, v, padding, s_aux=torch.zeros(2))
+    with pytest.raises(ValueError, match=r"position_bias=.*additive position bias"):
+        attend(module, q, k, v, padding, position_bias=torch.zeros(1, 2, 5, 5))
+    with pytest.raises(ValueError, match=r"got sliding_window=3, but the mask the model built "
+                                         r"for this layer has no window"):
+        attend(module, q, k, v, padding, sliding_window=3)
+    # a window wider than every query-key gap of the call cannot matter
+    attend(module, q, k, v, padding, sliding_window=5)
     del module.layer_idx
     with pytest.raises(ValueError, match="interleaved.*layer_idx, which is None"):
         attend(module, q, k, v, padding)
@@ -471,40 +447,47 @@ def test_the_attention_function_refuses_what_it_cannot_serve():
 
 def test_a_model_compiles_whole_with_padding_and_positions():
     """torch.compile(fullgraph=True) of a model on the adapter: no graph break, with no
-    mask, a left-padded batch (with its position ids) and a right-padded one; eager's
-    logits on the real tokens; a training step; and eager's errors for a mask with holes
-    and for positions that count from the pad (their host reads run inside operators)."""
+    mask, a left-padded batch (with its position ids, and without: positions from the
+    pad), a right-padded one and one with holes; eager's logits on the real tokens; a
+    training step. On a backend that takes no attn_mask, eager's errors for a mask with
+    holes and for positions that disagree with the padded run (their host reads run
+    inside an operator)."""
     torch._dynamo.reset()
     model = build(llama(), hf.register("test_compiled", "strided", stride=6))
     compiled = torch.compile(model, fullgraph=True)
     ids = tokens(2, N)
     left, right = torch.ones(2, N, dtype=torch.long), torch.ones(2, N, dtype=torch.long)
     left[0, :4], right[1, 29:] = 0, 0
-    for mask in (None, left, right):
-        kw = {} if mask is None else dict(
-            attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    holes = right.clone()
+    holes[0, 10] = 0
+    shifted = lambda mask: dict(attention_mask=mask,
+                                position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+    for what, kw in (("none", {}), ("left", shifted(left)), ("right", shifted(right)),
+                     ("holes", dict(attention_mask=holes)),
+                     ("left, positions from the pad", dict(attention_mask=left))):
         with torch.no_grad():
             want, got = model(ids, **kw).logits, compiled(ids, **kw).logits  # (B, N, V)
-        real = torch.ones(2, N, 1) if mask is None else mask[..., None]
+        real = kw.get("attention_mask", torch.ones(2, N))[..., None]
         err = ((got - want) * real).abs().max().item()
-        print(f"mask {None if mask is None else mask.sum(1).tolist()}: error {err:.2e}")
+        print(f"mask {what}: error {err:.2e}")
         assert err < 1e-5
     loss = compiled(ids, attention_mask=right, labels=ids).loss
     loss.backward()
     assert torch.isfinite(loss)
-    holes = torch.ones(2, N, dtype=torch.long)
-    holes[1, 10] = 0
+    assert not torch._dynamo.utils.counters["graph_break"]
+    model.set_attn_implementation(hf.register("test_compiled_structured", "strided", stride=6,
+                                              backend="structured"))
+    compiled = torch.compile(model, fullgraph=True)
     with torch.no_grad():
-        with pytest.raises(ValueError, match=r"row 1 is \[1, 1, .*pads between tokens"):
+        with pytest.raises(ValueError, match=r"backend 'structured' runs padding before or "
+                                             r"after each sequence only.*row 0 .*pads "
+                                             r"between tokens"):
             compiled(ids, attention_mask=holes)
         with pytest.raises(ValueError, match=r"position_ids\[0, 4\] = 4, .*position 0"):
             compiled(ids, attention_mask=left)
     assert not torch._dynamo.utils.counters["graph_break"]
-    m = left.bool()
-    torch.library.opcheck(hf.refuse_holes, (m, torch.zeros(2, dtype=torch.bool), "x"))
-    index = torch.arange(N)[None, :].expand(2, N)
-    torch.library.opcheck(hf.refuse_positions, (torch.zeros(2, N, dtype=torch.bool), index,
-                                                index, "x"))
+    torch.library.opcheck(hf_masks.refuse_op, (torch.zeros(2, N, dtype=torch.bool),
+                                               [torch.arange(N)], "x {index} {values}"))
 
 
 @pytest.mark.slow
