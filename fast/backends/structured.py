@@ -90,6 +90,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from fast.backends import cpu_window
 from fast.backends.fixed import BlockCausal, Summary
 from fast.backends.flash_cpu import uses_kernel
 from fast.backends.naive import naive_sparse_attention
@@ -515,6 +516,35 @@ def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
     return out[:, :, n_k - n_q:]                                          # (B, H, n_q, d)
 
 
+# "full" through the CPU window kernel (one causal band of n rows: ``dense_window``) where it
+# beats PyTorch's fused kernel: narrow heads at moderate lengths. Measured by ``python -m fast
+# table2 --profile`` (fast.measure.dense_kernels; figures/data/table2_profile.json,
+# "dense_kernels"): faster forward and backward at every n of 256..1024 for heads of width
+# 16 and 32; at width 64 and beyond, and below n = 256, the two are close or PyTorch's wins.
+DENSE_WINDOW_WIDTH = 32          # widest head the window kernel takes for "full"
+DENSE_WINDOW_MIN = 256           # shortest sequence it takes (cpu_window.WINDOW_MAX: longest)
+
+
+def dense_window(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether a "full" call runs as one causal band of n rows through the CPU window kernel
+    (``fast.backends.cpu_window``) rather than SDPA: float32 CPU tensors, as many queries as
+    keys, ``DENSE_WINDOW_MIN`` <= n <= ``cpu_window.WINDOW_MAX``, heads of width at most
+    ``DENSE_WINDOW_WIDTH`` (a multiple of 8), and the kernel built. A decision on shapes,
+    dtypes and devices only, so eager and compiled calls take the same path (the
+    operator, traced) and give the same numbers."""
+    d, n_q, n_k = q.shape[-1], q.shape[2], k.shape[2]
+    return (q.device.type == "cpu" and q.dtype == torch.float32 and n_q == n_k
+            and DENSE_WINDOW_MIN <= n_k <= cpu_window.WINDOW_MAX
+            and d <= DENSE_WINDOW_WIDTH and d % 8 == 0 and _window_built())
+
+
+@torch.compiler.assume_constant_result
+def _window_built() -> bool:
+    """Whether the CPU window kernel is there (built on first use); under torch.compile a
+    constant, found when the call is traced (building or loading it is no graph break)."""
+    return cpu_window.library() is not None
+
+
 def _may_outgrow_float32(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
     """Whether some row's |lse| may pass EXACT_LSE: |s_ij| <= |scale| |q_i| |k_j|
     (Cauchy-Schwarz), and a row's lse lies within [max_j s_ij, max_j s_ij + log n_k].
@@ -533,24 +563,30 @@ def structured_attention(q, k, v, pattern: str, *, combine: str = "merged", laye
     front with zero rows, whose outputs are dropped and whose gradients are zero): a
     chunk of n_q < n_k queries costs what n_k do.
 
-    "full" is causal SDPA (``causal``), except where SDPA's answer would be wrong: its
-    backward recomputes the weights from a float32 log-sum-exp, wrong at |lse| >
-    EXACT_LSE ("Precision" above). An eager CPU call below float64 that autograd will
-    differentiate and whose scores may reach that (``_may_outgrow_float32``) runs as one
-    causal problem of n_k rows through the same operator (``plan``: stride = n_k), the
-    kernel SDPA would run, whose log-sum-exp then makes the float64 decision. Not taken
-    otherwise: the operator's output (B, H, n, d) costs the model a copy of its heads
+    "full" runs as one causal problem of n_k rows through the operator (``plan``: stride
+    = n_k, one band) in two cases, and as causal SDPA (``causal``) otherwise:
+
+    * where the CPU window kernel is faster than SDPA's fused kernel (``dense_window``:
+      narrow heads, 256..1024 positions, float32, as many queries as keys), eager and
+      traced alike;
+    * where SDPA's answer would be wrong: its backward recomputes the weights from a
+      float32 log-sum-exp, wrong at |lse| > EXACT_LSE ("Precision" above). An eager CPU
+      call below float64 that autograd will differentiate and whose scores may reach that
+      (``_may_outgrow_float32``) takes the operator, whose log-sum-exp then makes the
+      float64 decision. A traced call (torch.compile) cannot branch on values, so a
+      compiled "full" layer outside ``dense_window`` is SDPA's whatever its scores
+      (docs/design.md, "torch.compile").
+
+    Elsewhere SDPA: the operator's output (B, H, n, d) costs the model a copy of its heads
     that SDPA's (B, n, H, d) layout does not; a float64 call has nothing to decide; off
-    the CPU the operator's fallback is exact but not fast; and a traced call
-    (torch.compile) cannot branch on values, so a compiled "full" layer is SDPA's
-    whatever its scores (docs/design.md, "torch.compile")."""
+    the CPU the operator's fallback is exact but not fast."""
     n_k = k.shape[2]
     if pattern == "full":
         exact = (uses_kernel(q) and q.dtype != torch.float64
                  and not torch.compiler.is_compiling() and torch.is_grad_enabled()
                  and any(t.requires_grad for t in (q, k, v))
                  and _may_outgrow_float32(q, k, scale))
-        if not exact:
+        if not (exact or dense_window(q, k)):
             return causal(q, k, v, scale)
         stride = n_k
     if n_k < stride:

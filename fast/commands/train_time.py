@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from fast.commands import cli
-from fast.core.files import write_json
 from fast.experiments.gpu_iteration_time import PATTERNS, SHAPES, run
 from fast.experiments.paths import DATA
+from fast.experiments.provenance import write_result
 from fast.transformer.network.devices import resolve_device
 
 COMMAND = "python -m fast train-time"
@@ -47,6 +47,6 @@ def main(argv=None) -> int:
     data = run({s: SHAPES[s] for s in args.shapes}, args.patterns, args.batch, device,
                warm=args.warm, steps=args.steps)
     path = folder / "gpu_iteration_time.json"
-    write_json(path, data, indent=1)
+    write_result(path, data, indent=1)
     print(f"wrote {path}")
     return 0

@@ -43,8 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fast.core.files import write_json
 from fast.experiments.paths import ROOT
+from fast.experiments.provenance import write_result
 from fast.kernels.variants import VARIANTS
 
 NO_VARIANT = "none"                  # the tests that take no kernel variant (the default's)
@@ -151,9 +151,9 @@ def run(chosen: list[Part], out: Path, minutes: float | None = None,
             rc, seconds = _run_part(p, out, log)
             entry.update(status="ok" if rc == 0 else "failed", rc=rc, seconds=seconds)
         record["parts"].append(entry)
-        write_json(out / RECORD, record, indent=1)
+        write_result(out / RECORD, record, indent=1)
     record["seconds"] = time.time() - t0
-    write_json(out / RECORD, record, indent=1)
+    write_result(out / RECORD, record, indent=1)
     log(summary(record, again))
     return record
 

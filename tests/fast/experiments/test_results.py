@@ -203,10 +203,21 @@ def test_profile_section_gives_each_part_of_a_step_as_a_share():
         "batches": [8, 16, 32]}}
     lines = results.profile_section(prof)
     assert "| text/full | 310 ms | 32.3% | 64.5% | 1.6% | 1.3% | 0.3% | 50% | 30% | 20% " \
-           "| 4000 | 2% | 10.0 ms | 60 us / 61 us / 59 us | - |" in lines
+           "| 4000 | 2% | 10.0 ms | 60 us / 61 us / 59 us | - | - | - |" in lines
     cell["host_kernels"] = {"phases": {"forward": 0.1, "backward": 0.18},
                             "kernels": {"aten_cpu_capability": "AVX512"}}
-    assert results.profile_section(prof)[-1].endswith("| 280 ms (AVX512) |")
+    assert results.profile_section(prof)[-1].endswith("| 280 ms (AVX512) | - | - |")
+    # the compiled step and, for a dense cell, its attention through SDPA against the window
+    # kernel, and dense attention's two kernels side by side
+    cell["compiled"] = {"step_s": 0.3, "eager_step_s": 0.31, "compile_s": 41.0}
+    cell["dense_attention"] = {"window": 0.25, "sdpa": 0.31}
+    prof["dense_kernels"] = [{"n": 512, "d": 16, "batch": 8, "heads": 4, "sdpa_fwd_s": 0.014,
+                              "window_fwd_s": 0.0105, "sdpa_fb_s": 0.054,
+                              "window_fb_s": 0.0315}]
+    lines = results.profile_section(prof)
+    row = next(line for line in lines if line.startswith("| text/full |"))
+    assert row.endswith("| 280 ms (AVX512) | 0.97x (41 CPU s) | 250 / 310 ms (0.81x) |")
+    assert lines[-1] == "| 512 | 16 | 14.0 ms | 10.5 ms | 0.75 | 54.0 ms | 31.5 ms | 0.58 |"
 
 
 def test_drift_section_sets_the_kernels_move_beside_the_seed_spread():
