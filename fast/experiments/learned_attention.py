@@ -64,7 +64,7 @@ import torch
 
 from fast.data import load
 from fast.experiments.cache import read_cache, resumable
-from fast.experiments.paths import DATA, FIGURES, QUICK, ROOT
+from fast.experiments.paths import DATA, FIGURES, QUICK, named
 from fast.experiments.provenance import write_result
 from fast.experiments.reproducible import child_env, kernels, weights_digest
 from fast.measure import attention_stats as stats
@@ -382,9 +382,7 @@ def run(*, quick: bool = False, force: bool = False, iters: int | None = None,
         maps = attention_maps(model, images)
         summary = summarise(maps, model.cfg.pattern)
         summary["layers"] = beats_uniform(summary)
-        path = path.resolve()                   # named from the repository root when inside it
-        summary["weights"] = (path.relative_to(ROOT) if path.is_relative_to(ROOT)
-                              else path).as_posix()
+        summary["weights"] = named(path)
         result["models"][name] = summary
         drawn[name] = maps
         if name != "full":
@@ -444,8 +442,7 @@ def run_depth(*, quick: bool = False, force: bool = False, jobs: int = 2) -> dic
         maps = attention_maps(load_model(weights)[0], images)             # (L, B, H, n, n)
         summary = summarise_layers(maps)
         summary["layers"] = beats_uniform(summary)
-        summary["weights"] = (weights.resolve().relative_to(ROOT).as_posix()
-                              if weights.resolve().is_relative_to(ROOT) else str(weights))
+        summary["weights"] = named(weights)
         data["models"][str(layers)] = summary
         path = plot_attention.draw_heads(maps[:, shown], images[shown], query, SHAPE,
                                          summary["labels"],

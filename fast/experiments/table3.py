@@ -38,13 +38,12 @@ import math
 import os
 import platform
 import statistics
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from fast.experiments.cache import resumable
-from fast.experiments.paths import DATA, FIGURES, QUICK, ROOT
+from fast.experiments.paths import DATA, FIGURES, QUICK, named
 from fast.experiments.provenance import write_result
 from fast.experiments.reproducible import child_env, kernels, weights_digest
 from fast.experiments.table2 import dataset
@@ -147,7 +146,7 @@ def evaluate_models(spec: dict) -> dict:
                                    "per_stretch": per_stretch}
             print(f"table3: {pattern} m={ctx['m']}: {rows[str(ctx['m'])]['bits']:.4f}",
                   flush=True)
-        out["models"][pattern] = {"n": n, "weights": _named(path),
+        out["models"][pattern] = {"n": n, "weights": named(path),
                                   "weights_sha256": weights_digest(model),
                                   "starts": starts.tolist(), "contexts": rows}
     return out
@@ -170,12 +169,6 @@ def replay(spec: dict) -> dict:
                         "bits": context_bits(model, stream, spec["m"], starts[:1],
                                              spec["stretch"])}
     return out
-
-
-def _named(path) -> str:
-    """A path from the repository root when inside it (as the JSON names kept weights)."""
-    path = Path(path).resolve()
-    return (path.relative_to(ROOT) if path.is_relative_to(ROOT) else path).as_posix()
 
 
 def paths(quick: bool):

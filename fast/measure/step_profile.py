@@ -172,12 +172,13 @@ def profile_step(model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Datase
 
 
 def compiled_step(model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Dataset, *,
-                  steps: int = 6) -> dict:
+                  steps: int = 6, backend: str = "inductor") -> dict:
     """The training step with the model compiled whole by inductor (the optimizer eager, as
     ``train_step`` runs it): {"step_s": median CPU seconds of ``steps`` steps after two,
     "eager_step_s": the eager step's, in turns with it, "compile_s": CPU seconds of the
     first two compiled calls (compiling), "compile_wall_s"}. Inductor compiles in this
-    process (``compile_threads`` = 1) so that its CPU seconds are this process's."""
+    process (``compile_threads`` = 1) so that its CPU seconds are this process's.
+    ``backend``: torch.compile's (the tests use "aot_eager", which generates no code)."""
     from torch._inductor import config as inductor_config  # private, torch 2.13.0
 
     device = torch.device("cpu")
@@ -187,7 +188,7 @@ def compiled_step(model_cfg: ModelConfig, train_cfg: TrainConfig, dataset: Datas
     inductor_config.compile_threads = 1
     torch._dynamo.reset()
     try:
-        net = torch.compile(model, fullgraph=True)
+        net = torch.compile(model, fullgraph=True, backend=backend)
         w0, c0 = time.perf_counter(), time.process_time()
         for step in range(2):
             x, y = _batch(dataset, model_cfg, train_cfg.batch_size, step)

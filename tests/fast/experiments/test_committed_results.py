@@ -7,7 +7,8 @@ trainings (Table 2's runs, Figure 2's dense model) and of evaluations of their k
 retrain the first steps of the committed runs -- in a child process with the same pins, the
 same configuration, the schedule of the whole run (``TrainConfig.stop_iter``) -- and
 compare the training losses logged on the way with the committed history, float for
-float; Table 3's first stretch is re-scored from the kept weights the same way.
+float; Table 3's first stretch is re-scored from the kept weights the same way, and one kept
+model draws its samples again (figures/data/samples.json).
 
 They fail when the code would no longer reproduce what is committed: a kernel that sums in
 another order (the window kernel's, or a change of which kernel a call takes), another
@@ -128,3 +129,21 @@ def test_table3_reproduces_from_the_kept_models_bit_for_bit():
             f"Table 3's {pattern} model no longer reproduces figures/data/table3.json at m = "
             f"{smallest}: {got[pattern]['bits']} against {want}; rerun python -m fast table3 "
             f"--force and commit it")
+
+
+@pytest.mark.slow
+def test_the_samples_reproduce_from_the_kept_models_token_for_token():
+    """The image samples of figures/data/samples.json (``python -m fast samples``): one kept
+    model draws its samples again with the same seed, thread count and pins -- the same
+    weights (by digest) and the same tokens."""
+    rec = committed("samples.json")
+    pattern = "strided"
+    got = in_child("fast.experiments.samples:replay",
+                   {"folder": str(ROOT / rec["folder"]), "pattern": pattern,
+                    "seed": rec["seed"]}, threads=rec["threads"])
+    assert got["weights_sha256"] == rec["weights_sha256"][f"image_{pattern}"], (
+        "the kept image model is not the one the samples were drawn from: rerun python -m "
+        "fast samples and commit it")
+    assert got["images"] == rec["images"][pattern], (
+        f"the {pattern} model's samples no longer reproduce figures/data/samples.json: rerun "
+        f"python -m fast samples and commit it")
