@@ -252,11 +252,33 @@ def tokens_line(t2: dict) -> str:
     return ("Each cell and seed trained on " + "; ".join(parts) + ".") if parts else ""
 
 
+def cost_line(t2: dict) -> str:
+    """What the runs cost in CPU seconds (each run's child process, training and held-out
+    evaluation), and the wall time that makes on an idle machine running ``jobs`` of them
+    at a time, plus the timing runs at the paper's lengths (one at a time): the budget of
+    ``make figures``' Table 2 step, from what was measured (a shared machine inflates CPU
+    seconds too: compare runs measured alike)."""
+    runs = [r for by_seed in t2["runs"].values() for r in by_seed.values()]
+    if not runs or any("cpu_s" not in r for r in runs):
+        return ""
+    cpu = sum(r["cpu_s"] for r in runs)
+    train = sum(r.get("train_cpu_s", 0.0) for r in runs)
+    steps = sum(r["steps"] for r in runs)
+    timing = sum(sum(r.get("iter_times", [])) for r in t2.get("timing", []))
+    jobs = t2.get("jobs", 2)
+    per_step = (f", {1e3 * train / steps:.0f} ms of training per step on average"
+                if train else "")
+    return (f"The {len(runs)} runs took {cpu:,.0f} CPU seconds{per_step}; {jobs} at a time that "
+            f"is about {(cpu / jobs + timing) / 60:.1f} minutes of an idle {jobs}-core "
+            f"machine with the timing runs ({timing:.0f} s).")
+
+
 def gpu_timing(gpu: dict | None) -> list[str]:
     """Table 2's time column measured on a GPU (figures/data/gpu_iteration_time.json, written
     by ``python -m fast train-time`` on a GPU machine, docs/gpu.md): per shape, each
     pattern's seconds per iteration relative to dense beside the paper's, and any other row
-    (an attention-free floor) relative to dense too; or that it is missing."""
+    (the attention-free floor, pattern "none") relative to dense too; or that it is
+    missing."""
     if gpu is None:
         return ["- GPU: no measurement yet (figures/data/gpu_iteration_time.json is missing; "
                 "`python -m fast train-time` on a GPU writes it, docs/gpu.md)."]
@@ -273,7 +295,9 @@ def gpu_timing(gpu: dict | None) -> list[str]:
         for pattern, r in rows.items():
             paper = r.get("paper_s_per_iter")
             rel = r["s_per_iter"] / dense
-            parts.append(f"{display_name(pattern) if pattern in PATTERN_ORDER else pattern} "
+            label = (display_name(pattern) if pattern in PATTERN_ORDER
+                     else "no attention (the floor)" if pattern == "none" else pattern)
+            parts.append(f"{label} "
                          f"{r['s_per_iter'] * 1e3:.1f} ms ({rel:.2f}x"
                          + (f"; paper {paper / paper_dense:.2f}x" if paper and paper_dense
                             else "") + ")")
@@ -317,7 +341,7 @@ def table2_section(t2: dict) -> list[str]:
     missing = sorted(f"{m}/{p}" for m in modalities for p in PATTERN_ORDER if (m, p) not in have)
     if missing or any(r["time_per_iter"] <= 0 for r in t2.get("timing", [])):
         raise ShapeError(f"['timing'] lacks the rows {missing} or holds a time <= 0")
-    tokens = tokens_line(t2)
+    tokens = " ".join(x for x in (tokens_line(t2), cost_line(t2)) if x)
     return (table2_bits(t2) + (["", tokens] if tokens else []) + [""] + table2_orderings(t2)
             + paper_orderings(t2) + [""] + table2_timing(t2) + [""] + timing_statements(t2))
 

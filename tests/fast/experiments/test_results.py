@@ -254,3 +254,47 @@ def test_the_readme_holds_every_line_the_committed_results_print(capsys):
     readme = set((ROOT / "README.md").read_text().splitlines())
     stale = [line for line in printed if line not in readme]
     assert len(printed) > 50 and not stale, stale
+
+
+def test_the_papers_orderings_are_restated_pair_by_pair_with_their_spread():
+    """Each adjacent pair of the paper's order: held or not in every seed, the paired
+    per-seed margins with their mean and std over seeds, and the held-out sampling error."""
+    bits = {"full": (3.50, 3.52, 3.48), "fixed": (3.40, 3.45, 3.41),
+            "strided": (3.42, 3.43, 3.56)}
+    runs = {f"{m}/{p}": {str(s): {"test_bits": b, "test_se": 0.004 if p == "full" else 0.002}
+                         for s, b in enumerate(values)}
+            for m in ("text", "image") for p, values in bits.items()}
+    lines = results.paper_orderings({"runs": runs, "paper": PAPER})
+    text, image = lines
+    assert text.startswith("- The paper's order on text, fixed < dense < strided: ")
+    # fixed below dense in every seed: +0.10, +0.07, +0.07
+    assert ("fixed < dense (paper 0.99 < 1.00) holds in all 3 seeds, dense - fixed = +0.080 "
+            "± 0.017 (mean ± std over seeds; per seed +0.100, +0.070, +0.070)") in text
+    assert "dense < strided (paper 1.00 < 1.13) holds in 1 of 3 seeds only (not settled)" in text
+    assert "sampling error of at most 0.004" in text
+    # images: strided < dense < fixed; dense is above fixed in every seed: reversed
+    assert "dense < fixed (paper 2.82 < 2.85) reversed in all 3 seeds" in image
+
+
+def test_cost_line_turns_the_runs_cpu_seconds_into_the_budget():
+    runs = {"text/full": {"0": {"cpu_s": 100.0, "train_cpu_s": 90.0, "steps": 450},
+                          "1": {"cpu_s": 110.0, "train_cpu_s": 90.0, "steps": 450}}}
+    timing = [{"iter_times": [10.0, 20.0]}]
+    line = results.cost_line({"runs": runs, "timing": timing, "jobs": 2})
+    assert line == ("The 2 runs took 210 CPU seconds, 200 ms of training per step on average; "
+                    "2 at a time that is about 2.2 minutes of an idle 2-core machine with the "
+                    "timing runs (30 s).")
+    assert results.cost_line({"runs": {"a": {"0": {"steps": 1}}}}) == ""
+
+
+def test_gpu_timing_reads_the_gpu_record_or_says_it_is_missing():
+    assert "missing" in results.gpu_timing(None)[0]
+    gpu = {"machine": {"device": "NVIDIA H200"}, "rows": [
+        {"shape": "enwik8", "pattern": p, "n": 12288, "batch": 8, "s_per_iter": s,
+         "paper_s_per_iter": paper}
+        for p, s, paper in (("full", 0.2, 1.31), ("fixed", 0.1, 0.55), ("strided", 0.05, 0.35),
+                            ("none", 0.04, None))]}
+    line = results.gpu_timing(gpu)[0]
+    assert line.startswith("- GPU (NVIDIA H200), enwik8 shape (n = 12288, batch 8): ")
+    assert "fixed 100.0 ms (0.50x; paper 0.42x)" in line
+    assert "no attention (the floor) 40.0 ms (0.20x)" in line
