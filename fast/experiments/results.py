@@ -470,7 +470,7 @@ def output_init_section(t2: dict, zero: dict) -> list[str]:
     cell measured, the mean per-seed change of the test bits (same seeds: same other
     weights and batches), in how many seeds it is worse, beside the spread over seeds."""
     steps = next(iter(next(iter(zero["runs"].values())).values()))["steps"]
-    base = next(iter(next(iter(t2["runs"].values())).values()))["steps"]
+    base = next(iter(next(iter(t2["runs"].values())).values())).get("steps", steps)
     if steps != base:
         return [f"Output layer at initialisation (`python -m fast table2 --output-init zero`): "
                 f"measured at {steps} steps (figures/data/table2_zero_output.json), against "

@@ -237,6 +237,10 @@ def test_output_init_section_compares_the_same_seeds():
     line = results.output_init_section({"runs": drawn}, zero)[0]
     assert "160 steps" in line and "text/full +0.393 (worse in 3 of 3 seeds; seed std 0.010)" \
         in line
+    # against runs of another length there is nothing to compare: said, not computed
+    longer = {k: {s: {**r, "steps": 480} for s, r in v.items()} for k, v in drawn.items()}
+    line = results.output_init_section({"runs": longer}, zero)[0]
+    assert "measured at 160 steps" in line and "480 steps now: not comparable" in line
 
 
 def test_fig2_depth_section_of_a_run_still_training_says_so():
