@@ -46,7 +46,7 @@ Backends (one flag, the slow and the fast path side by side):
                (``fast.backends.naive``); refused, before it allocates, beyond half the
                memory available;
 * "structured" no n x n tensor anywhere: full -> causal SDPA, or one causal band through
-               the CPU window kernel where that is faster (float32 heads of width <= 32,
+               the CPU window kernel where that is faster (float32 heads of width <= 16,
                n = 256..1024: ``fast.backends.structured.dense_window``) or where the
                scores may outgrow float32's log-sum-exp (eager on the CPU, a call to
                differentiate: the structured operator decides, see "Scale"); strided and fixed

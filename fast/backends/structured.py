@@ -519,9 +519,11 @@ def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
 # "full" through the CPU window kernel (one causal band of n rows: ``dense_window``) where it
 # beats PyTorch's fused kernel: narrow heads at moderate lengths. Measured by ``python -m fast
 # table2 --profile`` (fast.measure.dense_kernels; figures/data/table2_profile.json,
-# "dense_kernels"): faster forward and backward at every n of 256..1024 for heads of width
-# 16 and 32; at width 64 and beyond, and below n = 256, the two are close or PyTorch's wins.
-DENSE_WINDOW_WIDTH = 32          # widest head the window kernel takes for "full"
+# "dense_kernels"): for heads of width 16 the window kernel's forward and backward were
+# faster at every n of 256..1024 in every measurement; at width 32 its forward + backward
+# was, but its forward alone was not at n = 256 in one of two runs; at width 64, and below
+# n = 256, the two are close or PyTorch's wins. So width 16 only: a default must not lose.
+DENSE_WINDOW_WIDTH = 16          # widest head the window kernel takes for "full"
 DENSE_WINDOW_MIN = 256           # shortest sequence it takes (cpu_window.WINDOW_MAX: longest)
 
 

@@ -622,7 +622,7 @@ def profile_section(prof: dict) -> list[str]:
                     "dense_kernels.py: 4 heads, B H n = 16384 rows, one thread, in turns, CPU "
                     "seconds, the fastest of the rounds; window / SDPA below 1: the window "
                     "kernel is faster; `fast.backends.structured.dense_window` takes it for "
-                    "heads of width <= 32 at n = 256..1024):", "",
+                    "heads of width <= 16 at n = 256..1024):", "",
                 "| n | head width | forward: SDPA | window | window / SDPA "
                 "| forward+backward: SDPA | window | window / SDPA |",
                 "|---|---|---|---|---|---|---|---|"]
