@@ -46,9 +46,11 @@ Backends (one flag, the slow and the fast path side by side):
                O(n_q n_k), the obviously-correct path that honours every argument
                (``fast.backends.naive``); refused, before it allocates, beyond half the
                memory available;
-* "structured" no n x n tensor anywhere: full -> causal SDPA (eager on the CPU, a
-               call to differentiate whose scores may outgrow float32's log-sum-exp:
-               one causal problem through the structured operator, see "Scale"); strided and fixed
+* "structured" no n x n tensor anywhere: full -> causal SDPA, or one causal band through
+               the CPU window kernel where that is faster (float32 heads of width <= 16,
+               n = 256..1024: ``fast.backends.structured.dense_window``) or where the
+               scores may outgrow float32's log-sum-exp (eager on the CPU, a call to
+               differentiate: the structured operator decides, see "Scale"); strided and fixed
                -> flash attention over the transposed grid, bands and gathered
                summaries, merged through their log-sum-exp (``fast.backends.structured``);
                one query (n_q = 1) -> the one-query step (``fast.backends.row``): the keys
@@ -57,9 +59,9 @@ Backends (one flag, the slow and the fast path side by side):
                every pattern, the structured path the paper's three (``FACTORIZED``);
 * "triton"     the block-sparse Triton kernel (``fast.kernels.triton_attention``);
 * "auto"       the fastest exact path that honours the call's arguments: attn_mask or
-               dropout -> "naive"; full -> causal SDPA everywhere; one query of any
-               pattern -> the one-query step (traced: as any other call, below). On
-               CUDA, with
+               dropout -> "naive"; full -> "structured"'s (causal SDPA, or the window
+               kernel where it is faster); one query of any pattern -> the one-query
+               step (traced: as any other call, below). On CUDA, with
                Triton importable (and not in its interpreter mode) and a
                float16/bfloat16/float32 input, every other pattern -> "triton" (the
                structured path's CUDA fallback is exact but not fast). Else strided and

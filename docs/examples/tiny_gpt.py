@@ -237,7 +237,7 @@ def measure(n: int = 1024, rounds: int = 3, threads: int = 1, seed: int = 0) -> 
 
 
 def main(argv=None) -> int:
-    from fast.core.files import write_json
+    from fast.experiments.provenance import write_result
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1024,
@@ -258,7 +258,7 @@ def main(argv=None) -> int:
         parser.error(f"--out {args.out} exists; allowed: another --out, or --overwrite to "
                      f"replace it")
     result = measure(args.n, args.rounds, args.threads)
-    write_json(args.out, result, indent=1)
+    write_result(args.out, result, indent=1)
     print(f"wrote {args.out}")
     return 0
 

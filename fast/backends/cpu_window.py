@@ -87,8 +87,9 @@ _STATE: dict = {}               # "lib": the loaded library, or "missing": why t
 OBSERVERS: list = []
 R = 16                          # query rows per block (cpu_window.c)
 # The longest window the callers hand the kernel: a window of N rows is dense causal
-# attention (the "full" plan's band), which PyTorch's kernel does at least as fast in
-# large blocks.
+# attention (the "full" plan's band); beyond this PyTorch's kernel, in large blocks, is left
+# the dense work (``fast.backends.structured.dense_window`` says where below it the window
+# kernel takes "full").
 WINDOW_MAX = 1024
 PREFIX_TASKS = 16               # prefix_backward's tasks at least (prefix_segments)
 

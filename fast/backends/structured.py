@@ -89,7 +89,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from fast.backends import flash_cpu
+from fast.backends import cpu_window, flash_cpu
 from fast.backends.fixed import BlockCausal, Summary
 from fast.backends.strided import Column, LocalBand
 from fast.core.autograd import Function, backward_through, keep_for_backward
@@ -516,6 +516,37 @@ def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
     return out
 
 
+# "full" through the CPU window kernel (one causal band of n rows: ``dense_window``) where it
+# beats PyTorch's fused kernel: narrow heads at moderate lengths. Measured by ``python -m fast
+# table2 --profile`` (fast.measure.dense_kernels; figures/data/table2_profile.json,
+# "dense_kernels"): for heads of width 16 the window kernel's forward and backward were
+# faster at every n of 256..1024 in every measurement; at width 32 its forward + backward
+# was, but its forward alone was not at n = 256 in one of two runs; at width 64, and below
+# n = 256, the two are close or PyTorch's wins. So width 16 only: a default must not lose.
+DENSE_WINDOW_WIDTH = 16          # widest head the window kernel takes for "full"
+DENSE_WINDOW_MIN = 256           # shortest sequence it takes (cpu_window.WINDOW_MAX: longest)
+
+
+def dense_window(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether a "full" call runs as one causal band of n rows through the CPU window kernel
+    (``fast.backends.cpu_window``) rather than SDPA: float32 CPU tensors, as many queries as
+    keys, ``DENSE_WINDOW_MIN`` <= n <= ``cpu_window.WINDOW_MAX``, heads of width at most
+    ``DENSE_WINDOW_WIDTH`` (a multiple of 8), and the kernel built. A decision on shapes,
+    dtypes and devices only, so eager and compiled calls take the same path (the
+    operator, traced) and give the same numbers."""
+    d, n_q, n_k = q.shape[-1], q.shape[2], k.shape[2]
+    return (q.device.type == "cpu" and q.dtype == torch.float32 and n_q == n_k
+            and DENSE_WINDOW_MIN <= n_k <= cpu_window.WINDOW_MAX
+            and d <= DENSE_WINDOW_WIDTH and d % 8 == 0 and _window_built())
+
+
+@torch.compiler.assume_constant_result
+def _window_built() -> bool:
+    """Whether the CPU window kernel is there (built on first use); under torch.compile a
+    constant, found when the call is traced (building or loading it is no graph break)."""
+    return cpu_window.library() is not None
+
+
 def may_outgrow_float32(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
     """Whether some row's |lse| may pass EXACT_LSE: |s_ij| <= |scale| |q_i| |k_j|
     (Cauchy-Schwarz), and a row's lse lies within [max_j s_ij, max_j s_ij + log n_k].
@@ -545,18 +576,24 @@ def structured_attention(q, k, v, pattern: str, *, combine: str = "merged", laye
 
 
 def full_attention(q, k, v, scale: float, exact_check: bool) -> torch.Tensor:
-    """The "full" pattern: causal SDPA (``causal``), except where SDPA's answer would be
-    wrong: its backward recomputes the weights from a float32 log-sum-exp, wrong at |lse|
-    > EXACT_LSE ("Precision" above). With ``exact_check`` -- decided once per call
-    signature by ``fast.attention``'s call plan: an eager CPU call below float64 that
-    autograd will differentiate -- a call whose scores may reach that
-    (``may_outgrow_float32``, one read of q and k) runs as one causal problem of n_k rows
-    through the operator, the kernel SDPA would run, whose log-sum-exp then makes the
-    float64 decision. Not checked otherwise: the operator's output (B, H, n, d) costs the
-    model a copy of its heads that SDPA's (B, n, H, d) layout does not; a float64 call
-    has nothing to decide; off the CPU the operator's fallback is exact but not fast; and
-    a traced call (torch.compile) cannot branch on values, so a compiled "full" layer is
-    SDPA's whatever its scores (docs/design.md, "torch.compile")."""
-    if exact_check and may_outgrow_float32(q, k, scale):
+    """The "full" pattern: causal SDPA (``causal``), except in two cases, where it runs as
+    one causal problem of n_k rows through the operator (``plan``: stride = n_k, one band):
+
+    * where the CPU window kernel is faster than SDPA's fused kernel (``dense_window``:
+      narrow heads, 256..1024 positions, float32, as many queries as keys), eager and
+      traced alike -- a decision on shapes;
+    * where SDPA's answer would be wrong: its backward recomputes the weights from a
+      float32 log-sum-exp, wrong at |lse| > EXACT_LSE ("Precision" above). With
+      ``exact_check`` -- decided once per call signature by ``fast.attention``'s call
+      plan: an eager CPU call below float64 that autograd will differentiate -- a call
+      whose scores may reach that (``may_outgrow_float32``, one read of q and k) takes the
+      operator, whose log-sum-exp then makes the float64 decision.
+
+    Elsewhere SDPA: the operator's output (B, H, n, d) costs the model a copy of its heads
+    that SDPA's (B, n, H, d) layout does not; a float64 call has nothing to decide; off
+    the CPU the operator's fallback is exact but not fast; and a traced call (torch.compile)
+    cannot branch on values, so a compiled "full" layer outside ``dense_window`` is SDPA's
+    whatever its scores (docs/design.md, "torch.compile")."""
+    if dense_window(q, k) or (exact_check and may_outgrow_float32(q, k, scale)):
         return structured_attention(q, k, v, "full", scale=scale, stride=k.shape[2])
     return causal(q, k, v, scale)

@@ -5,6 +5,7 @@ Child et al., 2019, sections 5.4-5.5, 7 and Table 2: every number of the README'
 figure scripts wrote, so it can be checked against a fresh ``python -m fast figures``.
 
     python -m fast results [--data figures/data]
+    python -m fast results --provenance   # which code wrote each results file there
 
 Every section whose file is there is printed. A file not there yet is named on stderr.
 A file from a valid run that lacks what its section needs (a bench sweep without
@@ -23,6 +24,7 @@ from pathlib import Path
 from fast.commands import cli
 from fast.experiments.cache import CacheError
 from fast.experiments.paths import DATA
+from fast.experiments.provenance import provenance_lines
 from fast.experiments.results import report
 
 COMMAND = "python -m fast results"
@@ -43,11 +45,17 @@ def parser() -> cli.Parser:
                           "option or a damaged file")
     p.add_argument("--data", type=existing_folder, default=DATA,
                    help="the folder of the figure scripts' JSON (default: figures/data)")
+    p.add_argument("--provenance", action="store_true",
+                   help="instead of the tables: one line per results file, which code wrote "
+                        "it (its sources hash and commit) against the sources checked out now")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_or_exit(argv)
+    if args.provenance:
+        print("\n".join(provenance_lines(args.data)))
+        return 0
     try:
         text, missing, lacking = report(args.data)
     except CacheError as err:

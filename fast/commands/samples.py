@@ -2,8 +2,8 @@
 
 Child et al., 2019, section 7: samples of the models ``python -m fast table2`` keeps in
 figures/data/models/ (not those of a ``table2 --out`` run), drawn with the sparse-cache
-sampler (``fast.experiments.samples``), written to figures/samples_*.png; the text models'
-continuations are printed.
+sampler (``fast.experiments.samples``), written to figures/samples_*.png, every drawn
+token kept in figures/data/samples.json; the text models' continuations are printed.
 
     python -m fast samples [--seed 0]
 """
@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         gone = samples.missing(modality, kept)
         if gone:
             print(f"samples: no kept {modality} model for {gone} in {kept}", flush=True)
-    for path in samples.make_figures(FIGURES, kept, seed=args.seed):
+    paths, drawn = samples.draw(FIGURES, kept, seed=args.seed, record=samples.RECORD)
+    for path in (*paths, samples.RECORD):
         print(f"samples: wrote {path}")
-    for pattern, texts in samples.draw_text(samples.kept_models("text", kept),
-                                            seed=args.seed).items():
+    for pattern, texts in drawn["text"].items():
         print(f"=== text, {pattern} ===\n" + "\n---\n".join(texts))
     return 0

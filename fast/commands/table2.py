@@ -4,7 +4,7 @@ Child et al., 2019, section 7 and Table 2. What is trained, on which data and ho
 it is measured is ``fast.experiments.table2``; this command reads the options and
 runs it.
 
-    python -m fast table2 [--quick] [--force] [--seeds 3] [--jobs 2] [--iters 160]
+    python -m fast table2 [--quick] [--force] [--seeds 3] [--jobs 2] [--iters 480]
                           [--only text/full,...]
     python -m fast table2 --drift     # seed 0 of every cell again, 2 threads (reproducibility)
     python -m fast table2 --profile   # where a step's time goes (figures/data/table2_profile.json)

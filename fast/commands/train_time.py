@@ -14,9 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from fast.commands import cli
-from fast.core.files import write_json
 from fast.experiments.gpu_iteration_time import ROWS, SHAPES, run
 from fast.experiments.paths import DATA
+from fast.experiments.provenance import write_result
 from fast.transformer.network.devices import resolve_device
 
 COMMAND = "python -m fast train-time"
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     cli.writable_or_exit(COMMAND, folder)
     path = folder / "gpu_iteration_time.json"
     run({s: SHAPES[s] for s in args.shapes}, args.patterns, args.batch, device,
-        warm=args.warm, steps=args.steps, save=lambda data: write_json(path, data, indent=1),
+        warm=args.warm, steps=args.steps, save=lambda data: write_result(path, data, indent=1),
         log=lambda line: print(line, flush=True))
     print(f"wrote {path}")
     return 0

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fast.backends.crossovers import CROSSOVERS
-from fast.core.files import write_json
 from fast.core.schema import Map, OneOf, Optional
 from fast.experiments.bench_sweep import (
     ASSUME_TFLOPS,
@@ -40,6 +39,7 @@ from fast.experiments.bench_sweep import (
     points,
     skip_reason,
 )
+from fast.experiments.provenance import write_result
 from fast.layout.costs import DEFAULT_BLOCK, ideal_speedup, tile_flops
 from fast.measure import bench, bench_point, compile_step, contenders, crossover, host_cost
 from fast.measure.child import run_child
@@ -432,8 +432,8 @@ def measure_and_save(sweep: Sweep, out: Path, log=print) -> tuple[dict, Path, Pa
     (none for the variant sweep: its table and winners are printed). Returns (the record,
     the JSON's path, the figure's path or None)."""
     path, png = paths(sweep, out)
-    data = run(sweep, save=lambda d: write_json(path, d, indent=1), log=log)
-    write_json(path, data, indent=1)
+    data = run(sweep, save=lambda d: write_result(path, d, indent=1), log=log)
+    write_result(path, data, indent=1)
     if sweep.variants:
         return data, path, None
     draw(sweep, data, png)
@@ -453,7 +453,7 @@ def measure_crossover(out: Path, quick: bool = False, log=print) -> tuple[dict, 
     data = {"machine": info, **crossover.sweep(rounds=2 if quick else 5, log=log)}
     info["loadavg_end"], info["wall_s"] = os.getloadavg(), time.time() - t0
     path = out / "data" / "auto_cpu.json"
-    write_json(path, data, indent=1)
+    write_result(path, data, indent=1)
     return data, path
 
 
@@ -505,7 +505,7 @@ def measure_compile(out: Path, quick: bool = False, log=print) -> tuple[dict, Pa
     data = {"machine": info, **timed, "ratios": ratios}
     info["loadavg_end"], info["wall_s"] = os.getloadavg(), time.time() - t0
     path = out / "data" / "compile_cpu.json"
-    write_json(path, data, indent=1)
+    write_result(path, data, indent=1)
     return data, path
 
 
@@ -539,7 +539,7 @@ def measure_host_cost(out: Path, quick: bool = False, log=print) -> tuple[dict, 
     data = {"machine": info, **got["result"]}
     info["loadavg_end"], info["wall_s"] = os.getloadavg(), time.time() - t0
     path = out / "data" / "host_cost_cpu.json"
-    write_json(path, data, indent=1)
+    write_result(path, data, indent=1)
     return data, path
 
 

@@ -53,8 +53,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fast.core.files import write_json
 from fast.experiments.paths import DATA, FIGURES, QUICK
+from fast.experiments.provenance import write_result
 from fast.measure import generation as gen
 from fast.measure.bench import machine_info
 from fast.plots.generation import plot_generation
@@ -230,4 +230,4 @@ def outputs(quick: bool) -> tuple[Path, Path]:
 def write(data: dict, quick: bool) -> tuple[str, str]:
     """Write the JSON and the figure of a ``run``: (JSON path, PNG path)."""
     json_path, png = outputs(quick)
-    return write_json(json_path, data, indent=1), str(plot_generation(data, png))
+    return write_result(json_path, data, indent=1), str(plot_generation(data, png))

@@ -56,9 +56,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fast.core.files import write_json
 from fast.experiments.bench_sweep import VARIANT_POINTS
 from fast.experiments.paths import ROOT
+from fast.experiments.provenance import write_result
 from fast.kernels.variants import VARIANTS
 
 NO_VARIANT = "none"                  # the tests that take no kernel variant (the default's)
@@ -218,7 +218,7 @@ def run(chosen: list[Part], out: Path, minutes: float | None = None,
     t0 = time.time()
     record = {"python": sys.executable, "minutes": minutes, "complete": False,
               "estimate_min": sum(p.minutes for p in chosen), "parts": []}
-    write_json(out / RECORD, record, indent=1)
+    write_result(out / RECORD, record, indent=1)
     for i, p in enumerate(chosen):
         entry = {"name": p.name, "argv": list(p.argv), "log": p.log, "estimate_min": p.minutes}
         left = None if minutes is None else minutes - (time.time() - t0) / 60
@@ -233,10 +233,10 @@ def run(chosen: list[Part], out: Path, minutes: float | None = None,
             entry.update(status="ok" if rc == 0 else "failed", rc=rc, seconds=seconds)
         record["parts"].append(entry)
         record["seconds"] = time.time() - t0
-        write_json(out / RECORD, record, indent=1)
+        write_result(out / RECORD, record, indent=1)
     record["seconds"] = time.time() - t0
     record["complete"] = True
-    write_json(out / RECORD, record, indent=1)
+    write_result(out / RECORD, record, indent=1)
     log(summary(record, again))
     return record
 

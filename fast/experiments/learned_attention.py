@@ -56,16 +56,16 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fast.core.files import write_json
 from fast.data import load
 from fast.experiments.cache import read_cache, resumable
-from fast.experiments.paths import DATA, FIGURES, QUICK, ROOT
+from fast.experiments.paths import DATA, FIGURES, QUICK, named
+from fast.experiments.provenance import write_result
 from fast.experiments.reproducible import child_env, kernels, weights_digest
 from fast.measure import attention_stats as stats
 from fast.measure.bench import machine_info
@@ -157,6 +157,20 @@ def train_one(spec: dict) -> dict:
             "n_params": rec["n_params"], "weights_sha256": weights_digest(model),
             "model_cfg": asdict(model_cfg), "train_cfg": asdict(train_cfg),
             "data": dataset.fingerprint()}
+
+
+def replay(spec: dict) -> list[float]:
+    """The child's side of the reproduction check: the first ``spec["steps"]`` steps of the
+    dense model as ``train_one`` trains it (``configs`` with spec's "quick", "iters",
+    "layers", "threads" and "width", stopped early by ``TrainConfig.stop_iter``, which keeps
+    the whole run's schedule). Returns the training losses logged on the way: the committed
+    run's first ones, bit for bit, or the code no longer reproduces it
+    (tests/fast/experiments/test_committed_results.py)."""
+    model_cfg, train_cfg = configs(spec.get("quick", False), spec.get("iters"),
+                                   spec.get("layers"), spec["threads"], spec.get("width") or 128)
+    train_cfg = replace(train_cfg, stop_iter=spec["steps"])
+    return train(model_cfg, train_cfg, progress=False,
+                 dataset=load(train_cfg.dataset))["history"]["loss"]
 
 
 def train_model(weights: Path, quick: bool = False, iters: int | None = None,
@@ -380,9 +394,7 @@ def run(*, quick: bool = False, force: bool = False, iters: int | None = None,
         maps = attention_maps(model, images)
         summary = summarise(maps, model.cfg.pattern)
         summary["layers"] = beats_uniform(summary)
-        path = path.resolve()                   # named from the repository root when inside it
-        summary["weights"] = (path.relative_to(ROOT) if path.is_relative_to(ROOT)
-                              else path).as_posix()
+        summary["weights"] = named(path)
         result["models"][name] = summary
         drawn[name] = maps
         if name != "full":
@@ -391,7 +403,7 @@ def run(*, quick: bool = False, force: bool = False, iters: int | None = None,
     # attention has something to follow
     shown = int(np.argmax(images.std(1)))
     result["shown_image"] = shown
-    write_json(summary_path, result)
+    write_result(summary_path, result)
     drawn = {name: maps[:, shown] for name, maps in drawn.items()}
     for path in plot_attention.make_all(drawn, images[shown], result, SHAPE, figdir, readable,
                                         suffix="_long" if long else ""):
@@ -430,7 +442,7 @@ def run_depth(*, quick: bool = False, force: bool = False, jobs: int = 2) -> dic
         for future in as_completed(futures):
             layers = futures[future]
             data["train"][str(layers)] = record = future.result()
-            write_json(summary_path, data)
+            write_result(summary_path, data)
             print(f"learned_attention: {layers} layers trained, {record['test_bits']:.3f} "
                   f"test bits/dim, {record['wall_s'] / 60:.0f} min", flush=True)
     images = test_images()
@@ -442,15 +454,14 @@ def run_depth(*, quick: bool = False, force: bool = False, jobs: int = 2) -> dic
         maps = attention_maps(load_model(weights)[0], images)             # (L, B, H, n, n)
         summary = summarise_layers(maps)
         summary["layers"] = beats_uniform(summary)
-        summary["weights"] = (weights.resolve().relative_to(ROOT).as_posix()
-                              if weights.resolve().is_relative_to(ROOT) else str(weights))
+        summary["weights"] = named(weights)
         data["models"][str(layers)] = summary
         path = plot_attention.draw_heads(maps[:, shown], images[shown], query, SHAPE,
                                          summary["labels"],
                                          figdir / f"fig2_learned_attention_depth{layers}.png")
         print(f"learned_attention: wrote {path}", flush=True)
         del maps
-    write_json(summary_path, data)
+    write_result(summary_path, data)
     print(f"learned_attention: wrote {plot_attention.draw_depth(data, figdir / 'fig2_depth.png')}",
           flush=True)
     return data

@@ -42,9 +42,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from fast.core.files import write_json
 from fast.experiments.cache import resumable
 from fast.experiments.paths import DATA, FIGURES, QUICK
+from fast.experiments.provenance import write_result
 from fast.measure import child
 from fast.measure.model_memory import MALLOC_ENV, per_layer
 from fast.plots import memory as plot_memory
@@ -207,6 +207,6 @@ def run(*, steps=STEPS, quick: bool = False, force: bool = False, out: Path | No
         t0 = time.perf_counter()
         data[name] = step_figures(data, figdir) if name == "figures" else funcs[name](quick)
         data[name]["seconds"] = round(time.perf_counter() - t0, 1)
-        write_json(out, data, indent=1)
+        write_result(out, data, indent=1)
         tqdm.write(f"memory_report: {name} done in {data[name]['seconds']} s")
     return data

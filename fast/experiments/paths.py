@@ -32,3 +32,10 @@ def figures_out() -> Path:
     out = Path(os.environ.get(FIGURES_ENV) or FIGURES)
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def named(path) -> str:
+    """``path`` from the repository root when inside it (as the JSON files name the kept
+    weights they read), else the absolute path; POSIX separators either way."""
+    path = Path(path).resolve()
+    return (path.relative_to(ROOT) if path.is_relative_to(ROOT) else path).as_posix()

@@ -74,7 +74,12 @@ SHAPES = {
         "cells": Map({"phases": Map(float), "op_shares": {k: float for k in
                                                          ("attention", "matmul", "other")},
                       "op_calls": float, "dispatch_s": float, "eval_item_s": float,
-                      "per_token_s": [float]})},
+                      "per_token_s": [float],
+                      "compiled": Optional({"step_s": float, "eager_step_s": float,
+                                            "compile_s": float}),
+                      "dense_attention": Optional({"window": float, "sdpa": float})}),
+        "dense_kernels": Optional([{k: Number(lo=0) for k in (
+            "n", "d", "sdpa_fwd_s", "window_fwd_s", "sdpa_fb_s", "window_fb_s")}])},
     "table3.json": {"machine": str, "torch": str, "stretches": int, "stretch": int,
                     "dataset": str, "split": str, "paper": Map(float),
                     "models": Map({"n": int, "contexts": Map(
@@ -221,6 +226,124 @@ def table2_orderings(t2: dict) -> list[str]:
     return out
 
 
+def paired(runs: dict, modality: str, lower: str, higher: str) -> list[float]:
+    """Per seed both cells ran (same seed: same initial weights of the shared layers and the
+    same batches), ``higher``'s test bits minus ``lower``'s: positive where ``lower`` is
+    below, in the order of the seeds."""
+    a, b = runs[f"{modality}/{lower}"], runs[f"{modality}/{higher}"]
+    return [b[s]["test_bits"] - a[s]["test_bits"] for s in sorted(set(a) & set(b), key=int)]
+
+
+def verdict(diffs: list[float]) -> str:
+    """Whether an order whose per-seed margins are ``diffs`` holds: in every seed, in none
+    (reversed in every seed), or in some only (not settled)."""
+    held = sum(d > 0 for d in diffs)
+    if held == len(diffs) > 1:
+        return f"holds in all {len(diffs)} seeds"
+    if held == 0 and len(diffs) > 1:
+        return f"reversed in all {len(diffs)} seeds"
+    return f"holds in {held} of {len(diffs)} seeds only (not settled)"
+
+
+def paper_orderings(t2: dict) -> list[str]:
+    """The paper's Table 2 orderings restated at this scale: per modality, each adjacent
+    pair of the paper's order, the per-seed margins (paired), their mean and standard
+    deviation over seeds, and whether the order holds in every seed; beside it the
+    held-out estimate's own sampling error (the largest standard error of a cell's test
+    bits over its windows or images, when the runs record it)."""
+    out = []
+    for modality, name in (("text", "text"), ("image", "images")):
+        paper = t2["paper"][modality]
+        order = sorted(PATTERN_ORDER, key=lambda p: paper[p][0])
+        parts = []
+        for lower, higher in zip(order, order[1:]):
+            diffs = paired(t2["runs"], modality, lower, higher)
+            std = float(np.std(diffs, ddof=1)) if len(diffs) > 1 else 0.0
+            parts.append(f"{display_name(lower)} < {display_name(higher)} "
+                         f"(paper {paper[lower][0]:.2f} < {paper[higher][0]:.2f}) "
+                         f"{verdict(diffs)}, {display_name(higher)} - {display_name(lower)} = "
+                         f"{np.mean(diffs):+.3f} ± {std:.3f} (mean ± std over seeds; per seed "
+                         + ", ".join(f"{d:+.3f}" for d in diffs) + ")")
+        ses = [r["test_se"] for p in PATTERN_ORDER
+               for r in t2["runs"][f"{modality}/{p}"].values() if "test_se" in r]
+        sampling = (f"; a cell's test bits carry a sampling error of at most {max(ses):.3f} "
+                    f"(one standard error over its held-out items, the same items for every "
+                    f"pattern)" if ses else "")
+        out.append(f"- The paper's order on {name}, "
+                   f"{' < '.join(map(display_name, order))}: " + "; ".join(parts)
+                   + sampling + ".")
+    return out
+
+
+def tokens_line(t2: dict) -> str:
+    """How much every run trained: steps x batch x positions, per seed and cell."""
+    parts = []
+    for modality, what in (("text", "bytes"), ("image", "pixels")):
+        run = next(iter(t2["runs"][f"{modality}/full"].values()))
+        batch = run.get("train_cfg", {}).get("batch_size")
+        if batch is None:
+            continue
+        n = run["model_cfg"]["n_ctx"]
+        parts.append(f"{modality}: {run['steps']} steps of {batch} x {n} = "
+                     f"{run['steps'] * batch * n:,} {what} per seed")
+    return ("Each cell and seed trained on " + "; ".join(parts) + ".") if parts else ""
+
+
+def cost_line(t2: dict) -> str:
+    """What the runs cost in CPU seconds (each run's child process, training and held-out
+    evaluation), and the wall time that makes on an idle machine running ``jobs`` of them
+    at a time, plus the timing runs at the paper's lengths (one at a time): the budget of
+    ``make figures``' Table 2 step, from what was measured (a shared machine inflates CPU
+    seconds too: compare runs measured alike)."""
+    runs = [r for by_seed in t2["runs"].values() for r in by_seed.values()]
+    if not runs or any("cpu_s" not in r for r in runs):
+        return ""
+    cpu = sum(r["cpu_s"] for r in runs)
+    train = sum(r.get("train_cpu_s", 0.0) for r in runs)
+    steps = sum(r["steps"] for r in runs)
+    timing = sum(sum(r.get("iter_times", [])) for r in t2.get("timing", []))
+    jobs = t2.get("jobs", 2)
+    per_step = (f", {1e3 * train / steps:.0f} ms of training per step on average"
+                if train else "")
+    return (f"The {len(runs)} runs took {cpu:,.0f} CPU seconds{per_step}; {jobs} at a time that "
+            f"is about {(cpu / jobs + timing) / 60:.1f} minutes of an idle {jobs}-core "
+            f"machine with the timing runs ({timing:.0f} s).")
+
+
+def gpu_timing(gpu: dict | None) -> list[str]:
+    """Table 2's time column measured on a GPU (figures/data/gpu_iteration_time.json, written
+    by ``python -m fast train-time`` on a GPU machine, docs/gpu.md): per shape, each
+    pattern's seconds per iteration relative to dense beside the paper's, and any other row
+    (the attention-free floor, pattern "none") relative to dense too; or that it is
+    missing."""
+    if gpu is None:
+        return ["- GPU: no measurement yet (figures/data/gpu_iteration_time.json is missing; "
+                "`python -m fast train-time` on a GPU writes it, docs/gpu.md)."]
+    check(gpu, {"machine": Map(object), "rows": [{"shape": str, "pattern": str,
+                                                   "s_per_iter": Number(lo=0)}]})
+    out = []
+    device = gpu["machine"].get("device") or gpu["machine"].get("gpu") or "GPU"
+    for shape in dict.fromkeys(r["shape"] for r in gpu["rows"]):
+        rows = {r["pattern"]: r for r in gpu["rows"] if r["shape"] == shape}
+        if "full" not in rows:
+            continue
+        dense, paper_dense = rows["full"]["s_per_iter"], rows["full"].get("paper_s_per_iter")
+        parts = []
+        for pattern, r in rows.items():
+            paper = r.get("paper_s_per_iter")
+            rel = r["s_per_iter"] / dense
+            label = (display_name(pattern) if pattern in PATTERN_ORDER
+                     else "no attention (the floor)" if pattern == "none" else pattern)
+            parts.append(f"{label} "
+                         f"{r['s_per_iter'] * 1e3:.1f} ms ({rel:.2f}x"
+                         + (f"; paper {paper / paper_dense:.2f}x" if paper and paper_dense
+                            else "") + ")")
+        first = next(iter(rows.values()))
+        out.append(f"- GPU ({device}), {shape} shape (n = {first.get('n', '?')}, batch "
+                   f"{first.get('batch', '?')}): " + ", ".join(parts) + ".")
+    return out
+
+
 def timing_statements(t2: dict) -> list[str]:
     """Per modality, at the paper's length: each sparse pattern's step time relative to
     dense, beside the paper's ratio, and whether it is faster than dense as in the paper."""
@@ -255,8 +378,9 @@ def table2_section(t2: dict) -> list[str]:
     missing = sorted(f"{m}/{p}" for m in modalities for p in PATTERN_ORDER if (m, p) not in have)
     if missing or any(r["time_per_iter"] <= 0 for r in t2.get("timing", [])):
         raise ShapeError(f"['timing'] lacks the rows {missing} or holds a time <= 0")
-    return (table2_bits(t2) + [""] + table2_orderings(t2) + [""] + table2_timing(t2) + [""]
-            + timing_statements(t2))
+    tokens = " ".join(x for x in (tokens_line(t2), cost_line(t2)) if x)
+    return (table2_bits(t2) + (["", tokens] if tokens else []) + [""] + table2_orderings(t2)
+            + paper_orderings(t2) + [""] + table2_timing(t2) + [""] + timing_statements(t2))
 
 
 def table2_bits(t2: dict) -> list[str]:
@@ -383,6 +507,12 @@ def output_init_section(t2: dict, zero: dict) -> list[str]:
     """W_out = 0 (sec. 6, ``table2 --output-init zero``) against the default drawn W_out: per
     cell measured, the mean per-seed change of the test bits (same seeds: same other
     weights and batches), in how many seeds it is worse, beside the spread over seeds."""
+    steps = next(iter(next(iter(zero["runs"].values())).values()))["steps"]
+    base = next(iter(next(iter(t2["runs"].values())).values())).get("steps", steps)
+    if steps != base:
+        return [f"Output layer at initialisation (`python -m fast table2 --output-init zero`): "
+                f"measured at {steps} steps (figures/data/table2_zero_output.json), against "
+                f"Table 2 runs of {base} steps now: not comparable; rerun it to compare."]
     parts = []
     for key, by_seed in zero["runs"].items():
         drawn = t2["runs"][key]
@@ -391,7 +521,6 @@ def output_init_section(t2: dict, zero: dict) -> list[str]:
         spread = np.std([drawn[s]["test_bits"] for s in drawn], ddof=1)
         parts.append(f"{key} {np.mean(diffs):+.3f} (worse in {sum(d > 0 for d in diffs)} of "
                      f"{len(diffs)} seeds; seed std {spread:.3f})")
-    steps = next(iter(next(iter(zero["runs"].values())).values()))["steps"]
     return [f"Output layer at initialisation (`python -m fast table2 --output-init zero`, "
             f"{steps} steps, the same seeds, batches and other initial weights): W_out = 0 as "
             f"sec. 6 says, instead of drawn like every other weight (the default), changed the "
@@ -503,8 +632,9 @@ def profile_section(prof: dict) -> list[str]:
            f"torch.profiler):", "",
            "| cell | step | forward | backward | optimizer | clip | data | attention | matmul "
            "| other ops | op calls | dispatch, est. | eval per item | per token at batch "
-           + " / ".join(str(b) for b in c["batches"]) + " | step, host's own kernels |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           + " / ".join(str(b) for b in c["batches"]) + " | step, host's own kernels "
+           "| compiled step / eager (compiling) | dense: window kernel / SDPA step |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, r in prof["cells"].items():
         ph, ops = r["phases"], r["op_shares"]
         step = sum(ph.values())
@@ -517,8 +647,29 @@ def profile_section(prof: dict) -> list[str]:
             f"| {r['eval_item_s'] * 1e3:.1f} ms | "
             + " / ".join(f"{t * 1e6:.0f} us" for t in r["per_token_s"])
             + (f" | {sum(r['host_kernels']['phases'].values()) * 1e3:.0f} ms "
-               f"({r['host_kernels']['kernels']['aten_cpu_capability']}) |"
-               if "host_kernels" in r else " | - |"))
+               f"({r['host_kernels']['kernels']['aten_cpu_capability']})"
+               if "host_kernels" in r else " | -")
+            + (f" | {r['compiled']['step_s'] / r['compiled']['eager_step_s']:.2f}x "
+               f"({r['compiled']['compile_s']:.0f} CPU s)" if "compiled" in r else " | -")
+            + (f" | {r['dense_attention']['window'] * 1e3:.0f} / "
+               f"{r['dense_attention']['sdpa'] * 1e3:.0f} ms "
+               f"({r['dense_attention']['window'] / r['dense_attention']['sdpa']:.2f}x) |"
+               if "dense_attention" in r else " | - |"))
+    if prof.get("dense_kernels"):
+        out += ["", "Dense causal attention, the window kernel against SDPA (fast/measure/"
+                    "dense_kernels.py: 4 heads, B H n = 16384 rows, one thread, in turns, CPU "
+                    "seconds, the fastest of the rounds; window / SDPA below 1: the window "
+                    "kernel is faster; `fast.backends.structured.dense_window` takes it for "
+                    "heads of width <= 16 at n = 256..1024):", "",
+                "| n | head width | forward: SDPA | window | window / SDPA "
+                "| forward+backward: SDPA | window | window / SDPA |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in prof["dense_kernels"]:
+            out.append(f"| {r['n']} | {r['d']} | {r['sdpa_fwd_s'] * 1e3:.1f} ms "
+                       f"| {r['window_fwd_s'] * 1e3:.1f} ms "
+                       f"| {r['window_fwd_s'] / r['sdpa_fwd_s']:.2f} "
+                       f"| {r['sdpa_fb_s'] * 1e3:.1f} ms | {r['window_fb_s'] * 1e3:.1f} ms "
+                       f"| {r['window_fb_s'] / r['sdpa_fb_s']:.2f} |")
     return out
 
 
@@ -790,7 +941,8 @@ def report(data: Path) -> tuple[str, list[str], list[str]]:
     but lacks what its section needs: which file, what it lacks, how to produce it). A
     damaged file raises ``CacheError``, naming it and the command that rewrites it."""
     sections = [("bench_cpu.json", bench_section), ("memory.json", memory_section),
-                ("table2.json", lambda t2: table2_section(t2) + [""] + drift_section(t2)),
+                ("table2.json", lambda t2: table2_section(t2) + gpu_timing(read_cache(
+                    Path(data) / "gpu_iteration_time.json")) + [""] + drift_section(t2)),
                 ("table2_zero_output.json", lambda zero: output_init_section(
                     read_cache(Path(data) / "table2.json"), zero)),
                 ("table2_profile.json", profile_section),

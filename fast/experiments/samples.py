@@ -18,22 +18,35 @@ agree they draw the same token, and their samples share stretches of text or
 pixels. Notebook 09 calls the same functions and writes into
 ``figures_out()``.
 
+The command draws in a child process with the kernels pinned and one thread
+(``draw_record``, ``fast.experiments.reproducible.child_env``), as the trainings are,
+and keeps what it drew -- every token of every sample, the text continuations, the
+digests of the weights it drew from -- in figures/data/samples.json, so that
+tests/fast/experiments/test_committed_results.py can draw one model's samples again and
+compare them token for token (``replay``).
+
     python -m fast samples      (fast.commands.samples)
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
 from fast.data import load
-from fast.experiments.paths import DATA
+from fast.experiments.paths import DATA, named
+from fast.experiments.provenance import write_result
+from fast.experiments.reproducible import child_env, kernels, weights_digest
+from fast.measure.child import run_child
 from fast.plots import samples as plot_samples
 from fast.plots.style import PATTERN_ORDER
 from fast.transformer.decoding.sample import sample
 from fast.transformer.network.checkpoint import load_model
 
 KEPT = DATA / "models"             # written by python -m fast table2
+RECORD = DATA / "samples.json"     # what python -m fast samples drew, token for token
 IMAGE_DATA = "grey16"              # the image models' data (16x16 greyscale crops)
 PROMPT = b"import os\n\ndef main("  # the text models' prompt (the stdlib is Python source)
 
@@ -89,14 +102,69 @@ def draw_text(models: dict, prompt: bytes = PROMPT, length: int = 320, num: int 
             for p, m in models.items()}
 
 
-def make_figures(figdir, folder=KEPT, seed: int = 0) -> list:
-    """Draw and write the two image figures into ``figdir``; returns their paths."""
-    models = kept_models("image", folder)
-    cfg = next(iter(models.values())).cfg
+THREADS = 1                        # intra-op threads of the drawing child
+
+
+def draw_record(spec: dict) -> dict:
+    """The child's side of ``make_figures``: every kept model of spec["folder"] draws with
+    spec["seed"] on ``THREADS`` thread(s) -- 8 image samples, the completions of 6 held-out
+    crops from their top half, 2 text continuations -- returned as plain lists with the
+    digests of the weights and the kernels ({"images", "completions", "truth", "given",
+    "text", "weights_sha256", "image_shape", "vocab_size", "kernels", "seed"})."""
+    torch.set_num_threads(THREADS)
+    folder, seed = Path(spec["folder"]), spec["seed"]
+    images = kept_models("image", folder)
+    cfg = next(iter(images.values())).cfg
     truth = held_out(6)
     given = cfg.n_ctx // 2
-    return [plot_samples.plot_samples(draw_images(models, 8, seed), cfg.image_shape,
-                                      cfg.vocab_size, f"{figdir}/samples_images.png"),
-            plot_samples.plot_completions(truth, draw_completions(models, truth, given, seed),
-                                          given, cfg.image_shape, cfg.vocab_size,
-                                          f"{figdir}/samples_completions.png")]
+    texts = kept_models("text", folder) if len(missing("text", folder)) < len(PATTERN_ORDER) \
+        else {}
+    digests = {f"{m}_{p}": weights_digest(model) for m, models in (("image", images),
+                                                                     ("text", texts))
+               for p, model in models.items()}
+    return {"images": {p: a.tolist() for p, a in draw_images(images, 8, seed).items()},
+            "completions": {p: a.tolist() for p, a in
+                            draw_completions(images, truth, given, seed).items()},
+            "truth": truth.tolist(), "given": given, "text": draw_text(texts, seed=seed),
+            "weights_sha256": digests, "image_shape": list(cfg.image_shape),
+            "vocab_size": cfg.vocab_size, "kernels": kernels(), "seed": seed,
+            "threads": THREADS}
+
+
+def replay(spec: dict) -> dict:
+    """The child's side of the reproduction check: the kept image model spec["pattern"] of
+    spec["folder"] draws its 8 samples with spec["seed"] again, as ``draw_record`` draws
+    them. {"weights_sha256", "images": the samples as lists}."""
+    torch.set_num_threads(THREADS)
+    model = kept_models("image", Path(spec["folder"]))[spec["pattern"]]
+    drawn = draw_images({spec["pattern"]: model}, 8, spec["seed"])[spec["pattern"]]
+    return {"weights_sha256": weights_digest(model), "images": drawn.tolist()}
+
+
+def make_figures(figdir, folder=KEPT, seed: int = 0, record=None) -> list:
+    """Draw (in a child with the kernels pinned: ``draw_record``) and write the two image
+    figures into ``figdir``; returns their paths. ``record``: the JSON that keeps what was
+    drawn (``fast.experiments.provenance.write_result``), or None to keep nothing."""
+    return draw(figdir, folder, seed, record)[0]
+
+
+def draw(figdir, folder=KEPT, seed: int = 0, record=None) -> tuple[list, dict]:
+    """(the two figures' paths, what was drawn: ``draw_record``'s dict) -- drawn in a child
+    with the kernels pinned; written to ``record`` too when given."""
+    result = run_child("fast.experiments.samples:draw_record",
+                       {"folder": str(folder), "seed": seed}, env=child_env(THREADS))
+    if "error" in result:
+        raise RuntimeError(f"samples: drawing {result['error']}\n{result['output']}")
+    drawn = result["result"]
+    shape, vocab, given = tuple(drawn["image_shape"]), drawn["vocab_size"], drawn["given"]
+    truth = np.asarray(drawn["truth"])
+    paths = [plot_samples.plot_samples({p: np.asarray(a) for p, a in drawn["images"].items()},
+                                       shape, vocab, f"{figdir}/samples_images.png"),
+             plot_samples.plot_completions(truth, {p: np.asarray(a) for p, a in
+                                                   drawn["completions"].items()},
+                                           given, shape, vocab,
+                                           f"{figdir}/samples_completions.png")]
+    if record is not None:
+        write_result(record, {**drawn, "folder": named(folder)})
+    return paths, drawn
+

@@ -15,12 +15,33 @@ schedule, once per seed (``--seeds``, default 3: seeds 0, 1, 2 draw different
 initial weights and batches). Each run uses one intra-op thread, in its own
 process (``fast.measure.child``), ``--jobs`` runs at a time (default: 2, or the
 core count if lower), so its numbers do not depend on how many cores the
-machine has.
+machine has. Every run trains ``STEPS`` steps of 8 text windows of 512 bytes, or of 16
+images of 256 pixels: 1,966,080 bytes or pixels per run (docs/design.md, section 11, says
+what that costs and what the budget of ``make figures`` holds).
+
+Every step of every cell costs the same arithmetic as its pattern needs, and no more: the
+strided and fixed patterns and, for these narrow heads, dense attention too run through the
+project's CPU window kernel (``fast.backends.structured.dense_window``): the paper compares
+the patterns on the same kernels. ``python -m fast table2 --profile`` measures where a
+step's time goes (``profile``), what the dense kernel choice is worth, and what compiling
+the step would give.
 
 Held-out bits at the end, on validation and test, drawn by one rule
 (``fast.data.images``; stdlib files by hash): every test and validation image;
 for text, ``TEXT_EVAL_WINDOWS`` windows of n bytes evenly spread over each split
-(``Dataset.eval_items``; the number of windows in the split is recorded beside).
+(``Dataset.eval_items``; the number of windows in the split is recorded beside), with
+the standard error of that mean over the items (``held_out``: how far another sample
+could move it; the same items for every pattern, so differences between patterns are
+paired). During training each run evaluates 32 text windows (64 images) every sixth of the
+run, for the learning curves only.
+
+Every run records the code that trained it (``fast.experiments.provenance``: a hash of
+the sources, the commit), its kernels and a digest of its weights, and logs its training
+loss every ``LOG_EVERY`` steps; ``replay`` retrains the first ``REPLAY_STEPS`` of seed 0
+of a cell in a child with the same pins, and
+tests/fast/experiments/test_committed_results.py compares its losses bit for bit with the
+committed history: the committed numbers are the code's, or the test says which cell moved.
+
 Time per iteration is measured on the same runs: the median of their steps
 after the first (``time_per_iter``), with one thread each and ``--jobs`` runs
 sharing the machine. At n = 256-512 attention is a small part of a step, so the
@@ -28,7 +49,7 @@ time of the *same architecture* at the paper's lengths, n = 3072 (images) and
 n = 12288 (text), is measured too (``time_paper_lengths``): untrained weights (time
 does not depend on them), batch 1, one thread, alone.
 
-    python -m fast table2 [--quick] [--force] [--seeds 3] [--jobs 2] [--iters 160]
+    python -m fast table2 [--quick] [--force] [--seeds 3] [--jobs 2] [--iters 480]
                           [--only text/full,...]
     python -m fast table2 --drift     # seed 0 of every cell again: on 2 threads, and on an
                                       # AVX-512 host with its own kernels (reproducibility)
@@ -49,38 +70,46 @@ runs/quick/models/) only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fast.core.files import write_json
+from fast.backends import structured
 from fast.core.schema import Map, Optional
 from fast.data import Dataset, load
 from fast.experiments.cache import resumable
 from fast.experiments.paths import DATA, FIGURES, QUICK
+from fast.experiments.provenance import code_version, write_result
 from fast.experiments.reproducible import avx512_env, child_env, kernels, weights_digest
 from fast.measure.bench import machine_info
 from fast.measure.child import run_child
-from fast.measure.step_profile import profile_step
+from fast.measure.dense_kernels import dense_times
+from fast.measure.step_profile import profile_step, step_seconds
 from fast.plots import table2 as plot_table2
 from fast.plots.style import PATTERN_ORDER
 from fast.transformer.config import ModelConfig, TrainConfig
 from fast.transformer.network.checkpoint import save_weights
-from fast.transformer.training.loss import evaluate
+from fast.transformer.training.loss import LN2, loss_fn
 from fast.transformer.training.train import train
 
 MODALITIES = ("text", "image")
 TEXT_EVAL_WINDOWS = 256          # text windows per held-out split, evenly spread
-STEPS = 160                      # training steps of every run (--iters overrides)
-WIDTH = 64                       # d: 3 seeds x 6 cells must fit about 15 minutes of 2 cores
+STEPS = 480                      # training steps of every run (--iters overrides):
+                                 # 1,966,080 tokens per text run and per image run
+LOG_EVERY = 4                    # a run logs its training loss every LOG_EVERY steps
+REPLAY_STEPS = 2 * LOG_EVERY     # steps the reproduction check retrains (``replay``): two
+                                 # logged losses, the second after the first updates
+WIDTH = 64                       # d: 3 seeds x 6 cells of STEPS steps must fit make figures'
+                                 # share of 2 cores (fast.commands.figures.STEPS)
 
 # The paper's Table 2 (bits, seconds per iteration on their GPUs).
 PAPER = {
@@ -117,7 +146,7 @@ def run_configs(modality: str, pattern: str, quick: bool, iters: int | None = No
     # images learn faster at a higher peak rate (3e-3 beat 1e-3 on grey16)
     schedule = dict(max_iters=iters, warmup_iters=max(2, iters // 10), precision="fp32",
                     eval_interval=max(1, iters // 6), eval_batches=4, eval_splits=("val",),
-                    log_interval=max(1, iters // 40), seed=seed, save_checkpoint=False,
+                    log_interval=LOG_EVERY, seed=seed, save_checkpoint=False,
                     cpu_threads=1, out_dir=f"runs/table2/{modality}_{pattern}_{seed}")
     if modality == "text":
         model = ModelConfig(vocab_size=256, n_ctx=512, stride=32, embedding="text",
@@ -182,16 +211,25 @@ def dataset(modality: str):
     return load("stdlib", max_bytes=4_000_000) if modality == "text" else load("grey16")
 
 
-def held_out(model, modality: str, split: str) -> tuple[float, int, int]:
-    """(bits, items read, items in the split) on a held-out split: every image, or
-    TEXT_EVAL_WINDOWS evenly spread text windows."""
+@torch.no_grad()
+def held_out(model, modality: str, split: str) -> dict:
+    """A held-out split's bits: every image, or TEXT_EVAL_WINDOWS evenly spread text windows
+    (``Dataset.eval_items``). {"bits": the mean over every predicted position, "se": the
+    standard error of that mean over the items (each item's mean bits; how far another
+    sample of items could move it), "items": items read, "count": items in the split}.
+    The model is left in eval mode."""
     ds = dataset(modality)
     n = model.cfg.n_ctx
     batch = 16
     cap = None if modality == "image" else TEXT_EVAL_WINDOWS // batch
-    items = len(ds.eval_items(split, n, None if cap is None else cap * batch))
-    bits = evaluate(model, ds, split, batch_size=batch, max_batches=cap)
-    return bits, items, ds.eval_count(split, n)
+    model.eval()
+    per_item = []
+    for x, y in ds.eval_batches(split, batch, n, cap):
+        nats = loss_fn(model(x), y, reduction="none").view(y.shape)          # (B, n)
+        per_item += (nats.double().mean(1) / LN2).tolist()
+    bits = np.asarray(per_item)
+    return {"bits": float(bits.mean()), "se": float(bits.std(ddof=1) / np.sqrt(len(bits))),
+            "items": len(bits), "count": ds.eval_count(split, n)}
 
 
 def run_one(spec: dict) -> dict:
@@ -207,21 +245,45 @@ def run_one(spec: dict) -> dict:
     train_cfg.cpu_threads = spec.get("threads", 1)
     t0, c0 = time.perf_counter(), time.process_time()
     rec = train(model_cfg, train_cfg, progress=False, dataset=dataset(modality))
+    train_cpu = time.process_time() - c0
     model = rec["model"].eval()
-    val, val_items, val_count = held_out(model, modality, "val")
-    test, test_items, test_count = held_out(model, modality, "test")
+    val, test = held_out(model, modality, "val"), held_out(model, modality, "test")
     if spec.get("keep"):
         save_weights(spec["keep"], model)
     steps = rec["iter_times"][1:] or rec["iter_times"]
     return {
         "seed": spec["seed"], "model_cfg": asdict(model_cfg), "train_cfg": asdict(train_cfg),
-        "history": rec["history"], "evals": rec["evals"], "val_bits": val, "test_bits": test,
-        "eval_items": {"val": [val_items, val_count], "test": [test_items, test_count]},
+        "history": rec["history"], "evals": rec["evals"],
+        "val_bits": val["bits"], "test_bits": test["bits"],
+        "val_se": val["se"], "test_se": test["se"],
+        "eval_items": {"val": [val["items"], val["count"]],
+                       "test": [test["items"], test["count"]]},
         "time_per_iter": statistics.median(steps), "n_params": rec["n_params"],
-        "steps": rec["step"], "threads": train_cfg.cpu_threads,
+        "steps": rec["step"], "tokens": rec["step"] * train_cfg.batch_size * model_cfg.n_ctx,
+        "threads": train_cfg.cpu_threads,
         "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-        "unit": rec["unit"], "weights_sha256": weights_digest(model), "kernels": kernels(),
+        "train_cpu_s": train_cpu, "unit": rec["unit"], "weights_sha256": weights_digest(model),
+        "kernels": kernels(), "code": code_version(),
     }
+
+
+def replay(spec: dict) -> dict:
+    """The child's side of the reproduction check: the first ``spec["steps"]`` steps of
+    seed 0 of every cell of ``spec["keys"]``, trained exactly as ``run_one`` trains them
+    (the same configuration, ``spec["iters"]`` or ``STEPS`` long, stopped early:
+    ``TrainConfig.stop_iter`` keeps the schedule of the whole run). Returns {key: the
+    training losses logged on the way (``history["loss"]``)}: the same floats, bit for
+    bit, as the committed run logged at those steps, or the code no longer reproduces it
+    (tests/fast/experiments/test_committed_results.py)."""
+    out = {}
+    for key in spec["keys"]:
+        modality, pattern = key.split("/")
+        model_cfg, train_cfg = run_configs(modality, pattern, spec.get("quick", False),
+                                           spec.get("iters"), 0)
+        train_cfg = replace(train_cfg, stop_iter=spec["steps"])
+        rec = train(model_cfg, train_cfg, progress=False, dataset=dataset(modality))
+        out[key] = rec["history"]["loss"]
+    return out
 
 
 def time_paper_lengths(quick: bool) -> list[dict]:
@@ -246,28 +308,58 @@ def time_paper_lengths(quick: bool) -> list[dict]:
 PROFILE_STEPS, PROFILE_WARMUP, PROFILE_BATCHES = 6, 2, (8, 16, 32)
 
 
+@contextlib.contextmanager
+def dense_through_sdpa():
+    """Dense attention through PyTorch's fused kernel, as before ``fast.backends.structured.
+    dense_window`` sent Table 2's dense cells through the window kernel: the profile's
+    "before" of that choice (nothing else uses it)."""
+    width = structured.DENSE_WINDOW_WIDTH
+    structured.DENSE_WINDOW_WIDTH = 0
+    try:
+        yield
+    finally:
+        structured.DENSE_WINDOW_WIDTH = width
+
+
 def profile_one(spec: dict) -> dict:
     """The child's side of ``profile``: ``fast.measure.step_profile.profile_step`` of one
-    cell (spec: {"key", "quick"}), on one thread."""
+    cell (spec: {"key", "quick", "compiled"}), on one thread; for a dense cell also its step
+    with the attention through SDPA against the window kernel, in turns
+    (``step_profile.step_seconds``: "dense_attention")."""
     modality, pattern = spec["key"].split("/")
     model_cfg, train_cfg = run_configs(modality, pattern, spec["quick"])
     torch.set_num_threads(1)
     steps = 2 if spec["quick"] else PROFILE_STEPS
-    return {**profile_step(model_cfg, train_cfg, dataset(modality), steps=steps,
-                           warmup=1 if spec["quick"] else PROFILE_WARMUP,
-                           batches=(4, 8) if spec["quick"] else PROFILE_BATCHES),
-            "batch": train_cfg.batch_size, "n": model_cfg.n_ctx, "kernels": kernels()}
+    warmup = 1 if spec["quick"] else PROFILE_WARMUP
+    out = {**profile_step(model_cfg, train_cfg, dataset(modality), steps=steps, warmup=warmup,
+                          batches=(4, 8) if spec["quick"] else PROFILE_BATCHES,
+                          compiled=spec.get("compiled", False)),
+           "batch": train_cfg.batch_size, "n": model_cfg.n_ctx, "kernels": kernels()}
+    if pattern == "full":
+        out["dense_attention"] = step_seconds(
+            {"window": model_cfg, "sdpa": (model_cfg, dense_through_sdpa)}, train_cfg,
+            dataset(modality), steps=steps, warmup=warmup)
+    return out
+
+
+def dense_kernels_one(spec: dict) -> list[dict]:
+    """The child's side of ``profile``'s "dense_kernels": ``fast.measure.dense_kernels.
+    dense_times`` on one thread (spec: {"rounds"})."""
+    torch.set_num_threads(1)
+    return dense_times(rounds=spec["rounds"])
 
 
 def profile(*, quick: bool = False, out: Path | None = None) -> dict:
     """Where the time of a training step of every cell goes (``profile_one`` in a child
     with one thread and the pinned kernels, one cell after the other, nothing else of ours
-    running); written to ``out``, by default table2_profile.json beside table2.json.
-    Returns its data."""
+    running; the compiled step too unless ``quick``), and dense attention's two kernels
+    (``dense_kernels_one``); written to ``out``, by default table2_profile.json beside
+    table2.json. Returns its data."""
     out = Path(out) if out else out_paths(quick)[0].with_name("table2_profile.json")
     cells = {}
     for key in cell_keys():
-        result = run_child("fast.experiments.table2:profile_one", {"key": key, "quick": quick},
+        result = run_child("fast.experiments.table2:profile_one",
+                           {"key": key, "quick": quick, "compiled": not quick},
                            env=child_env(1))
         if "error" in result:
             raise RuntimeError(f"table2: profile {key} {result['error']}\n{result['output']}")
@@ -282,15 +374,19 @@ def profile(*, quick: bool = False, out: Path | None = None) -> dict:
             if "error" in free:
                 raise RuntimeError(f"table2: profile {key} {free['error']}\n{free['output']}")
             cells[key]["host_kernels"] = {k: free["result"][k] for k in ("phases", "kernels")}
+    dense = run_child("fast.experiments.table2:dense_kernels_one",
+                      {"rounds": 2 if quick else 3}, env=child_env(1))
+    if "error" in dense:
+        raise RuntimeError(f"table2: profile dense_kernels {dense['error']}\n{dense['output']}")
     first = next(iter(cells.values()))
-    data = {"quick": quick, "cells": cells, "conditions": {
+    data = {"quick": quick, "cells": cells, "dense_kernels": dense["result"], "conditions": {
         "machine": machine_info("cpu")["cpu"] + f", {os.cpu_count()} cores",
         "torch": torch.__version__, "threads": 1, "kernels": first["kernels"],
         "steps": 2 if quick else PROFILE_STEPS, "warmup": 1 if quick else PROFILE_WARMUP,
         "batches": list((4, 8) if quick else PROFILE_BATCHES),
         "clock": "CPU seconds of the child process (time.process_time)"}}
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, data)
+    write_result(out, data)
     return data
 
 
@@ -376,7 +472,7 @@ def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds
             else:
                 data["runs"].setdefault(spec["key"], {})[str(spec["seed"])] = r
             data["summary"] = summarise(data["runs"])
-            write_json(out, data)
+            write_result(out, data)
             print(f"table2: [{done}/{len(todo)}, {time.perf_counter() - t0:.0f} s] "
                   f"{spec['key']} seed {spec['seed']}: test {r['test_bits']:.3f} {r['unit']}, "
                   f"{r['time_per_iter']:.3f} s/iter, {r['wall_s']:.0f} s", flush=True)
@@ -385,7 +481,7 @@ def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds
     if "timing" in (only or keys) and not drift and ("timing" not in data or force
                                                           or only):
         data["timing"] = time_paper_lengths(quick)
-        write_json(out, data)
+        write_result(out, data)
     for path in plot_table2.make_all(data, figdir):
         print(f"table2: wrote {path}")
     return data

@@ -38,14 +38,13 @@ import math
 import os
 import platform
 import statistics
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from fast.core.files import write_json
 from fast.experiments.cache import resumable
-from fast.experiments.paths import DATA, FIGURES, QUICK, ROOT
+from fast.experiments.paths import DATA, FIGURES, QUICK, named
+from fast.experiments.provenance import write_result
 from fast.experiments.reproducible import child_env, kernels, weights_digest
 from fast.experiments.table2 import dataset
 from fast.measure.child import run_child
@@ -147,16 +146,29 @@ def evaluate_models(spec: dict) -> dict:
                                    "per_stretch": per_stretch}
             print(f"table3: {pattern} m={ctx['m']}: {rows[str(ctx['m'])]['bits']:.4f}",
                   flush=True)
-        out["models"][pattern] = {"n": n, "weights": _named(path),
+        out["models"][pattern] = {"n": n, "weights": named(path),
                                   "weights_sha256": weights_digest(model),
                                   "starts": starts.tolist(), "contexts": rows}
     return out
 
 
-def _named(path) -> str:
-    """A path from the repository root when inside it (as the JSON names kept weights)."""
-    path = Path(path).resolve()
-    return (path.relative_to(ROOT) if path.is_relative_to(ROOT) else path).as_posix()
+def replay(spec: dict) -> dict:
+    """The child's side of the reproduction check: every kept text model of spec["models"]
+    ({pattern: path}) at the minimum context spec["m"] on the first of spec["stretches"]
+    stretches of spec["stretch"] bytes, on spec["threads"] threads, as ``evaluate_models``
+    scores it. {pattern: {"weights_sha256", "bits": [that stretch's bits]}}: the committed
+    numbers, bit for bit, or the code (or the kept weights) no longer reproduce them
+    (tests/fast/experiments/test_committed_results.py)."""
+    torch.set_num_threads(spec["threads"])
+    stream = dataset("text").splits["test"]
+    out = {}
+    for pattern, path in spec["models"].items():
+        model = load_model(path)[0]
+        starts = stretch_starts(len(stream), model.cfg.n_ctx, spec["stretches"], spec["stretch"])
+        out[pattern] = {"weights_sha256": weights_digest(model),
+                        "bits": context_bits(model, stream, spec["m"], starts[:1],
+                                             spec["stretch"])}
+    return out
 
 
 def paths(quick: bool):
@@ -202,7 +214,7 @@ def run(*, quick: bool = False, force: bool = False) -> dict:
                  "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, CPU only",
                  "torch": torch.__version__})
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, data)
+    write_result(out, data)
     print(f"table3: wrote {plot_table3.plot_context(data, figdir / 'table3_context.png')}",
           flush=True)
     return data

@@ -258,7 +258,10 @@ LAYERS = [("strided", "merged", 97, 48, 4, {"stride": 8}, WINDOW),
           ("fixed", "merged", 97, 48, 4, {"stride": 16, "c": 4}, WINDOW + PREFIX),
           ("fixed", "merged", 100, 40, 1, {"stride": 10, "c": 3}, WINDOW + PREFIX),
           ("fixed", "multihead", 150, 48, 2, {"stride": 12, "c": 4}, WINDOW + PREFIX),
-          ("fixed", "interleaved", 61, 24, 3, {"stride": 8, "c": 2}, PREFIX)]
+          ("fixed", "interleaved", 61, 24, 3, {"stride": 8, "c": 2}, PREFIX),
+          # dense attention with narrow heads: one causal band of n rows (dense_window)
+          ("full", "merged", 300, 16, 4, {}, WINDOW),
+          ("full", "merged", 257, 8, 2, {}, WINDOW)]
 
 
 def _layer(q, k, v, g, pattern, combine, layer, params):
@@ -311,6 +314,48 @@ def _check_layer(pattern, combine, n, d, H, params, served, monkeypatch):
     for name, a, b, w, p in zip(("out", "dq", "dk", "dv"), with_kernel, without, want, plain_all):
         _rule(a, w, p, 1e-5, f"kernel {name}")
         _rule(b, w, p, 1e-5, f"PyTorch kernel {name}")
+
+
+def test_full_takes_the_window_kernel_only_where_it_is_faster():
+    """``structured.dense_window``: float32 CPU heads of width <= 16 (a multiple of 8) at
+    n = 256..1024, as many queries as keys -- where dense_kernels measured the window kernel
+    faster than SDPA; SDPA elsewhere."""
+    from fast.backends import structured
+
+    def takes(n=512, d=16, n_q=None, dtype=torch.float32, device="cpu"):
+        q = torch.zeros(2, 4, n if n_q is None else n_q, d, dtype=dtype, device=device)
+        k = torch.zeros(2, 4, n, d, dtype=dtype, device=device)
+        return structured.dense_window(q, k)
+
+    assert takes() == (cpu_window.library() is not None)
+    if cpu_window.library() is None:
+        return
+    assert takes(n=256) and takes(n=1024) and takes(d=8)
+    assert not takes(n=255) and not takes(n=1025)                    # lengths
+    assert not takes(d=32) and not takes(d=64) and not takes(d=12)   # widths
+    assert not takes(n_q=1) and not takes(n_q=300)                   # decoding, chunks
+    assert not takes(dtype=torch.float64) and not takes(dtype=torch.bfloat16)
+    assert not takes(device="meta")
+
+
+@needs_kernel
+def test_full_through_the_window_kernel_compiles_to_eagers_numbers():
+    """The choice reads shapes and dtypes only, so a compiled dense layer takes the same
+    kernel as eager: the same output and gradients, bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, g = (torch.randn(1, 2, 260, 16, generator=gen) for _ in range(4))
+
+    def run(fn):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = fn(*leaves)
+        out.backward(g)
+        return [out.detach()] + [t.grad for t in leaves]
+
+    fn = lambda q, k, v: sparse_attention(q, k, v, "full", backend="structured")
+    torch._dynamo.reset()
+    eager, compiled = run(fn), run(torch.compile(fn, backend="aot_eager", fullgraph=True))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), eager, compiled):
+        assert torch.equal(a, b), name
 
 
 def test_the_full_plan_band_stays_with_pytorch_beyond_the_kernel_window():

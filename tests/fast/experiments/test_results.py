@@ -208,10 +208,21 @@ def test_profile_section_gives_each_part_of_a_step_as_a_share():
         "batches": [8, 16, 32]}}
     lines = results.profile_section(prof)
     assert "| text/full | 310 ms | 32.3% | 64.5% | 1.6% | 1.3% | 0.3% | 50% | 30% | 20% " \
-           "| 4000 | 2% | 10.0 ms | 60 us / 61 us / 59 us | - |" in lines
+           "| 4000 | 2% | 10.0 ms | 60 us / 61 us / 59 us | - | - | - |" in lines
     cell["host_kernels"] = {"phases": {"forward": 0.1, "backward": 0.18},
                             "kernels": {"aten_cpu_capability": "AVX512"}}
-    assert results.profile_section(prof)[-1].endswith("| 280 ms (AVX512) |")
+    assert results.profile_section(prof)[-1].endswith("| 280 ms (AVX512) | - | - |")
+    # the compiled step and, for a dense cell, its attention through SDPA against the window
+    # kernel, and dense attention's two kernels side by side
+    cell["compiled"] = {"step_s": 0.3, "eager_step_s": 0.31, "compile_s": 41.0}
+    cell["dense_attention"] = {"window": 0.25, "sdpa": 0.31}
+    prof["dense_kernels"] = [{"n": 512, "d": 16, "batch": 8, "heads": 4, "sdpa_fwd_s": 0.014,
+                              "window_fwd_s": 0.0105, "sdpa_fb_s": 0.054,
+                              "window_fb_s": 0.0315}]
+    lines = results.profile_section(prof)
+    row = next(line for line in lines if line.startswith("| text/full |"))
+    assert row.endswith("| 280 ms (AVX512) | 0.97x (41 CPU s) | 250 / 310 ms (0.81x) |")
+    assert lines[-1] == "| 512 | 16 | 14.0 ms | 10.5 ms | 0.75 | 54.0 ms | 31.5 ms | 0.58 |"
 
 
 def test_drift_section_sets_the_kernels_move_beside_the_seed_spread():
@@ -231,6 +242,10 @@ def test_output_init_section_compares_the_same_seeds():
     line = results.output_init_section({"runs": drawn}, zero)[0]
     assert "160 steps" in line and "text/full +0.393 (worse in 3 of 3 seeds; seed std 0.010)" \
         in line
+    # against runs of another length there is nothing to compare: said, not computed
+    longer = {k: {s: {**r, "steps": 480} for s, r in v.items()} for k, v in drawn.items()}
+    line = results.output_init_section({"runs": longer}, zero)[0]
+    assert "measured at 160 steps" in line and "480 steps now: not comparable" in line
 
 
 def test_fig2_depth_section_of_a_run_still_training_says_so():
@@ -286,3 +301,47 @@ def test_the_readme_holds_every_line_the_committed_results_print(capsys):
     readme = set((ROOT / "README.md").read_text().splitlines())
     stale = [line for line in printed if line not in readme]
     assert len(printed) > 50 and not stale, stale
+
+
+def test_the_papers_orderings_are_restated_pair_by_pair_with_their_spread():
+    """Each adjacent pair of the paper's order: held or not in every seed, the paired
+    per-seed margins with their mean and std over seeds, and the held-out sampling error."""
+    bits = {"full": (3.50, 3.52, 3.48), "fixed": (3.40, 3.45, 3.41),
+            "strided": (3.42, 3.43, 3.56)}
+    runs = {f"{m}/{p}": {str(s): {"test_bits": b, "test_se": 0.004 if p == "full" else 0.002}
+                         for s, b in enumerate(values)}
+            for m in ("text", "image") for p, values in bits.items()}
+    lines = results.paper_orderings({"runs": runs, "paper": PAPER})
+    text, image = lines
+    assert text.startswith("- The paper's order on text, fixed < dense < strided: ")
+    # fixed below dense in every seed: +0.10, +0.07, +0.07
+    assert ("fixed < dense (paper 0.99 < 1.00) holds in all 3 seeds, dense - fixed = +0.080 "
+            "± 0.017 (mean ± std over seeds; per seed +0.100, +0.070, +0.070)") in text
+    assert "dense < strided (paper 1.00 < 1.13) holds in 1 of 3 seeds only (not settled)" in text
+    assert "sampling error of at most 0.004" in text
+    # images: strided < dense < fixed; dense is above fixed in every seed: reversed
+    assert "dense < fixed (paper 2.82 < 2.85) reversed in all 3 seeds" in image
+
+
+def test_cost_line_turns_the_runs_cpu_seconds_into_the_budget():
+    runs = {"text/full": {"0": {"cpu_s": 100.0, "train_cpu_s": 90.0, "steps": 450},
+                          "1": {"cpu_s": 110.0, "train_cpu_s": 90.0, "steps": 450}}}
+    timing = [{"iter_times": [10.0, 20.0]}]
+    line = results.cost_line({"runs": runs, "timing": timing, "jobs": 2})
+    assert line == ("The 2 runs took 210 CPU seconds, 200 ms of training per step on average; "
+                    "2 at a time that is about 2.2 minutes of an idle 2-core machine with the "
+                    "timing runs (30 s).")
+    assert results.cost_line({"runs": {"a": {"0": {"steps": 1}}}}) == ""
+
+
+def test_gpu_timing_reads_the_gpu_record_or_says_it_is_missing():
+    assert "missing" in results.gpu_timing(None)[0]
+    gpu = {"machine": {"device": "NVIDIA H200"}, "rows": [
+        {"shape": "enwik8", "pattern": p, "n": 12288, "batch": 8, "s_per_iter": s,
+         "paper_s_per_iter": paper}
+        for p, s, paper in (("full", 0.2, 1.31), ("fixed", 0.1, 0.55), ("strided", 0.05, 0.35),
+                            ("none", 0.04, None))]}
+    line = results.gpu_timing(gpu)[0]
+    assert line.startswith("- GPU (NVIDIA H200), enwik8 shape (n = 12288, batch 8): ")
+    assert "fixed 100.0 ms (0.50x; paper 0.42x)" in line
+    assert "no attention (the floor) 40.0 ms (0.20x)" in line

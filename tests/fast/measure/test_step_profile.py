@@ -28,3 +28,46 @@ def test_step_profile_measures_every_part_of_a_step():
     assert step_profile.op_kind("aten::layer_norm") == "other"
     with pytest.raises(ValueError, match="float32"):
         step_profile.profile_step(m, dataclasses.replace(t, precision="bf16"), load("digits"))
+
+
+def test_the_window_kernels_calls_count_as_attention():
+    """The CPU window kernel is a C library the profiler sees by the names it records; its
+    time is attention (a profile that left it out put Table 2's sparse cells at 0%)."""
+    for name in ("cpu_window_forward", "cpu_window_backward", "cpu_window_prefix_forward"):
+        assert step_profile.op_kind(name) == "attention" and step_profile._counted(name)
+    assert not step_profile._counted("autograd::engine::evaluate_function: AddmmBackward0")
+
+
+def test_step_seconds_times_configurations_in_turns_on_the_same_batches():
+    """``step_seconds``: one step of each configuration per round, a context entered around
+    one of them (a kernel choice), every configuration's median CPU seconds."""
+    m, t = preset("digits", d_model=16, n_heads=2, n_layers=1, batch_size=4,
+                  precision="fp32", device="cpu")
+    entered = []
+
+    class Marked:
+        def __enter__(self):
+            entered.append(1)
+
+        def __exit__(self, *exc):
+            return False
+
+    out = step_profile.step_seconds({"plain": m, "marked": (m, Marked)}, t, load("digits"),
+                                    steps=3, warmup=1)
+    assert set(out) == {"plain", "marked"} and all(v > 0 for v in out.values())
+    assert len(entered) == 4                                        # warm-up + 3 steps
+
+
+@pytest.mark.slow
+def test_the_compiled_step_is_timed_beside_eager_with_what_compiling_cost():
+    """``compiled_step``: the compiled and the eager step in turns, and the CPU seconds
+    compiling took in this process (inductor's worker count put back after); traced by
+    aot_eager here (inductor's C++ build takes minutes on a shared 2-core machine)."""
+    from torch._inductor import config as inductor_config
+
+    m, t = preset("digits", d_model=16, n_heads=2, n_layers=1, batch_size=4,
+                  precision="fp32", device="cpu")
+    workers = inductor_config.compile_threads
+    out = step_profile.compiled_step(m, t, load("digits"), steps=2, backend="aot_eager")
+    assert out["step_s"] > 0 and out["eager_step_s"] > 0 and out["compile_s"] > 0
+    assert out["compile_wall_s"] > 0 and inductor_config.compile_threads == workers
