@@ -96,15 +96,17 @@ def test_triton_is_installed_on_linux_only():
 
 
 def test_transformers_is_optional_and_in_the_dev_install():
-    """The Hugging Face adapter's dependency is the extra hf, which dev pulls in (so its
-    tests run wherever the tests run); nothing else needs it."""
+    """The Hugging Face adapter's dependencies are the extra hf (transformers, and accelerate,
+    which transformers.Trainer needs), which dev pulls in (so its tests run wherever the
+    tests run); nothing else needs them."""
     project = pyproject()["project"]
     extras = project["optional-dependencies"]
-    assert [Requirement(r).name for r in extras["hf"]] == ["transformers"]
+    assert [Requirement(r).name for r in extras["hf"]] == ["transformers", "accelerate"]
     (itself,) = [Requirement(r) for r in extras["dev"]
                  if Requirement(r).name == "sparse-transformer"]
     assert "hf" in itself.extras
-    assert all(Requirement(r).name != "transformers" for r in project["dependencies"])
+    assert all(Requirement(r).name not in ("transformers", "accelerate")
+               for r in project["dependencies"])
 
 
 def test_notebooks_needing_triton_are_skipped_without_it(monkeypatch):

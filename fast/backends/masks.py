@@ -60,8 +60,11 @@ def checked_masks(entry: patterns.Pattern, n: int, n_heads: int, combine: str, l
     (``Pattern.check``): for a caller that has checked them (a decoding step's row)."""
     roles = head_roles(entry.name, n_heads, combine, layer, stride=params.get("stride"),
                        c=params.get("c"))
-    terms = entry.terms(n, params, qpos.device)
     i, j = _pairs(qpos, kpos)
+    if "meta" in (i.device.type, j.device.type):   # shapes only: a pattern's tables (global
+        lead = torch.broadcast_shapes(i.shape, j.shape)     # tokens, random keys) hold values
+        return torch.empty(*lead[:-2], n_heads, *lead[-2:], dtype=torch.bool, device="meta")
+    terms = entry.terms(n, params, qpos.device)
     causal = j <= i
     term_masks: dict = {}  # (part, term, the head's numbers if the term reads them) -> mask
     read_by: dict = {}     # (parts read, the head's numbers) -> the head's mask

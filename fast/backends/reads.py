@@ -227,12 +227,15 @@ def step_pieces(group: Group, t: int, stride: int | None, c: int | None,
     Pieces are disjoint. A group read through ``rows``: one piece, the positions some
     head of the group reads, with (Hg, 1, m) True where a head does not."""
     if group.rows is not None:
-        row = group.rows.at(t, device)[group.heads]                      # (Hg, t + 1)
+        # found on the host whatever the device: positions, not values (a GPU's nonzero
+        # would wait for the device; "meta" tensors have no values to look at)
+        row = group.rows.at(t, "cpu")[group.heads]                       # (Hg, t + 1)
         pos = torch.nonzero(row.any(0)).squeeze(1)                       # (m,)
         if not pos.numel():
             return []
         read = row[:, pos]                                               # (Hg, m)
-        return [(pos, None if bool(read.all()) else ~read[:, None, :])]
+        drop = None if bool(read.all()) else (~read[:, None, :]).to(device)
+        return [(pos.to(device), drop)]
     parts = group.parts
     if parts == ("full",):
         return [(slice(0, t + 1), None)]

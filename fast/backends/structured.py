@@ -510,10 +510,18 @@ def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
         out, q = out[:, :, n_k - n_q:], q[:, :, n_k - n_q:]               # (B, H, n_q, d)
     # on the CPU, rows whose scores may overflow are NaN, never SDPA's 0 (eager calls look
     # first, one read; a traced call cannot look, and marks them without looking)
-    if q.device.type == "cpu" and (torch.compiler.is_compiling()
-                                   or bool(may_overflow(q, k, scale))):
+    if looks_for_overflow(q.device) and (torch.compiler.is_compiling()
+                                         or bool(may_overflow(q, k, scale))):
         out = out.masked_fill(overflow_rows(q, k, scale), float("nan"))
     return out
+
+
+def looks_for_overflow(device: torch.device) -> bool:
+    """Whether ``causal`` looks for scores that overflow float32 before trusting SDPA's
+    answer (whose rows of overflowed scores are 0, docs/design.md §8): on the CPU, where a
+    read waits for nothing; never on a GPU, where "full" is SDPA's work alone (a read
+    would stall the queue, and the kernels there are SDPA's own)."""
+    return device.type == "cpu"
 
 
 # "full" through the CPU window kernel (one causal band of n rows: ``dense_window``) where it

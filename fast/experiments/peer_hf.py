@@ -202,7 +202,7 @@ def report(tree, modes=("full", "strided"), models=MODELS, tag: str = "") -> str
         if not base.exists():
             continue
         base_failed = failures(base)
-        base_record = json.loads((logs / f"{model}-sdpa{suffix}.json").read_text())
+        base_record = json.loads((logs / f"{model}-sdpa{suffix}.json").read_text())["tests"]
         base_passed = {node.split("::")[-1] for node, row in base_record.items()
                        if row["outcome"] == "passed"}
         out += [f"{model} (tests/models/{model}/test_modeling_{model}.py)",
@@ -211,7 +211,7 @@ def report(tree, modes=("full", "strided"), models=MODELS, tag: str = "") -> str
             path = logs / f"{model}-{mode}{suffix}.log"
             if not path.exists():
                 continue
-            record = json.loads((logs / f"{model}-{mode}{suffix}.json").read_text())
+            record = json.loads((logs / f"{model}-{mode}{suffix}.json").read_text())["tests"]
             reached = sum(1 for row in record.values()
                           if any(key.startswith("attention:") for key in row))
             calls = sum(row.get("sparse_attention", 0) for row in record.values())

@@ -8,7 +8,8 @@ the tests it runs. Its settings come from the environment the suite gives pytest
 
 * ``PEER_HF_ATTN``: "sdpa" (the baseline: nothing switched, calls only counted), "full"
   or "strided" (stride ``PEER_HF_STRIDE``, default 3);
-* ``PEER_HF_RECORD``: a JSON file, written at the end: each test's outcome and counts;
+* ``PEER_HF_RECORD``: a JSON file, written at the end: each test's outcome and counts
+  (``"tests"``) and the code that ran them (``"code"``, ``fast.experiments.provenance``);
 * ``PEER_HF_NO_SLIDING_WINDOW=1``: MistralConfig built with ``sliding_window=None``
   (labelled extra runs, in the baseline and the library's alike).
 
@@ -31,7 +32,7 @@ import functools
 import os
 from collections import Counter
 
-from fast.core.files import write_json
+from fast.experiments.provenance import write_result
 
 MODES = ("sdpa", "full", "strided")
 NAMES = {"full": "peer_hf_full", "strided": "peer_hf_strided"}
@@ -125,7 +126,7 @@ def pytest_runtest_makereport(item, call):
 def pytest_sessionfinish(session, exitstatus):
     path = os.environ.get("PEER_HF_RECORD")
     if path:
-        write_json(path, RECORD, indent=0)
+        write_result(path, {"tests": RECORD}, indent=0)      # stamped with its code
     ran = [r for r in RECORD.values() if r["outcome"] in ("passed", "failed")]
     ours = sum(1 for r in ran if any(k.startswith("attention:") for k in r))
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

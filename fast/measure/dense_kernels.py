@@ -24,7 +24,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fast.backends.structured import _StructuredAttention
+from fast.backends.structured import StructuredAttention
 from fast.measure.in_turns import in_turns
 
 # (n, head width) points, batch x heads chosen so every point holds about 2^21 query rows'
@@ -47,8 +47,8 @@ def _calls(n: int, d: int, seed: int = 0) -> dict:
     attend = {
         "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                scale=scale),
-        "window": lambda q, k, v: _StructuredAttention.apply(q, k, v, "full", "merged", 0, n,
-                                                              None, scale)[0],
+        "window": lambda q, k, v: StructuredAttention.apply(q, k, v, "full", "merged", 0, n,
+                                                             None, scale)[0],
     }
 
     def forward(fn):

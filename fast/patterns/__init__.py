@@ -52,12 +52,16 @@ def _discover() -> MappingProxyType:
 
 
 REGISTRY = _discover()
+# The same table as a plain dict, which ``get`` reads: a traced caller (torch.compile of a
+# model whose code mutates a dict, as transformers' models do) cannot read a mapping proxy
+# without a graph break (as reference.params' lookups).
+_LOOKUP = dict(REGISTRY)
 
 
 def get(name) -> Pattern:
     """The registered pattern ``name``; a ValueError naming the patterns otherwise (the
     message of ``reference.params.check_pattern``, as from every entry point)."""
-    return REGISTRY[check_pattern(name)]
+    return _LOOKUP[check_pattern(name)]
 
 
 __all__ = ["REGISTRY", "get", "Pattern", "Term", "Periodic", "Lines", "Pairs", "Head", "Heads",

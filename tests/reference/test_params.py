@@ -43,6 +43,8 @@ def test_a_parameter_without_a_check_is_refused_at_import(monkeypatch):
     monkeypatch.setattr(R, "PATTERNS", R.PATTERNS + ("made_up",))
     monkeypatch.setattr(R, "PARAMS", {**R.PARAMS, **table})
     monkeypatch.setattr(R, "INTEGERS", {"made_up": {"levels": 1}})
+    monkeypatch.setattr(R, "_LOOKUP", {**R._LOOKUP, **table})       # what check_params reads
+    monkeypatch.setattr(R, "_INTEGER_LOOKUP", {"made_up": {"levels": 1}})
     with pytest.raises(ValueError, match=r"levels must be an integer >= 1, got 0"):
         R.check_params("made_up", 9, 1, "merged", 0, {"stride": 2, "levels": 0})
     assert R.check_params("made_up", 9, 1, "merged", 0, {"stride": 2, "levels": np.int64(3)}) \

@@ -53,7 +53,7 @@ def test_the_plugin_switches_the_default_and_counts_the_calls(tmp_path):
                          cwd=tmp_path, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1 called the adapter's attention, 1 transformers' sdpa" in run.stdout
-    rows = json.loads(record.read_text())
+    rows = json.loads(record.read_text())["tests"]
     switched = rows["test_peer.py::test_default_attention_is_switched"]
     kept = rows["test_peer.py::test_a_named_attention_is_kept"]
     assert switched["outcome"] == kept["outcome"] == "passed"
@@ -90,8 +90,8 @@ def test_the_report_lists_what_passes_with_sdpa_and_fails_with_the_adapter(tmp_p
                                             else "passed", "sdpa": 2} for t in tests}
     full = {f"tests/m.py::ModelTest::{t}": {"outcome": "passed", "attention:peer_hf_full": 2,
                                             "sparse_attention": 2} for t in tests}
-    (logs / "llama-sdpa.json").write_text(json.dumps(sdpa))
-    (logs / "llama-full.json").write_text(json.dumps(full))
+    (logs / "llama-sdpa.json").write_text(json.dumps({"tests": sdpa}))
+    (logs / "llama-full.json").write_text(json.dumps({"tests": full}))
     assert failures(logs / "llama-full.log")[("test_capture", "LlamaModel")] == \
         "ValueError: output_attentions"
     text = report(tmp_path / "transformers", modes=("full",), models=("llama",))

@@ -106,11 +106,13 @@ def test_a_fused_triton_backward_fills_casts_and_sums_nothing(transposed):
 
 def test_full_by_a_gpus_default_is_sdpa_alone(monkeypatch):
     """The dense "full" pattern with check_finite's default as on a GPU (nothing looks at
-    the values: no finite check, no quarantine) is causal SDPA's one op under "auto":
-    nothing before it, nothing after."""
+    the values: no finite check, no quarantine, no look for overflowing scores) is causal
+    SDPA's one op under "auto": nothing before it, nothing after."""
     import fast.attention as fast_attention
+    from fast.backends import structured
 
     monkeypatch.setattr(fast_attention, "finite_default", lambda device: None)
+    monkeypatch.setattr(structured, "looks_for_overflow", lambda device: False)   # a GPU's
     (q, k, v), _ = _tensors(False)
     _, ops, _ = _count(lambda: sparse_attention(q, k, v, "full"))
     assert ops == {"aten._scaled_dot_product_flash_attention_for_cpu.default": 1}, ops
