@@ -53,7 +53,7 @@ Backends (one flag, the slow and the fast path side by side):
                differentiate: the structured operator decides, see "Scale"); strided and fixed
                -> flash attention over the transposed grid, bands and gathered
                summaries, merged through their log-sum-exp (``fast.backends.structured``);
-               one query (n_q = 1) -> the one-query step (``fast.backends.row``): the keys
+               one query (n_q = 1) -> the one-query step (``fast.backends.one_query``): the keys
                its row reads, gathered, O(keys read) (eager only: it reads values and
                positions on the host, so a traced call takes the operator); it serves
                every pattern, the structured path the paper's three (``FACTORIZED``);
@@ -171,7 +171,7 @@ from fast.backends import naive as naive_backend
 from fast.backends.flash_cpu import uses_kernel
 from fast.backends.naive import naive_sparse_attention
 from fast.backends.padding import as_padding, padded_run, to_device, zero_outside
-from fast.backends.row import row_attention
+from fast.backends.one_query import row_attention
 from fast.backends.structured import full_attention, structured_attention
 from fast.core.checks import check_call
 from fast.core.nonfinite import attention_reach, causal_reach, quarantine
@@ -270,7 +270,7 @@ def choose_path(backend: str, pattern: str, combine: str, params: dict, device: 
     * "auto"'s naive path below the crossover, when that path cannot hold the call in
       memory (``fast.backends.naive.too_big``): "structured";
     * the structured backend with one query (n_q = 1) of any pattern: "row", the
-      one-query step (``fast.backends.row``; eager only: it reads
+      one-query step (``fast.backends.one_query``; eager only: it reads
       values and positions on the host, so a traced call takes the operator);
     * the structured backend on "full": "full", causal SDPA
       (``fast.backends.structured.full_attention``);

@@ -45,7 +45,7 @@
  * score (the max loop skips NaN) or a row that reads keys and ends with no weight (every score
  * -inf, or a +inf one: e^(inf - inf)); such a row gets out = NaN and lse = +inf, which the
  * caller takes for a log-sum-exp beyond float32's range and recomputes in float64
- * (fast/backends/structured.py). A merge into a row already so marked keeps the mark.
+ * (fast/backends/structured/attention.py). A merge into a row already so marked keeps the mark.
  *
  * Returns 0, 1 when a thread could not get its scratch memory, 2 for init without packing or
  * a prefix geometry that reads past the keys.

@@ -4,13 +4,13 @@ Child et al., 2019, section 4.3 (strided: A(1), the last l positions; A(2), ever
 one; fixed: A(1), the own block; A(2), the last c positions of every block) and section 5.5
 ("attention with a stride of k can be computed by transposing the matrix and computing a
 local window"; "Fixed attention positions can be aggregated and computed in blocks").
-``fast.backends.strided`` cuts the strided heads into short causal problems: the band, a
+``fast.backends.structured.strided`` cuts the strided heads into short causal problems: the band, a
 window of l keys per row, and the column, M = n / l rows per sequence. PyTorch's CPU flash
 kernel takes problems that short in 32- or 64-row query blocks of general matrix products,
 at about half of dense attention's rate per computed pair (docs/design.md, section 5).
 ``cpu_window.c`` takes them in 16-row blocks whose products are register tiles, recomputes in
 a flash-style backward, and merges the band into the column's output in place (no merge
-pass). ``fast.backends.fixed`` hands it the fixed pattern's own block (``forward`` with
+pass). ``fast.backends.structured.fixed`` hands it the fixed pattern's own block (``forward`` with
 sequences of l rows, l apart) and, in prefix mode (``prefix_forward``), the summaries of all
 earlier blocks: row i reads the first (i // l) c of the gathered summaries. That is the bulk
 of the fixed pattern's work; through PyTorch's kernel it was one causal problem of
@@ -304,7 +304,7 @@ def prefix_forward(q, ks, vs, out, lse, *, block: int, keys: int, scale: float,
     """Prefix mode: write (``merge``: merge into) ``out`` (G, N, d) and ``lse`` (G, N) the
     attention of every row i of q (G, N, d) over keys t < (i // block) * keys of ks, vs
     (G, Nk, d) -- the fixed pattern's summaries of all earlier blocks, gathered in block
-    order (``fast.backends.fixed``). Rows of the first block read nothing (lse -inf)."""
+    order (``fast.backends.structured.fixed``). Rows of the first block read nothing (lse -inf)."""
     G, N, Nk = _prefix_geometry(q, ks, block, keys)
     if lse.stride(1) != 1:
         raise ValueError("lse rows must be contiguous")

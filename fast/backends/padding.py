@@ -38,7 +38,7 @@ How each path honours them:
   output is rolled back. A real row never reads a key after its sequence's end
   (every pattern is causal), so the pad keys rolled to the end are never read by it:
   exact, with no mask. Without offsets nothing is rolled;
-* the one-query step (``fast.backends.row``): each sequence's row at its own
+* the one-query step (``fast.backends.one_query``): each sequence's row at its own
   position t_b = n_k - 1 - offsets[b].
 
 Values are checked on the host (``check_padding_values``): for CPU tensors and sequences

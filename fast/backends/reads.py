@@ -4,7 +4,7 @@ Child et al., 2019, section 4.2 (eq. 2-4: output i attends to the set S_i),
 section 4.3 (the strided and fixed patterns) and section 5.1 (eq. 5-8: merged,
 multi-head and interleaved heads). Generating token t + 1 computes one new row of
 attention per head, and so does ``fast.sparse_attention`` for one query against a
-longer key tensor (its one-query step, ``fast.backends.row``): head h of layer r
+longer key tensor (its one-query step, ``fast.backends.one_query``): head h of layer r
 reads exactly row t of
 ``reference.patterns.head_masks(pattern, n, H, combine, r, **params)[h]``. Both
 forms below start from the head roles of ``reference.heads.head_roles`` (the
@@ -47,7 +47,7 @@ contract); nothing here re-derives which head reads which part.
 
 Both readers of the sparse form take the same pieces: a key/value cache
 (``fast.transformer.decoding.kv_cache``) reads them from its stores, and the one-query
-step of ``fast.sparse_attention`` (``fast.backends.row``) reads the same rows from a
+step of ``fast.sparse_attention`` (``fast.backends.one_query``) reads the same rows from a
 tensor that holds every position, through ``store_positions`` (which position each
 row of a store holds: the inverse of where a cache writes position j). So which keys
 a step reads is said once, here, for both.

@@ -60,7 +60,7 @@ except ImportError as err:  # pragma: no cover - exercised only without triton
     ) from err
 
 from fast.core.autograd import once_differentiable
-from fast.kernels import triton_kernels as K
+from fast.kernels import triton_kernels
 from fast.kernels.variants import Launch, Variant
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
@@ -71,7 +71,7 @@ EXACT_DELTA_ABOVE = 1.0   # scale above which delta is summed over the tiles (DE
 def interpreted() -> bool:
     """True when the kernels were built for the NumPy interpreter (TRITON_INTERPRET=1
     was set before Triton was imported)."""
-    return type(K._fwd_kernel).__name__ == "InterpretedFunction"
+    return type(triton_kernels._fwd_kernel).__name__ == "InterpretedFunction"
 
 
 # ----------------------------------------------------------------------------
@@ -90,13 +90,13 @@ def fold_scale(q: torch.Tensor, scale: float) -> tuple[torch.Tensor, float]:
 
 def folds(scale: float) -> bool:
     """Whether ``fold_scale`` folds ``scale`` into q."""
-    return abs(scale) * K.LOG2E < FLOAT32_TINY
+    return abs(scale) * triton_kernels.LOG2E < FLOAT32_TINY
 
 
 def _exponent(scale: float) -> tuple[float, float]:
     """(c, scale) passed to the kernels: c = |scale| log2(e) and the scale, each at most
     float32's largest value in magnitude."""
-    return (min(abs(scale) * K.LOG2E, FLOAT32_MAX),
+    return (min(abs(scale) * triton_kernels.LOG2E, FLOAT32_MAX),
             math.copysign(min(abs(scale), FLOAT32_MAX), scale))
 
 
@@ -340,15 +340,15 @@ class Launches:
                            variant.settings(part.name, dtype, meta["BLOCK_D"]), meta, dtype,
                            device)
 
-        self.fwd = [launch(K._fwd_kernel, p, "kv") for p in fwd.parts]
+        self.fwd = [launch(triton_kernels._fwd_kernel, p, "kv") for p in fwd.parts]
         self.fwd_writes = _Writes(fwd, 1, dtype)
         self.fwd_fill = fwd.fill or not live        # the row statistics start empty
-        self.dq = [launch(K._dq_kernel, p, "kv") for p in q_order.parts]
+        self.dq = [launch(triton_kernels._dq_kernel, p, "kv") for p in q_order.parts]
         self.dq_writes = _Writes(q_order, 1, dtype)
         self.delta_sums = _Writes(q_order, 1, torch.float32)
         # fused: the first dQ launch writes every row, so it forms delta itself
         self.first_delta = variant.fused and bool(q_order.parts) and not q_order.fill
-        self.dkdv = [launch(K._dkdv_kernel, p, "qt") for p in k_order.parts]
+        self.dkdv = [launch(triton_kernels._dkdv_kernel, p, "qt") for p in k_order.parts]
         self.k_order = k_order
 
     def dkdv_writes(self, dtype: torch.dtype) -> _Writes:

@@ -56,7 +56,7 @@ from fast import patterns
 from fast.core.autograd import Function, backward_through, keep_for_backward
 from fast.core.checks import check_scale, check_tensors
 from fast.core.merge import merge
-from fast.kernels import launch as L
+from fast.kernels import launch
 from fast.kernels.launch import interpreted
 from fast.kernels.variants import VARIANTS, Variant, resolve
 from fast.layout import LayoutPart, block_layout
@@ -173,8 +173,8 @@ def _on_device(q, parts, block_size: int) -> list[LayoutPart]:
 # ----------------------------------------------------------------------------
 
 def _apply(q, k, v, parts, scale: float, variant: Variant) -> torch.Tensor:
-    q, scale = L.fold_scale(q, scale)
-    return L.BlockSparseAttention.apply(q, k, v, parts, scale, variant)
+    q, scale = launch.fold_scale(q, scale)
+    return launch.BlockSparseAttention.apply(q, k, v, parts, scale, variant)
 
 
 def attention_with_parts(q, k, v, parts, *, scale=None, block_size: int,
@@ -203,19 +203,20 @@ def forward(q, k, v, parts, scale=None, block_size: int | None = None, separate:
     if block_size is None:
         block_size = parts[0].block_size if parts else DEFAULT_BLOCK_GPU
     parts = _on_device(q, parts, _check_block(block_size))
-    q, scale = L.fold_scale(q, scale)
+    q, scale = launch.fold_scale(q, scale)
     q, k, v = (t.contiguous() for t in (q, k, v))
     n, d = q.shape[2], q.shape[3]
     if not separate:
-        out, m, l = L.forward(q, k, v, L.Launches(parts, variant, q.dtype, d, q.device, n),
+        out, m, l = launch.forward(q, k, v, launch.Launches(parts, variant, q.dtype, d, q.device,
+                                                            n),
                               scale)
-        return out, L.lse_of(m, l, scale)
+        return out, launch.lse_of(m, l, scale)
     outs, lses = [], []
     for p in parts:
-        out, m, l = L.forward(q, k, v, L.Launches([p], variant, q.dtype, d, q.device, n),
+        out, m, l = launch.forward(q, k, v, launch.Launches([p], variant, q.dtype, d, q.device, n),
                               scale)
         outs.append(out)
-        lses.append(L.lse_of(m, l, scale))
+        lses.append(launch.lse_of(m, l, scale))
     return outs, lses
 
 
@@ -281,7 +282,7 @@ def variant_parts(pattern: str, n: int, n_heads: int, combine: str, layer: int, 
     built at that size (the parts of a pattern, and the pairs each one holds, are the
     same at every block size)."""
     parts, _ = cached_layout(pattern, n, n_heads, combine, layer, params, block, device, order)
-    d_pad = L.padded_d(d)
+    d_pad = launch.padded_d(d)
     out = []
     for i, p in enumerate(parts):
         b = variant.settings(p.name, dtype, d_pad).block
@@ -302,7 +303,7 @@ def layout_cost(pattern: str, n: int, n_heads: int, params: dict, variant=None,
     lay = block_layout(pattern, n, n_heads=n_heads, combine=combine, block_size=block,
                        **params)
     t1 = time.perf_counter()
-    args = [L.part_args(p.to(device), variant) for p in lay.parts]
+    args = [launch.part_args(p.to(device), variant) for p in lay.parts]
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     t2 = time.perf_counter()
@@ -362,7 +363,7 @@ _LAUNCHES: OrderedDict = OrderedDict()
 
 
 def launches(q: torch.Tensor, pattern: str, combine: str, layer: int, params: str, block: int,
-             order: str, variant: str) -> L.Launches:
+             order: str, variant: str) -> launch.Launches:
     """The launches of the operators' layout for q (B, H, n, d): found by one look-up of a
     flat key (no sorting, no conversion), built on the first call of a signature from the
     cached layout (``variant_parts``). Kept with the layouts: the ``MAX_CACHED_LAYOUTS``
@@ -375,7 +376,7 @@ def launches(q: torch.Tensor, pattern: str, combine: str, layer: int, params: st
         v = _variant_of(variant)
         parts = variant_parts(pattern, n, H, combine, layer, params_of(params), block,
                               q.device, order, v, q.dtype, d)
-        hit = _LAUNCHES[key] = L.Launches(parts, v, q.dtype, d, q.device, n)
+        hit = _LAUNCHES[key] = launch.Launches(parts, v, q.dtype, d, q.device, n)
         while len(_LAUNCHES) > MAX_CACHED_LAYOUTS:
             _LAUNCHES.popitem(last=False)
     else:
@@ -391,7 +392,7 @@ def _forward_op(q, k, v, pattern, combine, layer, params, scale, block, order, v
     the row statistics m, l float32 (B, H, n)) of q, k, v (B, H, n, d) / (B, Hkv, n, d)
     (q already padded to the keys' n, the scale as ``launch.fold_scale`` leaves it; every
     row contiguous, k and v of one layout: ``TritonCall`` sees to both)."""
-    return L.forward(q, k, v, launches(q, pattern, combine, layer, params, block, order,
+    return launch.forward(q, k, v, launches(q, pattern, combine, layer, params, block, order,
                                        variant), scale)
 
 
@@ -399,7 +400,7 @@ def _backward_op(grad_out, q, k, v, out, m, l, pattern, combine, layer, params, 
                  order, variant):
     """``launch.backward`` on the layout the attributes name: (dq, dk, dv) shaped, typed
     and laid out as q, k, v."""
-    return L.backward(q, k, v, out, m, l, grad_out,
+    return launch.backward(q, k, v, out, m, l, grad_out,
                       launches(q, pattern, combine, layer, params, block, order, variant),
                       scale)
 
@@ -466,7 +467,7 @@ class TritonCall:
                  scale: float, block_size=None, order: str = "structured", variant=None):
         variant = resolve(variant)
         block = default_block(q.device) if block_size is None else _check_block(block_size)
-        self.fold, self.scale = L.folds(scale), scale      # q * scale, and scale 1, or not
+        self.fold, self.scale = launch.folds(scale), scale      # q * scale, and scale 1, or not
         self.copy_q = q.stride(-1) != 1   # (after F.pad or a padded batch's gather: a no-op)
         self.copy_kv = k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride() != v.stride()
         self.attributes = (pattern, combine, layer, params_text(params),

@@ -27,7 +27,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
 from fast.plots import style
-from reference import patterns as P
+from reference import patterns
 from reference.counts import keys_per_query as keys_per_query  # re-exported for the notebooks
 from reference.heads import PARTS, head_roles
 
@@ -113,7 +113,7 @@ def legend_patches(two_heads: bool = True) -> list[Patch]:
 def plot_pattern(pattern: str, n: int, stride: int | None = None, c: int | None = None):
     """One pattern as connectivity matrices: A(1), A(2) and the merged head
     (``full`` has a single panel). Returns the figure."""
-    parts = P.factorized(pattern, n, 0, stride=stride, c=c)
+    parts = patterns.factorized(pattern, n, 0, stride=stride, c=c)
     if len(parts) == 1:
         fig, ax = plt.subplots(figsize=(3.2, 3.4))
         draw_connectivity(ax, parts[0], title=f"full, n={n}: {int(parts[0].sum())} pairs")
@@ -140,9 +140,9 @@ def figure3(n: int = 36, stride: int = 6, c: int = 1, query: int = 27):
     """The paper's Figure 3 for an image of ``stride`` x ``stride`` pixels:
     top row, for pixel ``query``, which pixels each head reads on the image grid;
     bottom row, the n x n connectivity matrices; (a) full, (b) strided, (c) fixed."""
-    full = P.full(n)
-    s1, s2 = P.strided(n, stride)
-    f1, f2 = P.fixed(n, stride, c)
+    full = patterns.full(n)
+    s1, s2 = patterns.strided(n, stride)
+    f1, f2 = patterns.fixed(n, stride, c)
     panels = [("(a) Transformer (full)", full, None),
               (f"(b) Sparse Transformer (strided, l={stride})", s1, s2),
               (f"(c) Sparse Transformer (fixed, l={stride}, c={c})", f1, f2)]
@@ -186,7 +186,7 @@ def head_parts(pattern: str, n: int, role, **params) -> tuple[np.ndarray, np.nda
     """(A(1), A(2)) as the head of ``reference.heads.HeadRole`` ``role`` reads them:
     a part the head does not read is all False; a fixed head's A(2) is its own
     summary sub-block (its rank)."""
-    masks = P.factorized(pattern, n, role.rank or 0, **params)
+    masks = patterns.factorized(pattern, n, role.rank or 0, **params)
     names = PARTS[pattern]
     return tuple(m if role.reads(name) else np.zeros_like(m) for m, name in zip(masks, names))
 
@@ -215,7 +215,8 @@ def plot_combine_modes(pattern: str, n: int, n_heads: int,
     fig, axes = plt.subplots(len(rows), n_heads, figsize=(2.3 * n_heads, 2.45 * len(rows)),
                              squeeze=False)
     for (combine, layer), ax_row in zip(rows, axes):
-        masks = P.head_masks(pattern, n, n_heads, combine, layer=layer, **params)  # (H, n, n)
+        masks = patterns.head_masks(pattern, n, n_heads, combine, layer=layer,
+                                    **params)                                  # (H, n, n)
         roles = head_roles(pattern, n_heads, combine, layer, stride=stride, c=c)
         parts = [head_parts(pattern, n, role, **params) for role in roles]
         titles = [role_title(role, stride, c) for role in roles]

@@ -6,7 +6,7 @@ folded into an (n/l, l) grid. Three panels:
 the sequence (one colour per column s = i mod l), the (n/l, l) grid it folds
 into, and the transposed (l, n/l) grid in which every column of the grid -- the
 keys of the strided head A(2) -- is one contiguous row, so A(2) is plain causal
-attention along rows (``fast.backends.strided.Column``). The query and its keys are
+attention along rows (``fast.backends.structured.strided.Column``). The query and its keys are
 outlined.
 
 ``plot_cost`` draws what O(n sqrt n) means (sec. 4.2): the query-key pairs of a

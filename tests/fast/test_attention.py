@@ -17,7 +17,8 @@ import torch
 from fast import attention as fast_attention
 from fast import sparse_attention
 from fast.attention import _triton_available, resolve_backend
-from fast.backends import flash_cpu, strided
+from fast.backends import flash_cpu
+from fast.backends.structured import strided
 from fast.core.merge import merge, merge_into
 from fast.measure.memory import peak_rss
 from reference import patterns

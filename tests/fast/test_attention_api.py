@@ -110,7 +110,7 @@ def test_grouped_key_value_heads(pattern, params, combine, H, backend):
 def test_structured_grouped_heads_take_views_of_k_and_v(monkeypatch):
     """The structured pieces of a grouped call read k and v themselves (views), never a
     copy made per query head: every key tensor a piece gets shares k's storage."""
-    from fast.backends import strided
+    from fast.backends.structured import strided
 
     seen = []
     forward = strided.Column.forward

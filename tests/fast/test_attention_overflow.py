@@ -147,7 +147,7 @@ def test_backward_through_the_structured_path_is_exact(case):
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("pattern,params", PATTERNS)
 def test_one_query_and_the_cache_step_are_exact_or_nan(pattern, params, case):
-    """The one-query step (``fast.backends.row``) and ``SparseKVCache.step`` (decoding),
+    """The one-query step (``fast.backends.one_query``) and ``SparseKVCache.step`` (decoding),
     position by position."""
     q, k, v = _inputs(case)
     want = _reference(q, k, v, pattern, params)

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference import patterns as P
+from reference import patterns
 from reference.attention import attend, attend_backward
 from tests.conftest import make_qkv
 
@@ -60,7 +60,7 @@ def finite_difference(f, x, index, eps=1e-6):
 
 def fixed_summary(n, l=4, c=1):
     """A mask with empty rows: A(2) of the fixed pattern, rows 0..l-c-1 read nothing."""
-    return P.fixed(n, l, c)[1]
+    return patterns.fixed(n, l, c)[1]
 
 
 # ----------------------------------------------------------------------------
@@ -70,11 +70,11 @@ def fixed_summary(n, l=4, c=1):
 @pytest.mark.parametrize("pattern,params", [
     ("full", {}), ("strided", {"stride": 5}), ("fixed", {"stride": 6, "c": 2}),
 ])
-@pytest.mark.parametrize("combine", P.COMBINES)
+@pytest.mark.parametrize("combine", patterns.COMBINES)
 def test_attend_matches_rows(pattern, params, combine):
     n, d, H = 23, 6, 3
     q, k, v = make_qkv(n, d, (H,), seed=1, d_v=5)
-    masks = P.head_masks(pattern, n, H, combine, layer=1, **params)   # (H, n, n)
+    masks = patterns.head_masks(pattern, n, H, combine, layer=1, **params)   # (H, n, n)
     out, lse = attend(q, k, v, masks)
     assert out.shape == (H, n, 5) and lse.shape == (H, n)
     for h in range(H):
@@ -87,7 +87,7 @@ def test_attend_matches_rows(pattern, params, combine):
 def test_lse_is_log_sum_exp_of_allowed_scores():
     n, d = 17, 4
     q, k, v = make_qkv(n, d, seed=2)
-    mask = P.union(*P.strided(n, 3))
+    mask = patterns.union(*patterns.strided(n, 3))
     _, lse = attend(q, k, v, mask, scale=0.7)
     scores = 0.7 * q @ k.T                     # (n, n)
     for i in range(n):
@@ -97,7 +97,7 @@ def test_lse_is_log_sum_exp_of_allowed_scores():
 def test_custom_scale_and_large_scores():
     n, d = 12, 3
     q, k, v = make_qkv(n, d, seed=3)
-    mask = P.full(n)
+    mask = patterns.full(n)
     out, lse = attend(q, k, v, mask, scale=0.25)
     want_out, want_lse = attend_rows(q, k, v, mask, scale=0.25)
     np.testing.assert_allclose(out, want_out, rtol=1e-12, atol=1e-12)
@@ -131,7 +131,7 @@ def test_empty_rows_give_zero_and_minus_inf():
 def test_broadcast_batch_and_determinism():
     n, d, B, H = 19, 4, 2, 3
     q, k, v = make_qkv(n, d, (B, H), seed=5)
-    mask = P.union(*P.fixed(n, 5, 2))          # (n, n) broadcasts over (B, H)
+    mask = patterns.union(*patterns.fixed(n, 5, 2))          # (n, n) broadcasts over (B, H)
     out, lse = attend(q, k, v, mask)
     assert out.shape == (B, H, n, d) and lse.shape == (B, H, n)
     for b in range(B):
@@ -156,7 +156,7 @@ def test_lse_merge_of_disjoint_parts(n, l, c):
     """attend over A | B equals the lse-weighted merge of attend over A and over B
     (A, B disjoint): the identity fast kernels use to merge heads and blocks."""
     q, k, v = make_qkv(n, 8, seed=6)
-    for a1, a2 in (P.strided(n, l), P.fixed(n, l, c)):
+    for a1, a2 in (patterns.strided(n, l), patterns.fixed(n, l, c)):
         a, b = a1 & ~a2, a2                    # disjoint, union unchanged
         want_out, want_lse = attend(q, k, v, a | b)
         got_out, got_lse = merge(*attend(q, k, v, a), *attend(q, k, v, b))
@@ -172,8 +172,8 @@ def test_lse_merge_of_disjoint_parts(n, l, c):
 def test_backward_matches_finite_differences(mask_name):
     n, d = 11, 4
     mask = {"summary_with_empty_rows": fixed_summary(n, 4, 2),
-            "strided_merged": P.union(*P.strided(n, 3)),
-            "full": P.full(n)}[mask_name]
+            "strided_merged": patterns.union(*patterns.strided(n, 3)),
+            "full": patterns.full(n)}[mask_name]
     q, k, v = make_qkv(n, d, seed=7, d_v=3)
     g = np.random.default_rng(8).standard_normal((n, 3))
     dq, dk, dv = attend_backward(q, k, v, mask, g, scale=0.6)
@@ -217,7 +217,7 @@ def test_backward_empty_rows_have_zero_gradient():
 def test_backward_batched_matches_per_head():
     n, d, H = 15, 3, 2
     q, k, v = make_qkv(n, d, (H,), seed=12)
-    masks = P.head_masks("fixed", n, H, "multihead", stride=4, c=2)
+    masks = patterns.head_masks("fixed", n, H, "multihead", stride=4, c=2)
     g = np.random.default_rng(13).standard_normal((H, n, d))
     grads = attend_backward(q, k, v, masks, g)
     for h in range(H):
@@ -234,8 +234,8 @@ def problems(draw):
     n = draw(st.integers(1, 40))
     d = draw(st.integers(1, 8))
     stride = draw(st.integers(1, 10))
-    pattern = draw(st.sampled_from(P.PATTERNS))
-    combine = draw(st.sampled_from(P.COMBINES))
+    pattern = draw(st.sampled_from(patterns.PATTERNS))
+    combine = draw(st.sampled_from(patterns.COMBINES))
     H = draw(st.integers(1, 3))
     layer = draw(st.integers(0, 1))
     params = {}
@@ -260,7 +260,7 @@ def problems(draw):
 def test_attend_random(problem):
     n, d, H, pattern, combine, layer, params, seed = problem
     q, k, v = make_qkv(n, d, (H,), seed=seed)
-    masks = P.head_masks(pattern, n, H, combine, layer=layer, **params)
+    masks = patterns.head_masks(pattern, n, H, combine, layer=layer, **params)
     out, lse = attend(q, k, v, masks)
     assert not np.any(np.isnan(out)) and not np.any(np.isnan(lse))
     for h in range(H):
@@ -283,7 +283,7 @@ def test_attend_random(problem):
 
 def _bad_cases():
     q, k, v = make_qkv(6, 4)
-    m = P.full(6)
+    m = patterns.full(6)
     nan = q.copy()
     nan[2, 1] = np.nan
     inf = v.copy()
@@ -322,7 +322,7 @@ def test_bad_input(name, args, match):
 
 def test_bad_scale_and_grad_out():
     q, k, v = make_qkv(6, 4)
-    m = P.full(6)
+    m = patterns.full(6)
     with pytest.raises(ValueError, match="scale must be finite"):
         attend(q, k, v, m, scale=np.inf)
     with pytest.raises(ValueError, match="grad_out must have the output's shape"):
@@ -354,7 +354,7 @@ def test_keep_of_a_wrong_shape_is_named(shape):
     q, k, v = make_qkv(6, 4)
     with pytest.raises(ValueError, match=f"keep of shape {re.escape(str(shape))} does not "
                                          f"broadcast to the weights' shape .* = \\(6, 6\\)"):
-        _both(q, k, v, P.full(6), keep=np.ones(shape, bool), dropout_p=0.5)
+        _both(q, k, v, patterns.full(6), keep=np.ones(shape, bool), dropout_p=0.5)
 
 
 @pytest.mark.parametrize("p", ["0.5", True, False, np.True_, None, 0.5 + 0j, np.array(0.5),
@@ -365,14 +365,14 @@ def test_dropout_p_must_be_a_real_number_in_0_1(p, with_keep):
     q, k, v = make_qkv(6, 4)
     keep = np.ones((6, 6), bool) if with_keep else None
     with pytest.raises(ValueError, match=r"dropout_p must be a real number in \[0, 1\), got"):
-        _both(q, k, v, P.full(6), keep=keep, dropout_p=p)
+        _both(q, k, v, patterns.full(6), keep=keep, dropout_p=p)
 
 
 def test_dropout_scales_the_kept_weights():
     q, k, v = make_qkv(6, 4)
-    m = P.full(6)
+    m = patterns.full(6)
     rows = np.arange(6) % 2 == 0                                  # keep the even keys
-    want = (P.full(6) * rows) / m.sum(1, keepdims=True)           # q = 0: uniform weights
+    want = (patterns.full(6) * rows) / m.sum(1, keepdims=True)           # q = 0: uniform weights
     for p in (0, 0.25, np.float32(0.5)):
         out, _ = attend(np.zeros_like(q), k, v, m, keep=rows[None, :], dropout_p=p)
         np.testing.assert_allclose(out, want / (1 - float(p)) @ v, rtol=1e-12)

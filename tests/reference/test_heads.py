@@ -16,7 +16,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from reference import patterns as P
+from reference import patterns
 from reference.heads import PARTS, HeadRole, head_roles, summary_range
 
 # odd n (not a multiple of l), 1 and several heads, c dividing l or not (one summary rank)
@@ -42,17 +42,17 @@ def expected_parts(pattern: str, h: int, combine: str, layer: int) -> tuple[str,
 def part_mask(pattern, name, n, rank, params) -> np.ndarray:
     """One named part as a mask, from the functions of reference.patterns."""
     if pattern == "full":
-        return P.full(n)
+        return patterns.full(n)
     if pattern == "longformer":
-        return P.longformer(n, **params)
+        return patterns.longformer(n, **params)
     if pattern == "bigbird":
-        return P.bigbird(n, **params)
+        return patterns.bigbird(n, **params)
     if pattern == "strided":
-        return P.strided(n, params["stride"])[("local", "column").index(name)]
-    return P.fixed(n, params["stride"], params["c"], rank)[("block", "summary").index(name)]
+        return patterns.strided(n, params["stride"])[("local", "column").index(name)]
+    return patterns.fixed(n, params["stride"], params["c"], rank)[("block", "summary").index(name)]
 
 
-@pytest.mark.parametrize("combine", P.COMBINES)
+@pytest.mark.parametrize("combine", patterns.COMBINES)
 @pytest.mark.parametrize("pattern,n,n_heads,params", CASES)
 def test_roles_follow_the_table(pattern, n, n_heads, params, combine):
     for layer in (0, 1, 2, 3):
@@ -92,17 +92,17 @@ def test_roles_are_frozen_and_need_fixed_parameters():
 
 def test_single_part_patterns_ignore_combine_and_layer():
     for pattern in ("full", "longformer", "bigbird"):
-        for combine in P.COMBINES:
+        for combine in patterns.COMBINES:
             for layer in (0, 1):
                 roles = head_roles(pattern, 4, combine, layer)
                 assert all(r.parts == (pattern,) for r in roles)
 
 
-@pytest.mark.parametrize("combine", P.COMBINES)
+@pytest.mark.parametrize("combine", patterns.COMBINES)
 @pytest.mark.parametrize("pattern,n,n_heads,params", CASES)
 def test_head_masks_are_the_union_the_table_names(pattern, n, n_heads, params, combine):
     for layer in (0, 1):
-        masks = P.head_masks(pattern, n, n_heads, combine, layer, **params)
+        masks = patterns.head_masks(pattern, n, n_heads, combine, layer, **params)
         assert masks.shape == (n_heads, n, n) and masks.dtype == np.bool_
         for h in range(n_heads):
             rank = h // 2 if combine == "multihead" else h
@@ -114,7 +114,7 @@ def test_head_masks_are_the_union_the_table_names(pattern, n, n_heads, params, c
 
 @pytest.mark.parametrize("pattern,n,n_heads,params", CASES)
 def test_factorized_names_every_part(pattern, n, n_heads, params):
-    parts = P.factorized(pattern, n, **params)
+    parts = patterns.factorized(pattern, n, **params)
     assert len(parts) == len(PARTS[pattern])
     for name, mask in zip(PARTS[pattern], parts):
         np.testing.assert_array_equal(mask, part_mask(pattern, name, n, 0, params))
@@ -122,15 +122,15 @@ def test_factorized_names_every_part(pattern, n, n_heads, params):
 
 def test_neighbours_read_one_mask_in_every_head():
     n = 31
-    lf = P.longformer(n, 4, 3, [2, 30])
-    bb = P.bigbird(n, 2, 3, 2, seed=7)
-    for combine in P.COMBINES:
+    lf = patterns.longformer(n, 4, 3, [2, 30])
+    bb = patterns.bigbird(n, 2, 3, 2, seed=7)
+    for combine in patterns.COMBINES:
         for layer in (0, 1):
-            got = P.head_masks("longformer", n, 3, combine, layer, window=4, dilation=3,
+            got = patterns.head_masks("longformer", n, 3, combine, layer, window=4, dilation=3,
                                global_tokens=[30, 2])
             np.testing.assert_array_equal(got, np.broadcast_to(lf, (3, n, n)))
-            got = P.head_masks("bigbird", n, 2, combine, layer, window=2, n_random=3,
+            got = patterns.head_masks("bigbird", n, 2, combine, layer, window=2, n_random=3,
                                n_global=2, seed=7)
             np.testing.assert_array_equal(got, np.broadcast_to(bb, (2, n, n)))
     with pytest.raises(ValueError, match="needs the parameter 'window'"):
-        P.head_masks("longformer", n, 1)
+        patterns.head_masks("longformer", n, 1)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference import patterns as P
+from reference import patterns
 from reference.counts import keys_per_query
 
 # (n, l, c) with n not a multiple of l, n < l, n == l, c == l, c == 1, c not dividing l.
@@ -38,7 +38,7 @@ def summary_count(i: np.ndarray, l: int, lo: int, hi: int) -> np.ndarray:
 
 def test_full_reads_i_plus_one():
     for n in (1, 2, 17, 64):
-        m = P.full(n)
+        m = patterns.full(n)
         i = np.arange(n)
         assert m.dtype == np.bool_ and m.shape == (n, n)
         np.testing.assert_array_equal(m.sum(1), i + 1)
@@ -46,23 +46,24 @@ def test_full_reads_i_plus_one():
 
 @pytest.mark.parametrize("n,l,c", SIZES)
 def test_strided_counts(n, l, c):
-    local, column = P.strided(n, l)
+    local, column = patterns.strided(n, l)
     i = np.arange(n)
     np.testing.assert_array_equal(local.sum(1), np.minimum(i + 1, l))
     np.testing.assert_array_equal(column.sum(1), i // l + 1)
     # local and column share only i itself, so the merged head reads
     # min(i+1, l) + floor(i/l) positions.
-    np.testing.assert_array_equal(P.union(local, column).sum(1), np.minimum(i + 1, l) + i // l)
+    np.testing.assert_array_equal(patterns.union(local, column).sum(1), np.minimum(i + 1,
+                                                                                   l) + i // l)
 
 
 @pytest.mark.parametrize("n,l,c", SIZES)
 def test_fixed_counts(n, l, c):
-    block, summary = P.fixed(n, l, c)
+    block, summary = patterns.fixed(n, l, c)
     i = np.arange(n)
     np.testing.assert_array_equal(block.sum(1), i % l + 1)
     np.testing.assert_array_equal(summary.sum(1), summary_count(i, l, l - c, l))
     # every earlier block gives its c summaries, the own block all of i's prefix
-    np.testing.assert_array_equal(P.union(block, summary).sum(1), i % l + 1 + (i // l) * c)
+    np.testing.assert_array_equal(patterns.union(block, summary).sum(1), i % l + 1 + (i // l) * c)
 
 
 @pytest.mark.parametrize("l,c", [(6, 2), (8, 2), (12, 3), (12, 4), (5, 5), (7, 1)])
@@ -72,28 +73,28 @@ def test_fixed_summary_sub_blocks(l, c):
     per_block = l // c
     seen = np.zeros(n, dtype=int)  # how many heads read column j (at row n-1)
     for head in range(2 * per_block):
-        lo, hi = P.summary_range(l, c, head)
+        lo, hi = patterns.summary_range(l, c, head)
         k = head % per_block
         assert (lo, hi) == (l - (k + 1) * c, l - k * c)
-        _, summary = P.fixed(n, l, c, head)
+        _, summary = patterns.fixed(n, l, c, head)
         np.testing.assert_array_equal(summary.sum(1), summary_count(i, l, lo, hi))
         if head < per_block:
             seen += summary[-1]
     # the first l/c heads read distinct sub-blocks that tile every complete block
     assert np.all(seen[: (n // l) * l] == 1)
     # head 0 is the single-head pattern: the last c positions of each block
-    assert P.summary_range(l, c, 0) == (l - c, l)
+    assert patterns.summary_range(l, c, 0) == (l - c, l)
 
 
 @pytest.mark.parametrize("n,l,c", SIZES)
 def test_causal(n, l, c):
     upper = np.triu(np.ones((n, n), dtype=bool), k=1)
-    masks = [P.full(n), *P.strided(n, l), *P.fixed(n, l, c)]
-    masks += [P.longformer(n, 3, 2, [0, n - 1]), P.bigbird(n, 2, 3, 1, seed=5)]
-    for combine in P.COMBINES:
+    masks = [patterns.full(n), *patterns.strided(n, l), *patterns.fixed(n, l, c)]
+    masks += [patterns.longformer(n, 3, 2, [0, n - 1]), patterns.bigbird(n, 2, 3, 1, seed=5)]
+    for combine in patterns.COMBINES:
         for pattern, params in [("full", {}), ("strided", {"stride": l}),
                                 ("fixed", {"stride": l, "c": c})]:
-            masks += list(P.head_masks(pattern, n, 1, combine, **params))
+            masks += list(patterns.head_masks(pattern, n, 1, combine, **params))
     for m in masks:
         assert not np.any(m & upper)
         assert m.dtype == np.bool_
@@ -114,7 +115,7 @@ def reach_two_hops(a1: np.ndarray, a2: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("n,l,c", SIZES + [(30, 4, 3), (45, 9, 2), (16, 1, 1)])
 def test_two_hop_connectivity(n, l, c):
     lower = np.tril(np.ones((n, n), dtype=bool))
-    for a1, a2 in (P.strided(n, l), P.fixed(n, l, c)):
+    for a1, a2 in (patterns.strided(n, l), patterns.fixed(n, l, c)):
         reach = reach_two_hops(a1, a2)
         np.testing.assert_array_equal(reach, lower)  # all of j <= i, nothing above
 
@@ -123,7 +124,7 @@ def test_two_hops_are_needed():
     """One head alone does not connect everything: the factorization matters."""
     n, l, c = 20, 4, 1
     lower = np.tril(np.ones((n, n), dtype=bool))
-    for a1, a2 in (P.strided(n, l), P.fixed(n, l, c)):
+    for a1, a2 in (patterns.strided(n, l), patterns.fixed(n, l, c)):
         assert not np.array_equal(a1 | a2, lower)
         one = a1.astype(np.int64)
         assert not np.array_equal((one @ one > 0) | a1, lower)  # A(1) twice is not enough
@@ -136,52 +137,52 @@ def test_two_hops_are_needed():
 @pytest.mark.parametrize("n,l,c", [(37, 6, 2), (20, 4, 4), (29, 8, 2)])
 def test_combine_modes(n, l, c):
     H = 5
-    cases = [("strided", {"stride": l}, lambda h: P.strided(n, l)),
-             ("fixed", {"stride": l, "c": c}, lambda r: P.fixed(n, l, c, r))]
+    cases = [("strided", {"stride": l}, lambda h: patterns.strided(n, l)),
+             ("fixed", {"stride": l, "c": c}, lambda r: patterns.fixed(n, l, c, r))]
     for pattern, params, parts in cases:
-        merged = P.head_masks(pattern, n, H, "merged", **params)
-        multi = P.head_masks(pattern, n, H, "multihead", **params)
+        merged = patterns.head_masks(pattern, n, H, "merged", **params)
+        multi = patterns.head_masks(pattern, n, H, "multihead", **params)
         assert merged.shape == multi.shape == (H, n, n)
         for h in range(H):
-            np.testing.assert_array_equal(merged[h], P.union(*parts(h)))
+            np.testing.assert_array_equal(merged[h], patterns.union(*parts(h)))
             # multihead: even heads read A(1), odd heads A(2) (its summary rank h // 2)
             np.testing.assert_array_equal(multi[h], parts(h // 2)[h % 2])
         for layer in range(4):
-            inter = P.head_masks(pattern, n, H, "interleaved", layer=layer, **params)
+            inter = patterns.head_masks(pattern, n, H, "interleaved", layer=layer, **params)
             for h in range(H):
                 np.testing.assert_array_equal(inter[h], parts(h)[layer % 2])
             # layers of the same parity are identical, of different parity not
-            other = P.head_masks(pattern, n, H, "interleaved", layer=layer + 1, **params)
-            again = P.head_masks(pattern, n, H, "interleaved", layer=layer + 2, **params)
+            other = patterns.head_masks(pattern, n, H, "interleaved", layer=layer + 1, **params)
+            again = patterns.head_masks(pattern, n, H, "interleaved", layer=layer + 2, **params)
             np.testing.assert_array_equal(inter, again)
             assert not np.array_equal(inter, other)
 
 
 def test_full_identical_in_all_modes():
     n, H = 23, 3
-    want = np.broadcast_to(P.full(n), (H, n, n))
-    for combine in P.COMBINES:
+    want = np.broadcast_to(patterns.full(n), (H, n, n))
+    for combine in patterns.COMBINES:
         for layer in (0, 1):
-            np.testing.assert_array_equal(P.head_masks("full", n, H, combine, layer), want)
+            np.testing.assert_array_equal(patterns.head_masks("full", n, H, combine, layer), want)
 
 
-@pytest.mark.parametrize("combine", P.COMBINES)
+@pytest.mark.parametrize("combine", patterns.COMBINES)
 def test_fixed_heads_read_distinct_sub_blocks(combine):
     n, l, c, H = 40, 8, 2, 8
     per_block = l // c
     layer = 1  # interleaved: layer 1 reads A(2), the summaries
-    masks = P.head_masks("fixed", n, H, combine, layer=layer, stride=l, c=c)
+    masks = patterns.head_masks("fixed", n, H, combine, layer=layer, stride=l, c=c)
     readers = [h for h in range(H) if combine != "multihead" or h % 2 == 1]
-    block, _ = P.fixed(n, l, c)
+    block, _ = patterns.fixed(n, l, c)
     # the summary part of each reading head, as the set of (j mod l) it reads
     summaries = []
     for h in readers:
         s = masks[h] & ~block if combine == "merged" else masks[h]
         cols = np.unique(np.nonzero(s)[1] % l)
         summaries.append(tuple(cols))
-        r = P.summary_rank(h, combine)
+        r = patterns.summary_rank(h, combine)
         assert r == (h // 2 if combine == "multihead" else h)
-        lo, hi = P.summary_range(l, c, r)
+        lo, hi = patterns.summary_range(l, c, r)
         assert summaries[-1] == tuple(range(lo, hi))
     # the first l/c summary readers read pairwise distinct sub-blocks, then it repeats
     first = summaries[:per_block]
@@ -193,16 +194,16 @@ def test_fixed_heads_read_distinct_sub_blocks(combine):
 def test_fixed_several_heads_need_c_dividing_l():
     n, l, c = 20, 6, 4
     for combine in ("merged", "interleaved"):
-        P.head_masks("fixed", n, 1, combine, stride=l, c=c)  # one head: fine
+        patterns.head_masks("fixed", n, 1, combine, stride=l, c=c)  # one head: fine
         with pytest.raises(ValueError, match="multiple of c"):
-            P.head_masks("fixed", n, 2, combine, stride=l, c=c)
+            patterns.head_masks("fixed", n, 2, combine, stride=l, c=c)
     # multihead: heads 0 and 1 are one block head and one summary head, so a
     # second summary head (and so the error) comes only with 3 heads
-    P.head_masks("fixed", n, 2, "multihead", stride=l, c=c)
+    patterns.head_masks("fixed", n, 2, "multihead", stride=l, c=c)
     with pytest.raises(ValueError, match="multiple of c"):
-        P.head_masks("fixed", n, 3, "multihead", stride=l, c=c)
+        patterns.head_masks("fixed", n, 3, "multihead", stride=l, c=c)
     with pytest.raises(ValueError, match="multiple of c"):
-        P.fixed(n, l, c, head=1)
+        patterns.fixed(n, l, c, head=1)
 
 
 # ----------------------------------------------------------------------------
@@ -211,7 +212,7 @@ def test_fixed_several_heads_need_c_dividing_l():
 
 @pytest.mark.parametrize("n,w,r", [(1, 1, 1), (30, 4, 1), (31, 3, 2), (40, 5, 3), (9, 20, 2)])
 def test_longformer_window_and_dilation(n, w, r):
-    m = P.longformer(n, w, r)
+    m = patterns.longformer(n, w, r)
     i = np.arange(n)
     np.testing.assert_array_equal(m.sum(1), np.minimum(w, i // r + 1))
     back = i[:, None] - i[None, :]
@@ -221,8 +222,8 @@ def test_longformer_window_and_dilation(n, w, r):
 
 def test_longformer_global_tokens():
     n, w, r, g = 30, 3, 2, [0, 7, 7, 19]
-    m = P.longformer(n, w, r, g)
-    base = P.longformer(n, w, r)
+    m = patterns.longformer(n, w, r, g)
+    base = patterns.longformer(n, w, r)
     for t in set(g):
         np.testing.assert_array_equal(m[t, : t + 1], True)      # reads all j <= t
         np.testing.assert_array_equal(m[t:, t], True)           # read by all i >= t
@@ -231,19 +232,19 @@ def test_longformer_global_tokens():
     keep = np.ix_(other, other)
     np.testing.assert_array_equal(m[keep], base[keep])  # the rest is the window
     with pytest.raises(ValueError, match="global token"):
-        P.longformer(n, w, r, [n])
+        patterns.longformer(n, w, r, [n])
     with pytest.raises(ValueError, match="window"):
-        P.longformer(n, 0)
+        patterns.longformer(n, 0)
     with pytest.raises(ValueError, match="dilation"):
-        P.longformer(n, 2, 0)
+        patterns.longformer(n, 2, 0)
 
 
 def test_bigbird_random_keys():
     n, k = 50, 4
-    keys = P.bigbird_random_keys(n, k, seed=3)
+    keys = patterns.bigbird_random_keys(n, k, seed=3)
     assert keys.shape == (n, k)
-    np.testing.assert_array_equal(keys, P.bigbird_random_keys(n, k, seed=3))  # deterministic
-    assert not np.array_equal(keys, P.bigbird_random_keys(n, k, seed=4))     # seeded
+    np.testing.assert_array_equal(keys, patterns.bigbird_random_keys(n, k, seed=3))  # deterministic
+    assert not np.array_equal(keys, patterns.bigbird_random_keys(n, k, seed=4))     # seeded
     for i in range(n):
         row = keys[i][keys[i] >= 0]
         assert len(row) == min(k, i + 1)                 # all of [0, i] when i + 1 <= k
@@ -252,26 +253,26 @@ def test_bigbird_random_keys():
         assert np.all(keys[i][len(row):] == -1)          # padding after the keys
     # roughly uniform over earlier positions: late rows do reach back far
     assert keys[n // 2:].min() < n // 4
-    assert P.bigbird_random_keys(5, 0).shape == (5, 0)
+    assert patterns.bigbird_random_keys(5, 0).shape == (5, 0)
 
 
 def test_bigbird_mask():
     n, w, k, g, seed = 41, 3, 2, 2, 9
-    m = P.bigbird(n, w, k, g, seed=seed)
-    keys = P.bigbird_random_keys(n, k, seed)
-    want = P.longformer(n, w, 1, range(g))
+    m = patterns.bigbird(n, w, k, g, seed=seed)
+    keys = patterns.bigbird_random_keys(n, k, seed)
+    want = patterns.longformer(n, w, 1, range(g))
     for i in range(n):
         want[i, keys[i][keys[i] >= 0]] = True
     np.testing.assert_array_equal(m, want)
-    np.testing.assert_array_equal(m, P.bigbird(n, w, k, g, seed=seed))
+    np.testing.assert_array_equal(m, patterns.bigbird(n, w, k, g, seed=seed))
     assert not np.any(np.triu(m, 1))
     i = np.arange(n)
     assert np.all(m.sum(1) <= np.minimum(i + 1, w + k + g))
     assert np.all(m.sum(1) >= np.minimum(i + 1, w))
     with pytest.raises(ValueError, match="n_global"):
-        P.bigbird(n, w, k, n + 1)
+        patterns.bigbird(n, w, k, n + 1)
     with pytest.raises(ValueError, match="n_random"):
-        P.bigbird(n, w, -1, 0)
+        patterns.bigbird(n, w, -1, 0)
 
 
 # ----------------------------------------------------------------------------
@@ -285,11 +286,11 @@ def test_closed_forms_random(n, l, c, head):
     if head > 0 and l % c:
         c = 1
     i = np.arange(n)
-    local, column = P.strided(n, l)
+    local, column = patterns.strided(n, l)
     np.testing.assert_array_equal(local.sum(1), np.minimum(i + 1, l))
     np.testing.assert_array_equal(column.sum(1), i // l + 1)
-    block, summary = P.fixed(n, l, c, head)
-    lo, hi = P.summary_range(l, c, head)
+    block, summary = patterns.fixed(n, l, c, head)
+    lo, hi = patterns.summary_range(l, c, head)
     np.testing.assert_array_equal(block.sum(1), i % l + 1)
     np.testing.assert_array_equal(summary.sum(1), summary_count(i, l, lo, hi))
     if head == 0:
@@ -303,27 +304,27 @@ def test_closed_forms_random(n, l, c, head):
 # ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: P.full(0), "n must be an integer >= 1"),
-    (lambda: P.full(3.0), "n must be an integer >= 1"),
-    (lambda: P.full(True), "n must be an integer >= 1"),
-    (lambda: P.strided(8, 0), "stride l must be an integer >= 1, got 0"),
-    (lambda: P.strided(8, -2), "stride"),
-    (lambda: P.fixed(8, 4, 0), "summary width c must be an integer >= 1, got 0"),
-    (lambda: P.fixed(8, 4, 5), "c=5 > l=4"),
-    (lambda: P.fixed(8, 6, 4, head=1), "l=6, c=4"),
-    (lambda: P.fixed(8, 4, 2, head=-1), "head index"),
-    (lambda: P.union(), "at least one mask"),
-    (lambda: P.union(P.full(3), P.full(4)), "one shape"),
-    (lambda: P.head_masks("dense", 8, 1), "pattern must be one of"),
-    (lambda: P.head_masks("full", 8, 1, "sum"), "combine must be one of"),
-    (lambda: P.head_masks("full", 8, 0), "n_heads"),
-    (lambda: P.head_masks("full", 8, 1, layer=-1), "layer"),
-    (lambda: P.head_masks("full", 0, 1), "n must be"),
-    (lambda: P.head_masks("strided", 8, 1), "needs the parameter 'stride'"),
-    (lambda: P.head_masks("fixed", 8, 1, stride=4), "needs the parameter 'c'"),
-    (lambda: P.head_masks("fixed", 8, 1, stride=4, c=8), "c=8 > l=4"),
-    (lambda: P.head_masks("full", 8, 1, stride=4), "unexpected \\['stride'\\]"),
-    (lambda: P.head_masks("strided", 8, 1, stride=4, c=2), "unexpected \\['c'\\]"),
+    (lambda: patterns.full(0), "n must be an integer >= 1"),
+    (lambda: patterns.full(3.0), "n must be an integer >= 1"),
+    (lambda: patterns.full(True), "n must be an integer >= 1"),
+    (lambda: patterns.strided(8, 0), "stride l must be an integer >= 1, got 0"),
+    (lambda: patterns.strided(8, -2), "stride"),
+    (lambda: patterns.fixed(8, 4, 0), "summary width c must be an integer >= 1, got 0"),
+    (lambda: patterns.fixed(8, 4, 5), "c=5 > l=4"),
+    (lambda: patterns.fixed(8, 6, 4, head=1), "l=6, c=4"),
+    (lambda: patterns.fixed(8, 4, 2, head=-1), "head index"),
+    (lambda: patterns.union(), "at least one mask"),
+    (lambda: patterns.union(patterns.full(3), patterns.full(4)), "one shape"),
+    (lambda: patterns.head_masks("dense", 8, 1), "pattern must be one of"),
+    (lambda: patterns.head_masks("full", 8, 1, "sum"), "combine must be one of"),
+    (lambda: patterns.head_masks("full", 8, 0), "n_heads"),
+    (lambda: patterns.head_masks("full", 8, 1, layer=-1), "layer"),
+    (lambda: patterns.head_masks("full", 0, 1), "n must be"),
+    (lambda: patterns.head_masks("strided", 8, 1), "needs the parameter 'stride'"),
+    (lambda: patterns.head_masks("fixed", 8, 1, stride=4), "needs the parameter 'c'"),
+    (lambda: patterns.head_masks("fixed", 8, 1, stride=4, c=8), "c=8 > l=4"),
+    (lambda: patterns.head_masks("full", 8, 1, stride=4), "unexpected \\['stride'\\]"),
+    (lambda: patterns.head_masks("strided", 8, 1, stride=4, c=2), "unexpected \\['c'\\]"),
 ])
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
@@ -337,11 +338,11 @@ def test_bad_input(call, match):
 
 @pytest.mark.parametrize("n,l,c", SIZES)
 def test_keys_per_query_matches_masks(n, l, c):
-    np.testing.assert_array_equal(keys_per_query("full", n), P.full(n).sum(1))
+    np.testing.assert_array_equal(keys_per_query("full", n), patterns.full(n).sum(1))
     for pattern, kw in (("strided", {"stride": l}), ("fixed", {"stride": l, "c": c})):
         heads = range(3) if pattern == "fixed" and l % c == 0 else [0]
         for head in heads:
-            a1, a2 = P.factorized(pattern, n, head, **kw)
+            a1, a2 = patterns.factorized(pattern, n, head, **kw)
             for part, mask in (("A1", a1), ("A2", a2), ("merged", a1 | a2)):
                 got = keys_per_query(pattern, n, part, head=head, **kw)
                 np.testing.assert_array_equal(got, mask.sum(1))
@@ -362,12 +363,13 @@ def test_keys_per_query_full_has_no_parts(part):
 @pytest.mark.parametrize("call,pattern,given", [
     (lambda h: keys_per_query("strided", 9, "A2", stride=2, head=h), "strided", 7),
     (lambda h: keys_per_query("full", 9, head=h), "full", 1),
-    (lambda h: P.factorized("strided", 9, h, stride=2), "strided", 7),
-    (lambda h: P.factorized("strided", 9, h, stride=2), "strided", -1),
-    (lambda h: P.factorized("strided", 9, h, stride=2), "strided", 0.0),
-    (lambda h: P.factorized("full", 9, h), "full", True),
-    (lambda h: P.factorized("longformer", 9, h, window=3), "longformer", 1),
-    (lambda h: P.factorized("bigbird", 9, h, window=3, n_random=1, n_global=1), "bigbird", 2),
+    (lambda h: patterns.factorized("strided", 9, h, stride=2), "strided", 7),
+    (lambda h: patterns.factorized("strided", 9, h, stride=2), "strided", -1),
+    (lambda h: patterns.factorized("strided", 9, h, stride=2), "strided", 0.0),
+    (lambda h: patterns.factorized("full", 9, h), "full", True),
+    (lambda h: patterns.factorized("longformer", 9, h, window=3), "longformer", 1),
+    (lambda h: patterns.factorized("bigbird", 9, h, window=3, n_random=1, n_global=1), "bigbird",
+     2),
 ])
 def test_head_is_refused_where_every_head_reads_the_same_keys(call, pattern, given):
     # the head (summary rank) used to be accepted and ignored outside "fixed"
@@ -385,14 +387,15 @@ def test_fixed_ranks_past_the_sub_blocks_wrap():
         got = keys_per_query("fixed", n, "A2", stride=l, c=c, head=rank)
         np.testing.assert_array_equal(got, keys_per_query("fixed", n, "A2", stride=l, c=c,
                                                           head=rank % (l // c)))
-        np.testing.assert_array_equal(got, P.factorized("fixed", n, rank, stride=l, c=c)[1].sum(1))
+        np.testing.assert_array_equal(got, patterns.factorized("fixed", n, rank, stride=l,
+                                                               c=c)[1].sum(1))
 
 
 def test_longformer_rejects_non_integer_global_tokens():
     with pytest.raises(ValueError, match="must be integers"):
-        P.longformer(8, 2, 1, [1.5])
+        patterns.longformer(8, 2, 1, [1.5])
 
 
 def test_longformer_rejects_a_non_iterable_global_tokens():
     with pytest.raises(ValueError, match="iterable"):
-        P.longformer(8, 2, 1, 5)
+        patterns.longformer(8, 2, 1, 5)

@@ -55,7 +55,7 @@ from fast.backends.reads import (
     step_pieces,
     summary_mask,
 )
-from fast.backends.row import attend_pieces
+from fast.backends.one_query import attend_pieces
 from fast.core.precision import acc_dtype
 from reference.heads import head_roles
 
@@ -128,7 +128,7 @@ class LayerCache:
     def _attend(self, q: torch.Tensor, scale: float, pieces: list,
                 empty_rows: bool) -> torch.Tensor | None:
         """softmax(scale q K^T) V over the concatenated pieces [(K^T, V, drop)]
-        (``fast.backends.row.attend_pieces``, which sparse_attention's one-query step
+        (``fast.backends.one_query.attend_pieces``, which sparse_attention's one-query step
         uses too): q (B, Hg, 1, dk), K^T (B Hk, dk, m), V (B Hk, m, dv) with Hk = Hg /
         share key/value heads. Returns (B, Hg, 1, dv) in float32 (float64 for float64;
         the keys' dtype if not ``qk_fp32``), or None when there is no piece."""

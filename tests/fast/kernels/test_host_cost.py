@@ -25,7 +25,7 @@ import torch
 
 from fast import sparse_attention
 from fast.measure.host_cost import LaunchCounter, OpCounter, kind
-from tests.fast.kernels.triton_helpers import T, needs_interpreter
+from tests.fast.kernels.triton_helpers import needs_interpreter, triton_attention
 
 B, H, N, D, STRIDE = 1, 2, 64, 16, 8
 
@@ -57,8 +57,9 @@ def _tensors(requires_grad: bool, transposed: bool = False):
 
 
 def _live_parts(variant: str) -> int:
-    parts = T.variant_parts("strided", N, H, "merged", 0, {"stride": STRIDE}, 32, "cpu",
-                            "structured", T.VARIANTS[variant], torch.float32, D)
+    parts = triton_attention.variant_parts("strided", N, H, "merged", 0, {"stride": STRIDE}, 32,
+                                           "cpu",
+                            "structured", triton_attention.VARIANTS[variant], torch.float32, D)
     return sum(p.facts.tiles > 0 for p in parts)
 
 
@@ -109,7 +110,7 @@ def test_full_by_a_gpus_default_is_sdpa_alone(monkeypatch):
     the values: no finite check, no quarantine, no look for overflowing scores) is causal
     SDPA's one op under "auto": nothing before it, nothing after."""
     import fast.attention as fast_attention
-    from fast.backends import structured
+    from fast.backends.structured import attention as structured
 
     monkeypatch.setattr(fast_attention, "finite_default", lambda device: None)
     monkeypatch.setattr(structured, "looks_for_overflow", lambda device: False)   # a GPU's

@@ -20,13 +20,18 @@ import torch
 
 from fast import sparse_attention
 from fast.core.merge import merge
-from fast.kernels import launch as L
+from fast.kernels import launch
 from fast.layout import block_layout
 from fast.layout.costs import ideal_speedup
 from fast.measure.contenders import triton_contenders
-from reference import attention as A
-from reference import patterns as P
-from tests.fast.kernels.triton_helpers import DEVICE, T, make_inputs, needs_runner, ref_masks
+from reference import attention, patterns
+from tests.fast.kernels.triton_helpers import (
+    DEVICE,
+    make_inputs,
+    needs_runner,
+    ref_masks,
+    triton_attention,
+)
 
 BLOCK = 16
 
@@ -38,8 +43,8 @@ def check_against_reference(run, masks, B, H, n, d, seed=0, atol=2e-5):
     out = run(qg, kg, vg)
     out.backward(do)
     qn, kn, vn, don = (t.double().cpu().numpy() for t in (q, k, v, do))
-    ref_out, _ = A.attend(qn, kn, vn, masks[None])
-    ref = dict(zip("qkv", A.attend_backward(qn, kn, vn, masks[None], don)))
+    ref_out, _ = attention.attend(qn, kn, vn, masks[None])
+    ref = dict(zip("qkv", attention.attend_backward(qn, kn, vn, masks[None], don)))
     err = {"out": np.abs(out.detach().double().cpu().numpy() - ref_out).max()}
     for name, t in zip("qkv", (qg, kg, vg)):
         assert torch.isfinite(t.grad).all()
@@ -58,25 +63,25 @@ def check_against_reference(run, masks, B, H, n, d, seed=0, atol=2e-5):
 def test_kernel_merges_disjoint_parts_exactly():
     """Strided local and column heads as two parts, merged through their lse."""
     B, H, n, d, stride = 1, 3, 70, 16, 8
-    local, column = P.strided(n, stride)
+    local, column = patterns.strided(n, stride)
     column = column & ~local
-    parts = T.parts_from_masks([np.broadcast_to(local, (H, n, n)),
+    parts = triton_attention.parts_from_masks([np.broadcast_to(local, (H, n, n)),
                                 np.broadcast_to(column, (H, n, n))], BLOCK)
     masks = np.broadcast_to(local | column, (H, n, n))
-    check_against_reference(lambda q, k, v: T.attention_with_parts(q, k, v, parts,
+    check_against_reference(lambda q, k, v: triton_attention.attention_with_parts(q, k, v, parts,
                                                                     block_size=BLOCK),
                             masks, B, H, n, d)
     # and the lse (natural log) matches the reference's
     q, k, v, _ = make_inputs(B, H, n, d)
-    _, lse = T.attention_lse(q, k, v, parts, block_size=BLOCK)
-    _, ref_lse = A.attend(*(t.double().cpu().numpy() for t in (q, k, v)), masks[None])
+    _, lse = triton_attention.attention_lse(q, k, v, parts, block_size=BLOCK)
+    _, ref_lse = attention.attend(*(t.double().cpu().numpy() for t in (q, k, v)), masks[None])
     np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=2e-5)
     # the in-kernel merge equals the torch merge of the separately computed parts
     dparts = [p.to(q.device) for p in parts]
-    outs, lses = T.forward(q, k, v, dparts, d ** -0.5, BLOCK, separate=True)
+    outs, lses = triton_attention.forward(q, k, v, dparts, d ** -0.5, BLOCK, separate=True)
     assert len(outs) == 2 and all(torch.isfinite(x).any() for x in lses)
     out_t, lse_t = merge(outs, lses)
-    out_k, lse_k = T.forward(q, k, v, dparts, d ** -0.5, BLOCK)
+    out_k, lse_k = triton_attention.forward(q, k, v, dparts, d ** -0.5, BLOCK)
     torch.testing.assert_close(out_k, out_t, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(lse_k, lse_t, atol=1e-6, rtol=1e-5)
 
@@ -86,16 +91,16 @@ def test_kernel_rows_that_read_nothing_are_zero():
     """fixed, interleaved layer 1: every head reads only summaries, so the first
     rows of the sequence read nothing: out 0, lse -inf, grads finite (no NaN)."""
     B, H, n, d = 1, 2, 40, 16
-    masks = P.head_masks("fixed", n, H, "interleaved", 1, stride=8, c=2)
+    masks = patterns.head_masks("fixed", n, H, "interleaved", 1, stride=8, c=2)
     empty = ~masks.any(-1)                                         # (H, n)
     assert empty.sum() > 0
-    parts = T.parts_from_masks([masks], BLOCK)
+    parts = triton_attention.parts_from_masks([masks], BLOCK)
     out = check_against_reference(
-        lambda q, k, v: T.attention_with_parts(q, k, v, parts, block_size=BLOCK),
+        lambda q, k, v: triton_attention.attention_with_parts(q, k, v, parts, block_size=BLOCK),
         masks, B, H, n, d)
     assert (out[0][torch.from_numpy(empty)] == 0).all()
     q, k, v, _ = make_inputs(B, H, n, d)
-    _, lse = T.attention_lse(q, k, v, parts, block_size=BLOCK)
+    _, lse = triton_attention.attention_lse(q, k, v, parts, block_size=BLOCK)
     assert torch.isneginf(lse[0][torch.from_numpy(empty)]).all()
     assert torch.isfinite(lse[0][torch.from_numpy(~empty)]).all()
 
@@ -125,7 +130,7 @@ CASES = [
 def test_wrapper_matches_reference(pattern, combine, layer, params, B, H, n, d):
     masks = ref_masks(pattern, n, H, combine, layer, **params)
     out = check_against_reference(
-        lambda q, k, v: T.triton_sparse_attention(q, k, v, pattern, combine=combine,
+        lambda q, k, v: triton_attention.triton_sparse_attention(q, k, v, pattern, combine=combine,
                                                   layer=layer, block_size=BLOCK, **params),
         masks, B, H, n, d)
     empty = torch.from_numpy(np.ascontiguousarray(~masks.any(-1)))  # (H, n)
@@ -142,7 +147,7 @@ def test_fixed_sequence_shorter_than_its_first_summary(combine, layer, H):
     params = dict(stride=16, c=4)
     masks = ref_masks("fixed", 7, H, combine, layer, **params)
     check_against_reference(
-        lambda q, k, v: T.triton_sparse_attention(q, k, v, "fixed", combine=combine,
+        lambda q, k, v: triton_attention.triton_sparse_attention(q, k, v, "fixed", combine=combine,
                                                   layer=layer, block_size=BLOCK, **params),
         masks, 1, H, 7, 16)
 
@@ -152,15 +157,15 @@ def test_fixed_sequence_shorter_than_its_first_summary(combine, layer, H):
 def test_layout_is_cached_and_results_are_deterministic():
     q, k, v, _ = make_inputs(1, 3, 50, 16)
     args = dict(stride=8, c=4, combine="multihead", block_size=BLOCK)
-    a = T.triton_sparse_attention(q, k, v, "fixed", **args)
-    n_cached = len(T._LAYOUTS)
-    b = T.triton_sparse_attention(q, k, v, "fixed", **args)
-    assert len(T._LAYOUTS) == n_cached
+    a = triton_attention.triton_sparse_attention(q, k, v, "fixed", **args)
+    n_cached = len(triton_attention._LAYOUTS)
+    b = triton_attention.triton_sparse_attention(q, k, v, "fixed", **args)
+    assert len(triton_attention._LAYOUTS) == n_cached
     assert torch.equal(a, b)
     grads = []
     for _ in range(2):  # no atomics: the backward is bitwise repeatable too
         qg = q.clone().requires_grad_(True)
-        T.triton_sparse_attention(qg, k, v, "fixed", **args).sum().backward()
+        triton_attention.triton_sparse_attention(qg, k, v, "fixed", **args).sum().backward()
         grads.append(qg.grad)
     assert torch.equal(*grads)
 
@@ -172,7 +177,7 @@ def test_bench_contenders_and_ideal_speedup():
     assert set(fns) == {"triton block-sparse", "triton natural order"}
     q, k, v, _ = make_inputs(1, 2, 48, 16)
     masks = ref_masks("strided", 48, 2, "multihead", 0, stride=8)
-    ref_out, _ = A.attend(*(t.double().cpu().numpy() for t in (q, k, v)), masks[None])
+    ref_out, _ = attention.attend(*(t.double().cpu().numpy() for t in (q, k, v)), masks[None])
     for fn in fns.values():
         np.testing.assert_allclose(fn(q, k, v).cpu().numpy(), ref_out, atol=2e-5)
     # dense causal work / layout work: 1 for full; the transposed column order beats natural
@@ -190,16 +195,17 @@ def test_bench_contenders_and_ideal_speedup():
 def test_bad_inputs_raise_value_error():
     q = torch.zeros(1, 2, 20, 16)
     with pytest.raises(ValueError, match="shape"):
-        T.triton_sparse_attention(q[0], q[0], q[0], "full")
+        triton_attention.triton_sparse_attention(q[0], q[0], q[0], "full")
     with pytest.raises(ValueError, match="one shape"):
-        T.triton_sparse_attention(q, q, q[:, :, :10], "full")
-    with pytest.raises(ValueError, match="dtype" if not T.interpreted() else "float32 only"):
-        T.triton_sparse_attention(q.double(), q.double(), q.double(), "full")
+        triton_attention.triton_sparse_attention(q, q, q[:, :, :10], "full")
+    with pytest.raises(ValueError,
+                       match="dtype" if not triton_attention.interpreted() else "float32 only"):
+        triton_attention.triton_sparse_attention(q.double(), q.double(), q.double(), "full")
     big = torch.zeros(1, 1, 8, 129)
     with pytest.raises(ValueError, match="at most 128"):
-        T.triton_sparse_attention(big, big, big, "full")
+        triton_attention.triton_sparse_attention(big, big, big, "full")
     with pytest.raises(ValueError, match="block_size"):
-        T.triton_sparse_attention(q, q, q, "full", block_size=24)
+        triton_attention.triton_sparse_attention(q, q, q, "full", block_size=24)
 
 
 def test_the_pattern_is_checked_as_everywhere_whatever_the_layout_cache_holds():
@@ -207,25 +213,28 @@ def test_the_pattern_is_checked_as_everywhere_whatever_the_layout_cache_holds():
     reference/ do, before the layout cache (whose key let 4.0 find the entry of 4 and
     took any layer), and takes global tokens as any iterable."""
     q = torch.randn(1, 1, 20, 16, generator=torch.Generator().manual_seed(0))
-    T.triton_sparse_attention(q, q, q, "strided", stride=4)              # cached: stride 4
+    triton_attention.triton_sparse_attention(q, q, q, "strided",
+                                             stride=4)              # cached: stride 4
     for bad, says in (({"stride": 4.0}, "stride l must be an integer >= 1, got 4.0"),
                       ({"stride": 4, "layer": -1}, "layer must be an integer >= 0, got -1"),
                       ({"stride": 4, "layer": "x", "combine": "interleaved"},
                        "layer must be an integer >= 0, got 'x'")):
         with pytest.raises(ValueError, match=says):
-            T.triton_sparse_attention(q, q, q, "strided", **bad)
-    a = T.triton_sparse_attention(q, q, q, "longformer", window=3, global_tokens={3, 7})
-    b = T.triton_sparse_attention(q, q, q, "longformer", window=3, global_tokens=[7, 3])
+            triton_attention.triton_sparse_attention(q, q, q, "strided", **bad)
+    a = triton_attention.triton_sparse_attention(q, q, q, "longformer", window=3,
+                                                 global_tokens={3, 7})
+    b = triton_attention.triton_sparse_attention(q, q, q, "longformer", window=3,
+                                                 global_tokens=[7, 3])
     assert torch.equal(a, b)
 
 
 def test_parts_from_overlapping_masks_are_refused():
     """Parts must be disjoint (their union is what is read): a pair in two masks would be
     read twice, silently; refused, naming the pair."""
-    full = P.head_masks("full", 20, 1)
+    full = patterns.head_masks("full", 20, 1)
     with pytest.raises(ValueError, match="pairwise disjoint .* mask1 and an earlier mask "
                                          "both hold head 0, query 3, key 1"):
-        T.parts_from_masks([full, np.tril(np.ones((20, 20), bool))[None] & ~full
+        triton_attention.parts_from_masks([full, np.tril(np.ones((20, 20), bool))[None] & ~full
                             | (np.arange(20)[:, None] == 3) & (np.arange(20) == 1)], BLOCK)
 
 
@@ -247,7 +256,7 @@ def test_both_entry_points_share_one_tensor_check(case):
     ok = torch.zeros(1, 2, 20, 16)
     q, k, v = (ok if t is None else t for t in case[1:])
     messages = []
-    for entry in (sparse_attention, T.triton_sparse_attention):
+    for entry in (sparse_attention, triton_attention.triton_sparse_attention):
         with pytest.raises(ValueError) as err:
             entry(q, k, v, "full")
         messages.append(str(err.value))
@@ -255,7 +264,8 @@ def test_both_entry_points_share_one_tensor_check(case):
     # the dtypes allowed differ (the kernel has no float64); the check and its words do not
     bad = torch.zeros(1, 2, 20, 16, dtype=torch.int64)
     for entry, allowed in ((sparse_attention, "torch.float64, torch.float32"),
-                           (T.triton_sparse_attention, "torch.float32, torch.float16")):
+                           (triton_attention.triton_sparse_attention,
+                            "torch.float32, torch.float16")):
         with pytest.raises(ValueError, match=f"q has dtype torch.int64; allowed: {allowed}"):
             entry(bad, bad, bad, "full")
 
@@ -276,13 +286,14 @@ def test_inputs_are_checked_once_per_call(monkeypatch):
             return fn(*args, **kwargs)
         return wrapper
 
-    for module in (checks, T):
+    for module in (checks, triton_attention):
         monkeypatch.setattr(module, "check_tensors", counted("tensors", module.check_tensors))
         monkeypatch.setattr(module, "check_scale", counted("scale", module.check_scale))
     q = torch.randn(1, 1, 20, 16)
     for entry, again in ((lambda: sparse_attention(q, q, q, "strided", stride=4,
                                                    backend="triton"), {}),
-                         (lambda: T.triton_sparse_attention(q, q, q, "strided", stride=4,
+                         (lambda: triton_attention.triton_sparse_attention(q, q, q, "strided",
+                                                                           stride=4,
                                                             block_size=BLOCK),
                           {"tensors": 1, "scale": 1})):
         counts.clear()
@@ -296,7 +307,7 @@ def test_inputs_are_checked_once_per_call(monkeypatch):
 def test_both_entry_points_share_one_scale_check():
     q = torch.zeros(1, 2, 20, 16)
     messages = []
-    for entry in (sparse_attention, T.triton_sparse_attention):
+    for entry in (sparse_attention, triton_attention.triton_sparse_attention):
         with pytest.raises(ValueError, match="scale must be a finite real number") as err:
             entry(q, q, q, "full", scale=float("nan"))
         messages.append(str(err.value))
@@ -318,27 +329,27 @@ def test_moved_part_counts_on_the_host():
 
 
 def test_part_with_a_position_twice_is_rejected():
-    part = T.parts_from_masks([P.head_masks("full", 20, 1)], BLOCK)[0]
+    part = triton_attention.parts_from_masks([patterns.head_masks("full", 20, 1)], BLOCK)[0]
     part.q_pos[0, 1] = 0
     with pytest.raises(ValueError, match="twice"):
         part.to("cpu")
 
 
 def test_cpu_without_interpreter_says_what_to_do(monkeypatch):
-    monkeypatch.setattr(T, "interpreted", lambda: False)
+    monkeypatch.setattr(triton_attention, "interpreted", lambda: False)
     q = torch.zeros(1, 1, 8, 16)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
-        T.triton_sparse_attention(q, q, q, "full")
+        triton_attention.triton_sparse_attention(q, q, q, "full")
 
 
-@pytest.mark.skipif(not T.interpreted(), reason="interpreter-only check")
+@pytest.mark.skipif(not triton_attention.interpreted(), reason="interpreter-only check")
 def test_interpreter_runs_float32_only():
     """Every other dtype is refused saying so, float64 included (it listed float16 and
     bfloat16 as allowed, which the next call then refused)."""
     for dtype in (torch.float16, torch.bfloat16, torch.float64):
         q = torch.zeros(1, 1, 8, 16, dtype=dtype)
         with pytest.raises(ValueError, match=f"float32 only, got {dtype}"):
-            T.triton_sparse_attention(q, q, q, "full")
+            triton_attention.triton_sparse_attention(q, q, q, "full")
 
 
 def test_parts_that_do_not_fit_the_inputs_are_rejected():
@@ -346,13 +357,13 @@ def test_parts_that_do_not_fit_the_inputs_are_rejected():
     q = k = v = torch.randn(1, 2, 40, 16)
     parts16 = block_layout("strided", 40, 2, block_size=16, stride=5).parts
     with pytest.raises(ValueError, match="block size"):
-        T.attention_with_parts(q, k, v, parts16, block_size=32)
+        triton_attention.attention_with_parts(q, k, v, parts16, block_size=32)
     parts3 = block_layout("strided", 40, 3, combine="multihead", block_size=16, stride=5).parts
     with pytest.raises(ValueError, match="heads"):
-        T.attention_with_parts(q, k, v, parts3, block_size=16)
+        triton_attention.attention_with_parts(q, k, v, parts3, block_size=16)
     longer = block_layout("strided", 64, 2, block_size=16, stride=5).parts
     with pytest.raises(ValueError, match="longer sequence"):
-        T.attention_with_parts(q, k, v, longer, block_size=16)
+        triton_attention.attention_with_parts(q, k, v, longer, block_size=16)
 
 
 # ----------------------------------------------------------------------------
@@ -364,30 +375,32 @@ def test_variants_take_their_code_paths():
     natural, transposed and gathered orders, range tables for range rows (listed ones
     kept where rows are not ranges), grouped launches for the few-tile part kinds, and
     the fused write order (a part that writes every row first and last)."""
-    every, base = T.VARIANTS["all"], T.VARIANTS["baseline"]
+    every, base = triton_attention.VARIANTS["all"], triton_attention.VARIANTS["baseline"]
     for pattern, n, params in (("strided", 45, dict(stride=7)),
                                ("fixed", 41, dict(stride=8, c=2))):
-        parts, _ = T.cached_layout(pattern, n, 3, "multihead", 0, params, BLOCK, "cpu")
+        parts, _ = triton_attention.cached_layout(pattern, n, 3, "multihead", 0, params, BLOCK,
+                                                  "cpu")
         for p in parts:
-            a, b = L.part_args(p, every), L.part_args(p, base)
+            a, b = launch.part_args(p, every), launch.part_args(p, base)
             assert a.flags == dict(Q_MAP=True, K_MAP=True) and a.kv_range and a.qt_range, p
             assert b.flags == dict(Q_MAP=False, K_MAP=False) and not (b.kv_range or b.qt_range)
             assert every.settings(p.name, torch.float32, 16).group == (
                 4 if p.name in ("local", "block") else 1)
-    parts, _ = T.cached_layout("bigbird", 100, 1, "merged", 0,
+    parts, _ = triton_attention.cached_layout("bigbird", 100, 1, "merged", 0,
                                dict(window=4, n_random=2, n_global=2, seed=1), BLOCK, "cpu")
     random = next(p for p in parts if p.name == "random")
-    assert not L.part_args(random, every).kv_range          # its rows are not ranges
+    assert not launch.part_args(random, every).kv_range          # its rows are not ranges
     glob = next(p for p in parts if p.name == "global_keys")
-    assert L.part_args(glob, every).flags == dict(Q_MAP=True, K_MAP=False)  # keys listed
+    assert launch.part_args(glob, every).flags == dict(Q_MAP=True, K_MAP=False)  # keys listed
     # fixed: the summary's keys are only the summaries, so its dK/dV launch comes first
-    parts, _ = T.cached_layout("fixed", 41, 2, "merged", 0, dict(stride=8, c=2), BLOCK, "cpu")
-    k_order = L._order(parts, lambda p: p.facts.k_real == 41, fused=True)
+    parts, _ = triton_attention.cached_layout("fixed", 41, 2, "merged", 0, dict(stride=8, c=2),
+                                              BLOCK, "cpu")
+    k_order = launch._order(parts, lambda p: p.facts.k_real == 41, fused=True)
     assert [p.name for p in k_order.parts] == ["summary", "block"] and k_order.fill
-    q_order = L._order(parts, lambda p: p.facts.q_real == 41, fused=True)
+    q_order = launch._order(parts, lambda p: p.facts.q_real == 41, fused=True)
     assert [p.name for p in q_order.parts] == ["block", "summary"]
     assert not (q_order.fill or q_order.cast)
-    assert L._order(parts, lambda p: True, fused=False) == (parts, True, True)
+    assert launch._order(parts, lambda p: True, fused=False) == (parts, True, True)
 
 
 @needs_runner
@@ -403,7 +416,8 @@ def test_parts_that_do_not_cover_every_row(variant):
         masks = (parts[0].to_dense(n) | parts[1].to_dense(n)).numpy()        # (H, n, n)
         assert not (parts[0].to_dense(n) & parts[1].to_dense(n)).any()
         check_against_reference(
-            lambda q, k, v, ps=parts: T.attention_with_parts(q, k, v, ps, block_size=BLOCK,
+            lambda q, k, v, ps=parts: triton_attention.attention_with_parts(q, k, v, ps,
+                                                                            block_size=BLOCK,
                                                              variant=variant),
             masks, 1, H, n, d)
 
@@ -413,7 +427,8 @@ def test_bad_variants_are_rejected():
     a variant for a backend other than Triton is refused, not ignored."""
     from fast.kernels.variants import Launch, Variant, resolve
 
-    assert resolve(None) is T.VARIANTS["fused"] and resolve("fused") is T.VARIANTS["fused"]
+    fused = triton_attention.VARIANTS["fused"]
+    assert resolve(None) is fused and resolve("fused") is fused
     with pytest.raises(ValueError, match="variant must be one of"):
         resolve("fastest")
     with pytest.raises(TypeError, match="variant must be a name"):
@@ -429,7 +444,7 @@ def test_bad_variants_are_rejected():
     with pytest.raises(ValueError, match="selects a Triton kernel variant"):
         sparse_attention(q, q, q, "strided", stride=4, backend="structured", variant="fused")
     # every registered variant says what it should save
-    assert all(v.prediction for v in T.VARIANTS.values())
+    assert all(v.prediction for v in triton_attention.VARIANTS.values())
 
 
 # ----------------------------------------------------------------------------
@@ -476,25 +491,27 @@ def test_the_kernels_entry_takes_grouped_heads_and_shorter_queries():
     q, do = q[:, :, n_k - n_q:], do[:, :, n_k - n_q:]
     k, v = k[:, :1], v[:, :1]
     qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
-    out = T.triton_sparse_attention(qg, kg, vg, "strided", stride=8, combine="multihead",
+    out = triton_attention.triton_sparse_attention(qg, kg, vg, "strided", stride=8,
+                                                   combine="multihead",
                                     block_size=BLOCK, enable_gqa=True)
     out.backward(do)
     kr, vr = (t.expand(1, H, n_k, 16).double().cpu().numpy() for t in (k, v))
     qn, don = q.double().cpu().numpy(), do.double().cpu().numpy()
-    ref_out, _ = A.attend(qn, kr, vr, masks[None])
-    dq, dk, dv = A.attend_backward(qn, kr, vr, masks[None], don)
+    ref_out, _ = attention.attend(qn, kr, vr, masks[None])
+    dq, dk, dv = attention.attend_backward(qn, kr, vr, masks[None], don)
     for got, want in ((out.detach(), ref_out), (qg.grad, dq), (kg.grad, dk.sum(1, keepdims=True)),
                       (vg.grad, dv.sum(1, keepdims=True))):
         assert np.abs(got.double().cpu().numpy() - want).max() < 2e-5
     with pytest.raises(ValueError, match="needs enable_gqa=True"):
-        T.triton_sparse_attention(q, k, v, "strided", stride=8)
+        triton_attention.triton_sparse_attention(q, k, v, "strided", stride=8)
     parts = block_layout("strided", n_k, H, block_size=BLOCK, stride=8).parts
     with pytest.raises(ValueError, match="already-built layout parts takes q, k, v of one"):
-        T.attention_with_parts(q, k.expand(1, H, n_k, 16), v.expand(1, H, n_k, 16), parts,
+        triton_attention.attention_with_parts(q, k.expand(1, H, n_k, 16), v.expand(1, H, n_k, 16),
+                                              parts,
                                block_size=BLOCK)
 
 
-@pytest.mark.skipif(not T.interpreted(), reason="interpreter-only check")
+@pytest.mark.skipif(not triton_attention.interpreted(), reason="interpreter-only check")
 def test_the_interpreters_refusal_names_the_cpu_path_for_other_dtypes():
     """The public entry with backend="triton" refuses float16, bfloat16 and float64 on the
     CPU naming the backend that takes them, which then runs them."""

@@ -30,7 +30,6 @@ from fast.kernels.launch import BlockSparseAttention
 from fast.kernels.variants import DEFAULT, Launch
 from tests.fast.kernels.triton_helpers import (
     DEVICE,
-    T,
     check_case,
     flash_rule,
     gpu,
@@ -38,6 +37,7 @@ from tests.fast.kernels.triton_helpers import (
     needs_interpreter,
     needs_runner,
     ref_masks,
+    triton_attention,
 )
 
 # (pattern, combine, layer, parameters at n = 1025 on the GPU, parameters at n = 75 on the CPU)
@@ -56,7 +56,7 @@ CASES = [
 ]
 IDS = [f"{c[0]}-{c[1]}{c[2]}" for c in CASES]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-VARIANTS = list(T.VARIANTS)
+VARIANTS = list(triton_attention.VARIANTS)
 
 
 @pytest.mark.gpu
@@ -119,7 +119,7 @@ TWIN = [(v, c) for v, cases in VARIANT_CASES.items() for c in cases]
 
 
 def test_every_variant_has_cpu_cases():
-    assert set(VARIANT_CASES) == set(T.VARIANTS) and DEFAULT in VARIANT_CASES
+    assert set(VARIANT_CASES) == set(triton_attention.VARIANTS) and DEFAULT in VARIANT_CASES
 
 
 @pytest.mark.slow
@@ -138,13 +138,14 @@ def test_a_tile_size_per_part_kind():
     """Launch settings may build each part kind at its own tile size (the fixed block part
     at 16, its summary at 32; strided local at 32, column at 16): the parts hold the same
     pairs at every size, so the answer is exact."""
-    mixed = T.Variant("mixed", fused=True, launch=(
+    mixed = triton_attention.Variant("mixed", fused=True, launch=(
         Launch(part="block", block=16), Launch(part="summary", block=32),
         Launch(part="local", block=32), Launch(part="column", block=16, group=2)))
     for pattern, params in (("fixed", dict(stride=8, c=2)), ("strided", dict(stride=6))):
         check_case(pattern, "multihead", 0, params, torch.float32, DEVICE, B=1, H=2, n=71,
                    d=16, block_size=64, repeat=False, variant=mixed)
-        parts = T.variant_parts(pattern, 71, 2, "multihead", 0, params, 64, DEVICE, "structured",
+        parts = triton_attention.variant_parts(pattern, 71, 2, "multihead", 0, params, 64, DEVICE,
+                                               "structured",
                                 mixed, torch.float32, 16)
         assert [p.block_size for p in parts] == ([16, 32] if pattern == "fixed" else [32, 16])
 
@@ -177,7 +178,7 @@ def test_gpu_forward_and_backward_never_wait_for_the_device(pattern, params, var
     CUDA unless asked for) reads anything back from the GPU."""
     q, k, v, do = make_inputs(1, 4, 1000, 64, device="cuda", dtype=torch.float16)
     for combine in ("merged", "multihead"):
-        _warm_then_strict(lambda a, b, c, m=combine: T.triton_sparse_attention(
+        _warm_then_strict(lambda a, b, c, m=combine: triton_attention.triton_sparse_attention(
             a, b, c, pattern, combine=m, variant=variant, **params), q, k, v, do)
         _warm_then_strict(lambda a, b, c, m=combine: sparse_attention(
             a, b, c, pattern, combine=m, variant=variant, **params), q, k, v, do)
@@ -206,8 +207,9 @@ def test_cpu_twin_float16_writes(variant, case):
     dtype from a float32 scratch buffer, parts that do not cover every row -- by the
     flash-attention rule against float64."""
     pattern, combine, layer, params, H, n, d = case
-    v = T.VARIANTS[variant]
-    parts = T.variant_parts(pattern, n, H, combine, layer, params, 16, "cpu", "structured", v,
+    v = triton_attention.VARIANTS[variant]
+    parts = triton_attention.variant_parts(pattern, n, H, combine, layer, params, 16, "cpu",
+                                           "structured", v,
                             torch.float16, d)
     masks = torch.from_numpy(np.ascontiguousarray(ref_masks(pattern, n, H, combine, layer,
                                                             **params)))

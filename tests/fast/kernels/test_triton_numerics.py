@@ -24,7 +24,13 @@ import pytest
 import torch
 
 from fast import sparse_attention
-from tests.fast.kernels.triton_helpers import T, flash_rule, make_inputs, needs_runner, ref_masks
+from tests.fast.kernels.triton_helpers import (
+    flash_rule,
+    make_inputs,
+    needs_runner,
+    ref_masks,
+    triton_attention,
+)
 
 # NumPy in the interpreter warns of exp2 overflowing on pairs that are masked out after it
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning",
@@ -42,7 +48,7 @@ def _masks(pattern, combine, params, H, n) -> torch.Tensor:
 
 def _kernel(pattern, combine, params, variant, scale, entry="kernel"):
     if entry == "kernel":
-        return lambda a, b, c: T.triton_sparse_attention(
+        return lambda a, b, c: triton_attention.triton_sparse_attention(
             a, b, c, pattern, combine=combine, scale=scale, block_size=BLOCK, variant=variant,
             **params)
     return lambda a, b, c: sparse_attention(a, b, c, pattern, combine=combine, scale=scale,

@@ -16,7 +16,7 @@ import torch
 
 from fast import sparse_attention
 from tests.fast.api_helpers import inputs, run, truth, truth_masks
-from tests.fast.kernels.triton_helpers import T, needs_interpreter
+from tests.fast.kernels.triton_helpers import needs_interpreter, triton_attention
 
 OPS = torch.ops.sparse_transformer
 
@@ -28,14 +28,16 @@ OPS = torch.ops.sparse_transformer
     ("global_tokens=t:;window=3", {"window": 3, "global_tokens": ()}),
 ])
 def test_params_text_round_trip(text, params):
-    assert T.params_text(params) == text and T.params_of(text) == params
+    assert triton_attention.params_text(params) == text
+    assert triton_attention.params_of(text) == params
 
 
 @pytest.mark.slow
 @needs_interpreter
 def test_opcheck_triton():
     q, k, v, _ = inputs(1, 2, 1, 37, 37, 48, seed=1, dtype=torch.float32)
-    args = ("fixed", "merged", 0, T.params_text({"stride": 8, "c": 2}), 48 ** -0.5, 32,
+    args = ("fixed", "merged", 0, triton_attention.params_text({"stride": 8, "c": 2}), 48 ** -0.5,
+            32,
             "structured", "baseline")
     torch.library.opcheck(OPS.triton, (q, k, v, *args))
     out, m, l = OPS.triton(q, k, v, *args)

@@ -24,10 +24,10 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
-from fast.kernels import triton_attention as T  # noqa: E402
-from reference import patterns as P  # noqa: E402
+from fast.kernels import triton_attention  # noqa: E402
+from reference import patterns  # noqa: E402
 
-if T.interpreted():
+if triton_attention.interpreted():
     DEVICE = "cpu"                 # the interpreter reads CPU tensors only
 elif torch.cuda.is_available():
     DEVICE = "cuda"
@@ -36,15 +36,16 @@ else:
 needs_runner = pytest.mark.skipif(
     DEVICE is None, reason="Triton compiled for GPU but no CUDA device; set TRITON_INTERPRET=1")
 needs_interpreter = pytest.mark.skipif(
-    not T.interpreted(), reason="the CPU twin of a GPU test runs under TRITON_INTERPRET=1")
+    not triton_attention.interpreted(),
+    reason="the CPU twin of a GPU test runs under TRITON_INTERPRET=1")
 # A GPU test: CUDA, and the kernels compiled (``TRITON_INTERPRET=0 pytest -m gpu``).
-gpu = pytest.mark.skipif(T.interpreted() or not torch.cuda.is_available(),
+gpu = pytest.mark.skipif(triton_attention.interpreted() or not torch.cuda.is_available(),
                          reason="needs CUDA and TRITON_INTERPRET unset (or 0)")
 
 
 # bool (H, n, n): which keys every head reads (the contract; Longformer and BigBird: the
 # one mask, every head).
-ref_masks = P.head_masks
+ref_masks = patterns.head_masks
 
 
 def make_inputs(B, H, n, d, seed=0, dtype=torch.float32, device=DEVICE):
@@ -101,7 +102,8 @@ def check_case(pattern, combine, layer, params, dtype, device, *, B, H, n, d,
     q, k, v, do = make_inputs(B, H, n, d, device=device, dtype=torch.float64)
 
     def kernel(a, b, c):
-        return T.triton_sparse_attention(a, b, c, pattern, combine=combine, layer=layer,
+        return triton_attention.triton_sparse_attention(a, b, c, pattern, combine=combine,
+                                                        layer=layer,
                                          block_size=block_size, variant=variant, **params)
 
     floor = 1e-4 if dtype == torch.float32 else 1e-5  # float32 runs as tf32x3 on a GPU

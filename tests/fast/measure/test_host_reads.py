@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fast.backends.naive import masked_attention
-from fast.measure import host_reads as H
+from fast.measure import host_reads
 from fast.transformer.network.model import check_token_ids
 
 
@@ -23,14 +23,14 @@ def test_every_kind_of_read_is_recorded_at_the_line_that_asked():
         t.nonzero()                                      # sized by the values
         t.add(1).mul(2)                                  # no read
 
-    got = H.host_reads(reads)
+    got = host_reads.host_reads(reads)
     assert [r.op for r in got] == ["item", "item", "item", "equal", "nonzero"]
     assert all(r.device == "cpu" for r in got)
     lines = [int(r.where.split(":")[1].split()[0]) for r in got]
     first = reads.__code__.co_firstlineno
     assert lines == [first + n for n in (1, 2, 3, 4, 5)], [r.where for r in got]
     assert all(r.where.startswith("tests/fast/measure/test_host_reads.py:") for r in got)
-    text = H.describe(got, "reads")
+    text = host_reads.describe(got, "reads")
     assert text.startswith("reads: 5\n  [0] item of a cpu tensor at tests/fast/measure/")
     assert "t.sum().item()" in text and "torch.equal(t, t)" in text
 
@@ -40,19 +40,19 @@ def test_tensors_kept_on_the_host_are_left_out():
     opt = torch.optim.AdamW(model.parameters())
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
-    steps = H.host_state(opt)
+    steps = host_reads.host_state(opt)
     assert len(steps) == 2 and all(s.dim() == 0 for s in steps)     # weight and bias
-    assert len(H.host_reads(opt.step)) == 2                         # AdamW reads each step
-    assert H.host_reads(opt.step, steps) == []
-    assert H.host_state(None) == []
-    assert H.host_state(torch.optim.AdamW(model.parameters(), capturable=True)) == []
+    assert len(host_reads.host_reads(opt.step)) == 2                         # AdamW reads each step
+    assert host_reads.host_reads(opt.step, steps) == []
+    assert host_reads.host_state(None) == []
+    assert host_reads.host_state(torch.optim.AdamW(model.parameters(), capturable=True)) == []
 
 
 def test_a_copy_counts_only_from_a_device_to_the_cpu():
     t = torch.ones(3)
-    assert H.host_reads(lambda: (t.cpu(), t.to("cpu", copy=True), t.clone())) == []
+    assert host_reads.host_reads(lambda: (t.cpu(), t.to("cpu", copy=True), t.clone())) == []
     meta = torch.empty(3, device="meta")
-    mode = H.HostReads()
+    mode = host_reads.HostReads()
     with mode, pytest.raises(NotImplementedError):
         meta.to("cpu")                              # nothing to copy, but asked: recorded
     assert [(r.op, r.device) for r in mode.reads] == [("copy to cpu", "meta")]
@@ -60,21 +60,21 @@ def test_a_copy_counts_only_from_a_device_to_the_cpu():
 
 def test_the_reads_made_on_the_cpu_only_are_told_apart():
     ids = torch.tensor([[1, 2, 3]])
-    got = H.host_reads(lambda: check_token_ids(ids, 10))
-    assert len(got) == 2 and all(H.on_the_cpu_only(r) for r in got)
-    assert "on the CPU only" in H.describe(got)
+    got = host_reads.host_reads(lambda: check_token_ids(ids, 10))
+    assert len(got) == 2 and all(host_reads.on_the_cpu_only(r) for r in got)
+    assert "on the CPU only" in host_reads.describe(got)
     # off the CPU the same check reads nothing (a read of a meta tensor would raise)
-    assert H.host_reads(lambda: check_token_ids(ids.to("meta"), 10)) == []
+    assert host_reads.host_reads(lambda: check_token_ids(ids.to("meta"), 10)) == []
     # the naive path likewise looks for rows that read nothing on the CPU only
     q, mask = torch.randn(1, 2, 5, 4), torch.ones(5, 5, dtype=torch.bool).tril()
-    got = H.host_reads(lambda: masked_attention(q, q, q, mask))
-    assert len(got) == 1 and "naive path" in H.on_the_cpu_only(got[0])
-    meta = H.host_reads(lambda: masked_attention(q.to("meta"), q.to("meta"), q.to("meta"),
+    got = host_reads.host_reads(lambda: masked_attention(q, q, q, mask))
+    assert len(got) == 1 and "naive path" in host_reads.on_the_cpu_only(got[0])
+    meta = host_reads.host_reads(lambda: masked_attention(q.to("meta"), q.to("meta"), q.to("meta"),
                                                  mask.to("meta")))
     assert meta == []
-    other = H.host_reads(lambda: torch.ones(2).sum().item())
-    assert H.on_the_cpu_only(other[0]) is None
-    assert H.summary(other) == [{"op": "item", "device": "cpu", "where": other[0].where,
+    other = host_reads.host_reads(lambda: torch.ones(2).sum().item())
+    assert host_reads.on_the_cpu_only(other[0]) is None
+    assert host_reads.summary(other) == [{"op": "item", "device": "cpu", "where": other[0].where,
                                  "origin": other[0].where, "cpu_only": False}]
 
 
@@ -82,4 +82,4 @@ def test_device_waits_needs_cuda():
     if torch.cuda.is_available():
         pytest.skip("CUDA is here: the gpu tests use device_waits")
     with pytest.raises(ValueError, match="device_waits needs CUDA"):
-        H.device_waits(lambda: None)
+        host_reads.device_waits(lambda: None)

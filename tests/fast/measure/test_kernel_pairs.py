@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fast.backends import cpu_window, fixed, strided, structured
+from fast.backends import cpu_window, structured
+from fast.backends.structured import fixed, strided
 from fast.measure import bench
 from fast.measure.kernel_pairs import computed_pairs, forward_calls, kernel_ceiling, problem_pairs
 

@@ -19,8 +19,8 @@ import torch
 from fast import patterns
 from fast.backends import masks as masks_torch
 from fast.backends.reads import row_mask
-from reference import params as R
-from reference import patterns as P
+from reference import params as reference_params
+from reference import patterns as reference_patterns
 from reference.extensions import EXTENSIONS
 from reference.heads import PARTS
 
@@ -38,14 +38,16 @@ COMBINE_LAYER = [("merged", 0), ("multihead", 0), ("interleaved", 0), ("interlea
 
 
 def test_the_registry_and_the_reference_name_the_same_patterns():
-    assert tuple(patterns.REGISTRY) == R.PATTERNS
-    assert {name for name, _ in CASES} == set(R.PATTERNS), "a pattern without a case here"
+    assert tuple(patterns.REGISTRY) == reference_params.PATTERNS
+    assert {name for name,
+            _ in CASES} == set(reference_params.PATTERNS), "a pattern without a case here"
     for name, entry in patterns.REGISTRY.items():
         assert entry.name == name and entry.part_names == PARTS[name]
-    assert set(EXTENSIONS) == set(R.PATTERNS) - set(R.FACTORIZED + R.NEIGHBOURS)
+    paper_and_neighbours = reference_params.FACTORIZED + reference_params.NEIGHBOURS
+    assert set(EXTENSIONS) == set(reference_params.PATTERNS) - set(paper_and_neighbours)
 
 
-@pytest.mark.parametrize("name", R.PATTERNS)
+@pytest.mark.parametrize("name", reference_params.PATTERNS)
 def test_each_module_documents_and_cites_its_pattern(name):
     """A pattern's module says what it is and where it comes from: its docstring cites a
     section, and so does its ``cite``; a reference twin in ``reference.extensions`` too."""
@@ -58,7 +60,7 @@ def test_each_module_documents_and_cites_its_pattern(name):
 
 def test_an_unknown_pattern_is_refused_as_everywhere():
     with pytest.raises(ValueError) as want:
-        R.check_pattern("dense")
+        reference_params.check_pattern("dense")
     with pytest.raises(ValueError) as got:
         patterns.get("dense")
     assert str(got.value) == str(want.value)
@@ -78,7 +80,7 @@ def grid_masks(pattern, n, n_heads, combine, layer, params) -> np.ndarray:
 def test_mask_mod_equals_the_reference(pattern, params, combine, layer, n, n_heads):
     if pattern == "longformer":
         params = {**params, "global_tokens": tuple(g for g in params["global_tokens"] if g < n)}
-    want = P.head_masks(pattern, n, n_heads, combine, layer, **params)
+    want = reference_patterns.head_masks(pattern, n, n_heads, combine, layer, **params)
     np.testing.assert_array_equal(grid_masks(pattern, n, n_heads, combine, layer, params), want)
     np.testing.assert_array_equal(
         masks_torch.head_masks(pattern, n, n_heads, combine, layer, **params).numpy(), want)

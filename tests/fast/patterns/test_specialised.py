@@ -7,8 +7,8 @@ their own arithmetic, so each is held here to the registry's rule (its mask_mod 
 grid) and to the reference's masks, on odd sizes (n no multiple of the stride or the
 block), one head and several, every combine mode:
 
-* the structured backend: the strided transposition (``fast.backends.strided``) and the
-  fixed summaries (``fast.backends.fixed``) through PyTorch's fused kernel in float64, and
+* the structured backend: the strided transposition (``fast.backends.structured.strided``) and the
+  fixed summaries (``fast.backends.structured.fixed``) through PyTorch's fused kernel in float64, and
   through the C kernel (``cpu_window.c``, float32, held to the flash-attention rule);
 * the Triton layouts in reordered token orders (``fast.layout``, order "structured"), tile
   by tile, and the Triton kernel over them (in its CPU interpreter);
@@ -28,7 +28,7 @@ from fast.backends import masks as masks_torch
 from fast.backends.naive import masked_attention
 from fast.layout import block_layout
 from fast.layout.blocks import STRUCTURED
-from reference import patterns as P
+from reference import patterns as reference_patterns
 from tests.fast.api_helpers import inputs, run, truth
 
 CASES = [  # the paper's patterns, n odd
@@ -51,7 +51,7 @@ def rule_masks(pattern, n, n_heads, combine, layer, params) -> np.ndarray:
 
 def both(pattern, n, n_heads, combine, layer, params) -> np.ndarray:
     """The registry's masks, after checking that they are the reference's."""
-    want = P.head_masks(pattern, n, n_heads, combine, layer, **params)
+    want = reference_patterns.head_masks(pattern, n, n_heads, combine, layer, **params)
     np.testing.assert_array_equal(rule_masks(pattern, n, n_heads, combine, layer, params), want)
     return want
 
@@ -194,7 +194,7 @@ def test_the_generic_paths_ask_the_registry(monkeypatch):
         "local": entry.parts(n, device, stride=stride)["local"],
         "column": (patterns.Term(lambda i, j: (i + 1) % stride == j % stride,
                                  patterns.Periodic()),)}, entry.cite)
-    n, want = 13, P.head_masks("strided", 13, 1, stride=4)[0]
+    n, want = 13, reference_patterns.head_masks("strided", 13, 1, stride=4)[0]
     monkeypatch.setattr(patterns, "REGISTRY", {**patterns.REGISTRY, "strided": moved})
     got = {"masks": masks_torch.head_masks("strided", n, 1, stride=4)[0].numpy(),
            "rule": rule_masks("strided", n, 1, "merged", 0, {"stride": 4})[0],

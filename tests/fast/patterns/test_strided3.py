@@ -19,14 +19,14 @@ import torch
 
 from fast import SparseKVCache, patterns, sparse_attention
 from fast.backends import reads
-from fast.backends import row as row_step
+from fast.backends import one_query as row_step
 from fast.backends.flex import flex_sparse_attention
 from fast.layout import block_layout
 from fast.transformer.config import PATTERNS, ModelConfig
 from fast.transformer.decoding.decode import Decoder
 from fast.transformer.network.model import SparseTransformer
 from reference import model as ref_model
-from reference import patterns as P
+from reference import patterns as reference_patterns
 from tests.fast.api_helpers import inputs, run, truth, truth_masks
 
 N, L = 37, 3
@@ -47,14 +47,14 @@ def test_three_parts_each_read_by_its_heads():
     """The twin's masks: each part reads at most l keys per query while n <= l^3, their
     union reaches every j <= i in three hops, a multi-head layer gives head h A(h mod 3)
     and an interleaved model layer r A(r mod 3)."""
-    local, column, depth = P.factorized("strided3", 27, stride=3)
+    local, column, depth = reference_patterns.factorized("strided3", 27, stride=3)
     assert [int(m.sum(1).max()) for m in (local, column, depth)] == [3, 3, 3]
     reach = local.astype(int)
     for hop in (column, depth):
         reach = (hop.astype(int) @ reach) > 0
     assert reach.sum() == 27 * 28 // 2
-    heads = P.head_masks("strided3", N, 4, "multihead", **PARAMS)
-    parts = P.factorized("strided3", N, **PARAMS)
+    heads = reference_patterns.head_masks("strided3", N, 4, "multihead", **PARAMS)
+    parts = reference_patterns.factorized("strided3", N, **PARAMS)
     for h in range(4):
         np.testing.assert_array_equal(heads[h], parts[h % 3])
     # interleaved layers r and r + 3 read alike, and share what is built for them
@@ -116,7 +116,7 @@ def test_layout(combine, layer, H, order):
     layout = block_layout("strided3", N, H, combine, layer, block_size=5, order=order,
                           **PARAMS)
     assert [p.name for p in layout.parts] == ["natural"]
-    want = P.head_masks("strided3", N, H, combine, layer, **PARAMS)
+    want = reference_patterns.head_masks("strided3", N, H, combine, layer, **PARAMS)
     np.testing.assert_array_equal(layout.to_dense().numpy(), want)
 
 

@@ -8,7 +8,7 @@ import pytest
 from fast.plots import patterns as pp
 from fast.plots.style import plt
 from fast.plots.transposition import plot_cost
-from reference import patterns as P
+from reference import patterns as reference_patterns
 from reference.heads import PARTS, head_roles
 from reference.params import COMBINES
 
@@ -21,7 +21,7 @@ def test_head_parts_are_what_head_masks_reads(pattern, params, combine):
     n = 23
     H = 5 if params["stride"] % params.get("c", 1) == 0 else 1   # several summary heads need c | l
     for layer in (0, 1):
-        masks = P.head_masks(pattern, n, H, combine, layer, **params)
+        masks = reference_patterns.head_masks(pattern, n, H, combine, layer, **params)
         for role in head_roles(pattern, H, combine, layer, stride=params["stride"],
                                c=params.get("c")):
             a1, a2 = pp.head_parts(pattern, n, role, **params)

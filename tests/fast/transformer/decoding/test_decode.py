@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 import torch
 
-import reference.patterns as P
 from fast.backends.reads import head_groups, row_mask
 from fast.transformer.config import ModelConfig
 from fast.transformer.decoding import cpu_step, decode
@@ -33,6 +32,7 @@ from fast.transformer.decoding.kv_cache import DenseCache, SparseCache, layer_ca
 from fast.transformer.network.devices import autocast
 from fast.transformer.network.model import SparseTransformer
 from reference import model as ref_model
+from reference import patterns
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -55,14 +55,14 @@ NEIGHBOURS = {"longformer": dict(window=3, dilation=2, global_tokens=(0, 7)),
               "bigbird": dict(window=3, n_random=2, n_global=2, seed=3)}
 
 
-@pytest.mark.parametrize("pattern", P.PATTERNS)
+@pytest.mark.parametrize("pattern", patterns.PATTERNS)
 @pytest.mark.parametrize("combine", COMBINES)
 @pytest.mark.parametrize("heads", [1, 4])
 def test_row_mask_is_row_t_of_head_masks(pattern, combine, heads):
     n = 23
     params = NEIGHBOURS.get(pattern) or model_params(pattern, heads)
     for layer in (0, 1):
-        masks = P.head_masks(pattern, n, heads, combine, layer, **params)      # (H, n, n)
+        masks = patterns.head_masks(pattern, n, heads, combine, layer, **params)      # (H, n, n)
         for t in range(n):
             row = row_mask(pattern, n, heads, combine, layer, t, **params).numpy()
             assert row.shape == (heads, t + 1)
@@ -96,7 +96,7 @@ def test_cache_reads_exactly_row_t(kind, pattern, combine, heads):
     n, dk, dv = 29, 3, 2
     params = model_params(pattern, heads)
     for layer, prompt in itertools.product((0, 1), (1, 8, 13)):
-        masks = P.head_masks(pattern, n, heads, combine, layer, **params)
+        masks = patterns.head_masks(pattern, n, heads, combine, layer, **params)
         cache = layer_cache(kind, n, heads, dk, pattern, combine, layer, params)
         code = torch.arange(n, dtype=torch.float32)[None, None, :, None].expand(1, heads, n,
                                                                                  dk + dv)
@@ -119,7 +119,7 @@ def test_kernel_plan_writes_and_reads_what_the_cache_does(kind, pattern, combine
     n, dk, dv = 29, 3, 2
     params = model_params(pattern, heads)
     for layer, prompt in itertools.product((0, 1), (1, 8, 13)):
-        masks = P.head_masks(pattern, n, heads, combine, layer, **params)
+        masks = patterns.head_masks(pattern, n, heads, combine, layer, **params)
         cache, planned = (layer_cache(kind, n, heads, dk, pattern, combine, layer, params)
                           for _ in range(2))
         code = torch.arange(n, dtype=torch.float32)[None, None, :, None].expand(1, heads, n,

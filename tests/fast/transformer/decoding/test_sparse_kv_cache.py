@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import torch
 
-import reference.patterns as P
 from fast import SparseKVCache, sparse_attention
 from fast.transformer.decoding.decode import Decoder
 from fast.transformer.decoding.kv_cache import CACHES
 from fast.transformer.decoding.sparse_kv_cache import SparseKVCache as Internal
+from reference import patterns
 from reference.attention import attend
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -97,7 +97,7 @@ def layers(combine):
 def test_steps_match_reference_float64(pattern, params, combine, H, mode):
     for layer in layers(combine):
         q, k, v = qkv(2, H, N, D, seed=H + layer + len(params))
-        want = truth(q, k, v, P.head_masks(pattern, N, H, combine, layer, **params))
+        want = truth(q, k, v, patterns.head_masks(pattern, N, H, combine, layer, **params))
         for prompt, chunks in ((1, (1,)), (13, (1,)), (7, (3, 1, 5, 2)), (0, (4, 1))):
             cache = SparseKVCache(pattern, n_heads=H, key_dim=D, capacity=N, combine=combine,
                                   layer=layer, mode=mode, **params)
@@ -130,7 +130,7 @@ def test_low_precision_flash_rule(pattern, params, combine, H, mode, dtype, floo
     """err(cache) <= 2 * err(matmul-softmax-matmul in ``dtype``) + floor, against float64."""
     layer = layers(combine)[-1]
     q, k, v = qkv(2, H, N, D, seed=11, dtype=dtype)
-    mask = P.head_masks(pattern, N, H, combine, layer, **params)
+    mask = patterns.head_masks(pattern, N, H, combine, layer, **params)
     want = truth(q, k, v, mask)
     cache = SparseKVCache(pattern, n_heads=H, key_dim=D, capacity=N, combine=combine,
                           layer=layer, mode=mode, **params)
@@ -149,7 +149,7 @@ def test_low_precision_flash_rule(pattern, params, combine, H, mode, dtype, floo
 def test_value_width_and_scale():
     """Values narrower than keys, and a scale other than 1 / sqrt(key_dim)."""
     q, k, v = qkv(2, 4, N, D, seed=2, dv=24)
-    want = truth(q, k, v, P.head_masks("fixed", N, 4, "merged", 0, stride=6, c=2), scale=0.3)
+    want = truth(q, k, v, patterns.head_masks("fixed", N, 4, "merged", 0, stride=6, c=2), scale=0.3)
     cache = SparseKVCache("fixed", stride=6, c=2, n_heads=4, key_dim=D, value_dim=24,
                           capacity=N, scale=0.3)
     got = run(cache, q, k, v, 5)
@@ -188,7 +188,7 @@ def test_grouped_key_value_heads(pattern, params, combine, layer, mode, kv_heads
     """Query head h reads key/value head h // (4 / kv_heads): the reference with k, v
     repeated (repeat_interleave), float64 to 1e-10; the cache keeps kv_heads heads."""
     q, k, v = qkv(2, 4, N, D, seed=kv_heads, kv_heads=kv_heads)
-    want = truth(q, k, v, P.head_masks(pattern, N, 4, combine, layer, **params))
+    want = truth(q, k, v, patterns.head_masks(pattern, N, 4, combine, layer, **params))
     cache = SparseKVCache(pattern, n_heads=4, kv_heads=kv_heads, key_dim=D, capacity=N,
                           combine=combine, layer=layer, mode=mode, **params)
     got = run(cache, q, k, v, 6, (1, 3))
@@ -216,7 +216,7 @@ def test_neighbours_in_both_modes(pattern, params):
     """The neighbours in both modes: "dense" masks every key, "sparse" keeps every key and
     reads those its row holds (a pattern without laid-out stores, ``fast.backends.reads``)."""
     q, k, v = qkv(2, 2, N, D, seed=4)
-    want = truth(q, k, v, P.head_masks(pattern, N, 2, "merged", 0, **params))
+    want = truth(q, k, v, patterns.head_masks(pattern, N, 2, "merged", 0, **params))
     for mode in CACHES:
         cache = SparseKVCache(pattern, n_heads=2, key_dim=D, capacity=N, mode=mode, **params)
         got = run(cache, q, k, v, 4, (1, 2))
@@ -255,7 +255,7 @@ def test_a_copied_cache_goes_on_exactly(pattern, params, combine, H, mode, copy_
     (pickle used to write the views into the stores as tensors of their own)."""
     layer = layers(combine)[-1]
     q, k, v = qkv(1, H, N, D, seed=7)
-    want = truth(q, k, v, P.head_masks(pattern, N, H, combine, layer, **params))
+    want = truth(q, k, v, patterns.head_masks(pattern, N, H, combine, layer, **params))
     cache = SparseKVCache(pattern, n_heads=H, key_dim=D, capacity=N, combine=combine,
                           layer=layer, mode=mode, **params)
     empty = copy.deepcopy(cache)                               # nothing allocated yet

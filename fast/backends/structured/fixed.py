@@ -18,7 +18,7 @@ group, and row g of a (G, N, d) tensor (G = batch x heads) is head g mod len(los
   divide l.
 
 Pieces return (start_row, out, lse) chunks and add their share of the gradient
-given the merged out and lse (see ``fast.backends.strided`` for the chunk format).
+given the merged out and lse (see ``fast.backends.structured.strided`` for the chunk format).
 
 In float32 on the CPU, where a C compiler built it, the CPU window kernel
 (``fast.backends.cpu_window``) serves A(1) (``BlockCausal``: M sequences of l rows, l

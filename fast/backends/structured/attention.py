@@ -5,7 +5,7 @@ multi-head and interleaved heads) and section 5.5 (transpose the sequence into
 an (n/l, l) grid; gather the fixed positions; never compute the upper triangle).
 
 Plan: the heads of a layer fall into groups that read the same pieces
-(``fast.backends.strided``, ``fast.backends.fixed``):
+(``fast.backends.structured.strided``, ``fast.backends.structured.fixed``):
 
   pattern  combine       heads                         pieces
   strided  merged        all                           Column + LocalBand(strict)
@@ -20,7 +20,7 @@ Plan: the heads of a layer fall into groups that read the same pieces
 Summary(own=True) also reads the summaries of the query's own block (j <= i);
 it runs as SummaryEarlier internally when c does not divide l (and the CPU window
 kernel, where it serves, takes the summaries of earlier blocks for any c:
-``fast.backends.fixed``). The first piece
+``fast.backends.structured.fixed``). The first piece
 of a group reads something in every row.
 
 Which heads read which parts comes from ``reference.heads.head_roles``; each
@@ -90,8 +90,8 @@ import torch
 import torch.nn.functional as F
 
 from fast.backends import cpu_window, flash_cpu
-from fast.backends.fixed import BlockCausal, Summary
-from fast.backends.strided import Column, LocalBand
+from fast.backends.structured.fixed import BlockCausal, Summary
+from fast.backends.structured.strided import Column, LocalBand
 from fast.core.autograd import Function, backward_through, keep_for_backward
 from fast.core.merge import merge_into
 from fast.core.precision import PrecisionWarning, acc_dtype, may_overflow, overflow_rows
