@@ -170,8 +170,8 @@ from fast.backends import auto, host_checks
 from fast.backends import naive as naive_backend
 from fast.backends.flash_cpu import uses_kernel
 from fast.backends.naive import naive_sparse_attention
-from fast.backends.padding import as_padding, padded_run, to_device, zero_outside
 from fast.backends.one_query import row_attention
+from fast.backends.padding import as_padding, padded_run, to_device, zero_outside
 from fast.backends.structured import full_attention, structured_attention
 from fast.core.checks import check_call
 from fast.core.nonfinite import attention_reach, causal_reach, quarantine

@@ -18,10 +18,10 @@ import torch
 
 from fast import sparse_attention
 from fast.backends import masks as masks_torch
-from fast.backends.structured.fixed import BlockCausal, Summary
 from fast.backends.flex import mask_mod
-from fast.backends.structured.strided import Column, LocalBand
 from fast.backends.structured import plan
+from fast.backends.structured.fixed import BlockCausal, Summary
+from fast.backends.structured.strided import Column, LocalBand
 from fast.layout import block_layout
 from fast.transformer.config import ModelConfig
 from reference import patterns as ref

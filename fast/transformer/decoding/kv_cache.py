@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from fast import patterns
+from fast.backends.one_query import attend_pieces
 from fast.backends.reads import (
     head_groups,
     may_read_nothing,
@@ -55,7 +56,6 @@ from fast.backends.reads import (
     step_pieces,
     summary_mask,
 )
-from fast.backends.one_query import attend_pieces
 from fast.core.precision import acc_dtype
 from reference.heads import head_roles
 

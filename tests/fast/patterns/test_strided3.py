@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from fast import SparseKVCache, patterns, sparse_attention
-from fast.backends import reads
 from fast.backends import one_query as row_step
+from fast.backends import reads
 from fast.backends.flex import flex_sparse_attention
 from fast.layout import block_layout
 from fast.transformer.config import PATTERNS, ModelConfig
