@@ -9,7 +9,8 @@ block), one head and several, every combine mode:
 
 * the structured backend: the strided transposition (``fast.backends.structured.strided``)
   and the fixed summaries (``fast.backends.structured.fixed``) through PyTorch's fused
-  kernel in float64, and through the C kernel (``cpu_window.c``, float32, held to the flash-attention rule);
+  kernel in float64, and through the C kernel (``cpu_window.c``, float32, held to the
+  flash-attention rule);
 * the Triton layouts in reordered token orders (``fast.layout``, order "structured"), tile
   by tile, and the Triton kernel over them (in its CPU interpreter);
 * the stores laid out for decoding (``fast.backends.reads``: rings, summaries, the gathered
