@@ -35,7 +35,7 @@ help:
 	@echo "make test-quick - lint and the tests not marked slow (the inner loop, about 2 min)"
 	@echo "make lab      - install JupyterLab, then open the notebooks in it"
 	@echo "make notebooks - re-execute every notebook in place (outputs committed)"
-	@echo "make bench    - CPU attention benchmark (figures/data/bench_cpu.json, auto_cpu.json, compile_cpu.json)"
+	@echo "make bench    - CPU attention benchmark (figures/data/bench_cpu.json, auto_cpu.json, compile_cpu.json, host_cost_cpu.json)"
 	@echo "make lint     - ruff and the import-layer contract (part of make test)"
 	@echo "TORCH=cpu (default) | cu128 | ... | pypi picks the PyTorch build (see Makefile)"
 	@echo "make gpu-check OUT=dir - a GPU session in 9 minutes: the gpu tests, the variants and the"
@@ -92,6 +92,7 @@ bench: $(STAMP)
 	$(PY) -m fast bench
 	$(PY) -m fast bench --crossover
 	$(PY) -m fast bench --compile
+	$(PY) -m fast bench --host-cost
 
 # JupyterLab (the "lab" extra) with the notebooks opened in it; the kernel is .venv's
 # Python, which imports this checkout (installed editable). Notebooks run from

@@ -201,6 +201,10 @@ def report(tree, modes=("full", "strided"), models=MODELS, tag: str = "") -> str
         base = logs / f"{model}-sdpa{suffix}.log"
         if not base.exists():
             continue
+        if not (logs / f"{model}-sdpa{suffix}.json").exists():
+            out.append(f"{model}: sdpa did not finish (its log has no record beside it: the run "
+                       f"stopped before its end); run it again")
+            continue
         base_failed = failures(base)
         base_record = json.loads((logs / f"{model}-sdpa{suffix}.json").read_text())["tests"]
         base_passed = {node.split("::")[-1] for node, row in base_record.items()
@@ -210,6 +214,10 @@ def report(tree, modes=("full", "strided"), models=MODELS, tag: str = "") -> str
         for mode in modes:
             path = logs / f"{model}-{mode}{suffix}.log"
             if not path.exists():
+                continue
+            if not (logs / f"{model}-{mode}{suffix}.json").exists():
+                out.append(f"  {mode:8} did not finish (its log has no record beside it: the "
+                           f"run stopped before its end); run it again")
                 continue
             record = json.loads((logs / f"{model}-{mode}{suffix}.json").read_text())["tests"]
             reached = sum(1 for row in record.values()

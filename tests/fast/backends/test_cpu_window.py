@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from fast import sparse_attention
-from fast.backends import cpu_window, strided
+from fast.backends import cpu_window
+from fast.backends.structured import strided
 from reference import patterns
 from reference.attention import attend, attend_backward
 
