@@ -138,14 +138,16 @@ def test_quick_benchmark_writes_json_and_figure(tmp_path, monkeypatch):
 
 @pytest.fixture
 def kept(tmp_path):
-    """Two kept image models (random weights) and one text model, as table2 keeps them."""
+    """Two kept image models (random weights) and one text model, as table2 keeps them (the
+    text model of table2's context, 512 bytes: ``samples.draw_text`` draws 320 bytes after
+    its prompt)."""
     for i, pattern in enumerate(("full", "strided")):
         torch.manual_seed(i)
         model = SparseTransformer(ModelConfig(
             vocab_size=256, n_ctx=256, d_model=16, n_heads=2, n_layers=1, pattern=pattern,
             stride=16, embedding="image", image_shape=(16, 16, 1)))
         save_weights(tmp_path / f"image_{pattern}.pt", model)
-    text = SparseTransformer(ModelConfig(vocab_size=256, n_ctx=64, d_model=16, n_heads=2,
+    text = SparseTransformer(ModelConfig(vocab_size=256, n_ctx=512, d_model=16, n_heads=2,
                                          n_layers=1, pattern="fixed", stride=8, c=2))
     save_weights(tmp_path / "text_fixed.pt", text)
     return tmp_path
