@@ -19,6 +19,12 @@ VENV        ?= .venv
 TORCH       ?= cpu
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX := $(if $(filter pypi,$(TORCH)),,https://download.pytorch.org/whl/$(TORCH))
+# The build named by its local version first (torch==2.13.0+cpu): PyPI has no such file, so
+# this finds only a wheel that pip's own configuration already points at (a find-links
+# folder or a local index, as on this project's CI machines) and fails in seconds
+# elsewhere; then TORCH's index. It saves the minute pip spends retrying an index that a
+# machine without internet access cannot reach.
+TORCH_LOCAL := $(if $(and $(TORCH_INDEX),$(filter torch==%,$(TORCH_SPEC))),$(TORCH_SPEC)+$(TORCH))
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 TORCH_WANTED := $(VENV)/.torch-wanted
@@ -53,7 +59,7 @@ $(TORCH_WANTED): FORCE | $(PY)
 $(TORCH_STAMP): $(TORCH_WANTED)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip uninstall --quiet --yes torch 2>/dev/null || true
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(if $(TORCH_LOCAL),$(PY) -m pip install --quiet "$(TORCH_LOCAL)" 2>/dev/null || )$(PY) -m pip install --quiet "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	touch $(TORCH_STAMP)
 
 # Re-install the project when its requirements change (torch stays as installed).
