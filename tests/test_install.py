@@ -133,12 +133,15 @@ def test_notebooks_needing_triton_are_skipped_without_it(monkeypatch):
 
 
 def _fake_venv(tmp_path) -> Path:
-    """A copy of the Makefile beside a .venv whose python only logs what it was asked."""
+    """A copy of the Makefile beside a .venv whose python only logs what it was asked; it
+    finds no torch by local version (torch==X+cpu: a wheel on a find-links path) when
+    NO_LOCAL_WHEEL is set, as on a machine that has none."""
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     python = tmp_path / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
-    python.write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/../log"\n')
+    python.write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/../log"\n'
+                      'case "$*" in *torch==*+*) [ -z "$NO_LOCAL_WHEEL" ] || exit 1;; esac\n')
     python.chmod(0o755)
     return tmp_path / "venv" / "log"
 
@@ -147,15 +150,18 @@ def _fake_venv(tmp_path) -> Path:
 def test_the_install_stamp_follows_the_torch_build(tmp_path):
     log = _fake_venv(tmp_path)
 
-    def install(*args) -> list[str]:
-        subprocess.run([MAKE, "-s", "install", "VENV=venv", *args], cwd=tmp_path, check=True)
+    def install(*args, local_wheel: bool = False) -> list[str]:
+        env = {**os.environ} | ({} if local_wheel else {"NO_LOCAL_WHEEL": "1"})
+        subprocess.run([MAKE, "-s", "install", "VENV=venv", *args], cwd=tmp_path, check=True,
+                       env=env)
         lines = log.read_text().splitlines() if log.exists() else []
         log.unlink(missing_ok=True)
         return lines
 
     first = install()
+    assert "-m pip install --quiet torch==2.13.0+cpu" in first      # a local wheel first,
     assert "-m pip install --quiet torch==2.13.0 --index-url " \
-           "https://download.pytorch.org/whl/cpu" in first        # the CPU build by default
+           "https://download.pytorch.org/whl/cpu" in first        # then the CPU index
     assert "-m pip install --quiet -e .[dev]" in first
     assert install() == []                                          # nothing changed
     cuda = install("TORCH=cu128")
@@ -166,6 +172,9 @@ def test_the_install_stamp_follows_the_torch_build(tmp_path):
     assert any("torch==2.12.0" in line for line in install("TORCH=cu128",
                                                            "TORCH_SPEC=torch==2.12.0"))
     assert install("TORCH=pypi")[2] == "-m pip install --quiet torch==2.13.0"   # PyPI's
+    local = install("TORCH=cu126", local_wheel=True)
+    assert "-m pip install --quiet torch==2.13.0+cu126" in local    # found: no index asked
+    assert not any("--index-url" in line for line in local)
 
 
 @pytest.mark.skipif(MAKE is None or sys.platform == "win32", reason="needs make and sh")

@@ -117,14 +117,14 @@ def parser() -> cli.Parser:
                    help="default: dense naive flex structured on the CPU; dense flex "
                         "structured and the Triton kernels on CUDA")
     p.add_argument("--flex-n", type=n, nargs="+", default=None,
-                   help="n at which FlexAttention runs (it compiles per n); default 4096 16384 "
+                   help="n at which FlexAttention runs (it compiles per n); default 16384 "
                         "on the CPU, every n on CUDA; each an n of the sweep, and --contenders "
                         "flex needs one of them in it")
     p.add_argument("--dense-n-max", type=limit, default=None,
-                   help="largest n for dense SDPA (O(n^2) time); default 32768 on the CPU")
+                   help="largest n for dense SDPA (O(n^2) time); default 16384 on the CPU")
     p.add_argument("--naive-n-max", type=limit, default=None,
                    help="largest n for the naive masked SDPA (O(n^2) time and memory); "
-                        "default 8192 on the CPU")
+                        "default 4096 on the CPU")
     p.add_argument("--mask-gb", type=cli.finite(0.0, 2.0**20), default=None,
                    help="largest naive mask (bool + SDPA's float copy), GiB; default 3")
     p.add_argument("--target", type=cli.finite(0.0, 86400.0), default=None,

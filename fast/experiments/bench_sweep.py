@@ -12,12 +12,14 @@ same_process, variants)`` gives the runs the command makes:
 * the CPU (``make bench``): float32, (B, H) = (1, 4), d = 64, n = 1024 .. 65536,
   dense, naive, FlexAttention and the structured path, a fresh process per point
   (``FRESH``), so that each peak memory is that point's alone; dense only up to
-  n = 32768 (at 65536 one forward + backward takes minutes), naive up to 8192
-  and while its mask fits in 3 GiB, FlexAttention at n = 4096 and 16384 only (it
-  compiles per n). At n = 16384 dense and the structured path are measured again
-  in ONE long-lived process (``LONG_LIVED``), the process a training loop is: the
-  speed-ups and backward / forward ratios of both are reported (docs/design.md,
-  sec. 7, says why they differ);
+  n = 16384, naive up to 4096 and while its mask fits in 3 GiB, FlexAttention at
+  n = 16384 only (it compiles per n): the peers at the targets' point, and no point
+  that costs more than it tells -- dense at 32768 and naive at 8192 took 90 s of
+  ``make figures``' budget to extend lines whose slope (2) the smaller n already show;
+  ``--dense-n-max``, ``--naive-n-max`` and ``--flex-n`` give them back. At n = 16384
+  dense and the structured path are measured again in ONE long-lived process
+  (``LONG_LIVED``), the process a training loop is: the speed-ups and backward /
+  forward ratios of both are reported (docs/design.md, sec. 7, says why they differ);
 * the same in one process (``--same-process``): every point with ``SAME``;
 * CUDA (``make gpu-bench``): float16 and bfloat16, (B, H) = (1, 4) and (4, 16),
   dense, FlexAttention, the structured path and the Triton kernels, with
@@ -93,10 +95,10 @@ class Sweep:
     shapes: tuple[tuple[int, int], ...] = ((1, 4),)   # (B, H) of the sweep
     ns: tuple[int, ...] = powers(1024, 65536)         # sequence lengths
     contenders: tuple[str, ...] = contenders.default_names("cpu")
-    dense_n_max: int | None = 32768                   # None: no limit
-    naive_n_max: int | None = 8192
+    dense_n_max: int | None = 16384                   # None: no limit
+    naive_n_max: int | None = 4096
     mask_gb: float = 3.0                              # the naive mask's largest size
-    flex_ns: tuple[int, ...] | None = (4096, 16384)   # n FlexAttention runs at (None: all)
+    flex_ns: tuple[int, ...] | None = (16384,)        # n FlexAttention runs at (None: all)
     target_points: tuple[tuple[int, int, int], ...] = ()  # (B, H, n) added, first dtype
     same_process_ns: tuple[int, ...] = (16384,)      # FRESH: n measured again in one process
     long_ns: tuple[int, ...] = ()                     # the long sweep (same process only)

@@ -65,7 +65,7 @@ import torch
 from fast.data import load
 from fast.experiments.cache import read_cache, resumable
 from fast.experiments.paths import DATA, FIGURES, QUICK, named
-from fast.experiments.provenance import write_result
+from fast.experiments.provenance import code_version, write_result
 from fast.experiments.reproducible import child_env, kernels, weights_digest
 from fast.measure import attention_stats as stats
 from fast.measure.bench import machine_info
@@ -156,7 +156,8 @@ def train_one(spec: dict) -> dict:
             "threads": spec["threads"], "machine": machine_info("cpu"), "kernels": kernels(),
             "n_params": rec["n_params"], "weights_sha256": weights_digest(model),
             "model_cfg": asdict(model_cfg), "train_cfg": asdict(train_cfg),
-            "data": dataset.fingerprint()}
+            "data": dataset.fingerprint(),
+            "code": code_version()}    # the code that trained it: a kept record outlives it
 
 
 def replay(spec: dict) -> list[float]:

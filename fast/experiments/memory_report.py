@@ -20,12 +20,19 @@ result is already there is skipped unless --force, so the script resumes):
 * blog     -- the blog's table beside ours: per-layer bytes of the explicit
               masked softmax (stores n x n weights, as the blog counts) and of
               our flash-style dense path, scaled to 64 layers;
+* figures  -- figures/memory_*.png and the Fig. 4 dataflow drawing (beside the JSON
+              when --out names it: every output follows --out).
+
+and, behind a flag (``python -m fast memory --big``, ``run_big``), the paper's own scale:
+
 * big      -- one training step (forward, backward, AdamW) of a 128-layer,
               d=256 strided model at n=16384 with recomputation; its peak
               memory, and -- from the per-layer bytes measured on a 2-layer
-              model -- what it would need without;
-* figures  -- figures/memory_*.png and the Fig. 4 dataflow drawing (beside the JSON
-              when --out names it: every output follows --out).
+              model -- what it would need without. Written to
+              figures/data/memory_big.json with the code that measured it. It takes
+              about 5 minutes of this 2-core CPU, a ninth of ``make figures``' budget,
+              so ``make figures`` measures it only when that file is missing (like
+              Figure 2's longer runs); ``--big --force`` measures it again.
 
 Every measurement is ``fast.measure.model_memory.measure``, run in a fresh child
 process (``fast.measure.child``), so that one run's freed-but-cached memory
@@ -50,7 +57,8 @@ from fast.measure.model_memory import MALLOC_ENV, per_layer
 from fast.plots import memory as plot_memory
 
 CACHE = DATA / "memory.json"
-STEPS = ("depth", "length", "peak", "blog", "big", "figures")
+BIG = DATA / "memory_big.json"
+STEPS = ("depth", "length", "peak", "blog", "figures")
 
 # The shape of the paper's CIFAR-10 / Enwik8-like stacks (Table 1): d = 256.
 BASE = dict(d=256, heads=4, stride=128, c=32, batch=1)
@@ -200,7 +208,7 @@ def run(*, steps=STEPS, quick: bool = False, force: bool = False, out: Path | No
     data["quick"] = quick
     data["machine"] = f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}"
     funcs = {"depth": step_depth, "length": step_length, "peak": step_peak,
-             "blog": step_blog, "big": step_big}
+             "blog": step_blog}
     for name in tqdm(steps, desc="memory_report", unit="step"):
         if name in data and not force and name != "figures":
             continue
@@ -209,4 +217,29 @@ def run(*, steps=STEPS, quick: bool = False, force: bool = False, out: Path | No
         data[name]["seconds"] = round(time.perf_counter() - t0, 1)
         write_result(out, data, indent=1)
         tqdm.write(f"memory_report: {name} done in {data[name]['seconds']} s")
+    return data
+
+
+def big_path(quick: bool, out: Path | None = None) -> Path:
+    """The JSON of ``run_big``: ``out``, or figures/data/memory_big.json (--quick: under
+    runs/quick/)."""
+    return Path(out) if out is not None else (QUICK / BIG.name if quick else BIG)
+
+
+def run_big(*, quick: bool = False, force: bool = False, out: Path | None = None) -> dict:
+    """The ``big`` step (module docstring) into its own JSON (``big_path``), stamped with
+    the code that measured it; kept as it is when that file holds a result and not
+    ``force``. Returns its data."""
+    out = big_path(quick, out)
+    data = resumable(out, quick, force)
+    if "big" in data:
+        tqdm.write(f"memory_report: big kept from {out} (--force measures it again)")
+        return data
+    t0 = time.perf_counter()
+    data = {"quick": quick,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}",
+            "big": step_big(quick)}
+    data["big"]["seconds"] = round(time.perf_counter() - t0, 1)
+    write_result(out, data, indent=1)
+    tqdm.write(f"memory_report: big done in {data['big']['seconds']} s")
     return data

@@ -178,6 +178,7 @@ def test_bench_refuses_an_empty_sweep_in_one_line(tmp_path):
     (["memory", "--out", "bad.json", "--steps", "depth"], "--out bad.json cannot be resumed "
                                                           "from"),
     (["memory", "--out", "other.json"], "--out other.json holds other results"),
+    (["memory", "--big", "--steps", "depth"], "--big with --steps; allowed: one of them"),
     (["notebooks", "a_file"], "argument notebooks: got 'a_file'; allowed: a notebook"),
     (["notebooks", "missing.ipynb", "--timeout", "10"], "got 'missing.ipynb' (not found)"),
     (["notebooks", "nb.ipynb", "--timeout", "0"], "argument --timeout: got '0'; allowed: an "
@@ -209,7 +210,7 @@ def test_measuring_commands_end_bad_input_in_one_line(argv, says, tmp_path, caps
 
 @pytest.mark.parametrize("argv,lists", [
     (["sample", "--help"], ["--cache {sparse,dense,none}", "--complete {train,val,test}"]),
-    (["memory", "--help"], ["--steps {depth,length,peak,blog,big,figures}[,...]"]),
+    (["memory", "--help"], ["--steps {depth,length,peak,blog,figures}[,...]", "--big"]),
     (["bench", "--help"], ["--device {cpu,cuda}"]),
 ])
 def test_help_lists_what_each_option_allows(argv, lists, capsys):

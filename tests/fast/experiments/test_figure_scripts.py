@@ -432,3 +432,27 @@ def test_memory_figures_follow_out(tmp_path, monkeypatch):
     assert memory_command.main(["--out", str(out), "--steps", "figures"]) == 0
     assert drawn == [out.parent] and out.exists()
     assert memory_report.out_paths(False) == (memory_report.CACHE, memory_report.FIGURES)
+
+
+def test_memory_without_out_draws_into_figures_not_beside_its_json(monkeypatch):
+    """Plain ``memory`` writes figures/data/memory.json and draws into figures/: the command
+    hands ``run`` no --out of its own making (which would put the PNGs beside the JSON)."""
+    calls = []
+    monkeypatch.setattr(memory_report, "run", lambda **kw: calls.append(kw) or {})
+    assert memory_command.main(["--steps", "figures"]) == 0
+    assert calls == [{"steps": ["figures"], "quick": False, "force": False, "out": None}]
+
+
+def test_memory_big_is_kept_unless_forced(tmp_path, monkeypatch):
+    """``memory --big`` measures the 128-layer step into its own JSON, stamped with the
+    code, and keeps that record on the next call (make figures' call) unless --force."""
+    measured = []
+    monkeypatch.setattr(memory_report, "step_big",
+                        lambda quick: measured.append(quick) or {"layers": 2, "n": 8})
+    out = tmp_path / "big.json"
+    assert memory_command.main(["--big", "--out", str(out)]) == 0
+    first = json.loads(out.read_text())
+    assert first["big"]["layers"] == 2 and "sources_sha256" in first["code"]
+    assert memory_command.main(["--big", "--out", str(out)]) == 0 and len(measured) == 1
+    assert memory_command.main(["--big", "--force", "--out", str(out)]) == 0
+    assert len(measured) == 2
