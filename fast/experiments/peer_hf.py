@@ -182,6 +182,10 @@ def failures(path: Path) -> dict:
     return {key: first.get(key, "(see the log)") for key in failed}
 
 
+UNFINISHED = ("did not finish (its log has no record beside it: the run stopped before its "
+              "end); run it again")
+
+
 def _expected(test: str, message: str) -> str | None:
     for pattern, why in EXPECTED:
         if re.search(pattern, f"{test}: {message}"):
@@ -196,30 +200,38 @@ def report(tree, modes=("full", "strided"), models=MODELS, tag: str = "") -> str
     apart."""
     logs = Path(tree).resolve() / "logs"
     suffix = f"-{tag}" if tag else ""
+
+    def run_of(model: str, mode: str) -> tuple[Path, dict | str | None]:
+        """(the log of ``mode``'s run, its per-test record: None when it never ran,
+        UNFINISHED when its log has no record beside it)."""
+        log = logs / f"{model}-{mode}{suffix}.log"
+        record = log.with_suffix(".json")
+        if not log.exists():
+            return log, None
+        if not record.exists():
+            return log, UNFINISHED
+        return log, json.loads(record.read_text())["tests"]
+
     out = []
     for model in models:
-        base = logs / f"{model}-sdpa{suffix}.log"
-        if not base.exists():
+        base, base_record = run_of(model, "sdpa")
+        if base_record is None:
             continue
-        if not (logs / f"{model}-sdpa{suffix}.json").exists():
-            out.append(f"{model}: sdpa did not finish (its log has no record beside it: the run "
-                       f"stopped before its end); run it again")
+        if base_record is UNFINISHED:
+            out.append(f"{model}: sdpa {UNFINISHED}")
             continue
         base_failed = failures(base)
-        base_record = json.loads((logs / f"{model}-sdpa{suffix}.json").read_text())["tests"]
         base_passed = {node.split("::")[-1] for node, row in base_record.items()
                        if row["outcome"] == "passed"}
         out += [f"{model} (tests/models/{model}/test_modeling_{model}.py)",
                 f"  sdpa     {_summary_line(base)}"]
         for mode in modes:
-            path = logs / f"{model}-{mode}{suffix}.log"
-            if not path.exists():
+            path, record = run_of(model, mode)
+            if record is None:
                 continue
-            if not (logs / f"{model}-{mode}{suffix}.json").exists():
-                out.append(f"  {mode:8} did not finish (its log has no record beside it: the "
-                           f"run stopped before its end); run it again")
+            if record is UNFINISHED:
+                out.append(f"  {mode:8} {UNFINISHED}")
                 continue
-            record = json.loads((logs / f"{model}-{mode}{suffix}.json").read_text())["tests"]
             reached = sum(1 for row in record.values()
                           if any(key.startswith("attention:") for key in row))
             calls = sum(row.get("sparse_attention", 0) for row in record.values())

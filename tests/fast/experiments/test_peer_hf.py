@@ -104,3 +104,19 @@ def test_the_report_lists_what_passes_with_sdpa_and_fails_with_the_adapter(tmp_p
     assert "test_flaky" not in text.split("full:")[-1]          # fails with sdpa too
     assert "asserts that the default attention is sdpa" in text
     assert "test_cross: ValueError: got is_causal=False" in text.split("non-causal")[1]
+
+
+def test_the_report_names_runs_that_stopped_before_their_end(tmp_path):
+    """A log with no record beside it is a run that stopped early: said so, for sdpa (the
+    model's other modes are then not compared) and for a mode; a run never started is not
+    mentioned."""
+    logs = tmp_path / "transformers" / "logs"
+    logs.mkdir(parents=True)
+    _log(logs / "llama-sdpa.log", {})
+    _log(logs / "gpt2-sdpa.log", {})
+    _log(logs / "gpt2-full.log", {})
+    (logs / "gpt2-sdpa.json").write_text(json.dumps({"tests": {}}))
+    text = report(tmp_path / "transformers", modes=("full", "strided"), models=("llama", "gpt2"))
+    assert text.count("did not finish") == 2
+    assert "llama: sdpa did not finish" in text and "  full     did not finish" in text
+    assert "strided" not in text
