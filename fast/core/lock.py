@@ -128,3 +128,12 @@ class FolderLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def refuse_if_held(folder, what: str = "folder") -> None:
+    """``FolderBusy``, naming the holder, when another process holds ``folder``'s lock now;
+    nothing otherwise (a lock file left there is taken and let go at once; where there is
+    none, nothing is written). For a check that would otherwise blame what the holder is
+    writing (its checkpoint) rather than the holder."""
+    if os.path.lexists(Path(folder) / NAME):
+        FolderLock(folder, what).acquire().release()

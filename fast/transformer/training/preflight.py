@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from fast.core.files import check_writable, identity, lands_on
+from fast.core.lock import refuse_if_held
 from fast.data import Dataset, load
 from fast.transformer.config import ModelConfig, TrainConfig
 from fast.transformer.network.checkpoint import load_checkpoint
@@ -123,6 +124,7 @@ def _check_output(model_cfg, train_cfg, plan: Plan) -> None:
                              f"out_dir {path.parent}?")
     else:
         if train_cfg.save_checkpoint and os.path.lexists(path) and not train_cfg.overwrite:
+            refuse_if_held(path.parent, "out_dir")   # a run writing it now: named, first
             raise ValueError(f"{path} already holds a checkpoint, which this fresh run would "
                              f"overwrite; pass --resume to continue it, --overwrite to "
                              f"replace it, or choose another --out_dir")

@@ -421,6 +421,22 @@ def test_a_second_writer_of_an_out_dir_is_refused_naming_the_first(tmp_path, dig
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
 
 
+def test_a_fresh_run_on_an_out_dir_being_written_names_the_writer_not_its_checkpoint(
+        tmp_path, digits):
+    """The holder has already saved its first checkpoint: the refusal names the run that
+    holds out_dir (wait for it, or another out_dir), not the file it is writing (whose
+    advice, --resume or --overwrite, would be wrong while it runs)."""
+    m, t = config(tmp_path, max_iters=2)
+    with FolderLock(tmp_path, "out_dir"):
+        (tmp_path / "ckpt.pt").write_bytes(b"the holder's checkpoint")
+        with pytest.raises(ValueError, match=r"is in use by another run \(pid "):
+            training.train(m, t, progress=False, dataset=digits)
+    assert (tmp_path / "ckpt.pt").read_bytes() == b"the holder's checkpoint"
+    with pytest.raises(ValueError, match="already holds a checkpoint"):   # released: the file
+        training.train(m, t, progress=False, dataset=digits)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]   # no lock file left
+
+
 def test_a_checkpoint_another_writer_put_there_is_never_replaced(tmp_path, digits, monkeypatch):
     """Something that takes no lock writes ckpt.pt: after the checks and before the first
     step the run is refused; mid-run the next save stops the run. Theirs stays."""
