@@ -92,12 +92,17 @@ def draw_completions(models: dict, truth: np.ndarray, given: int, seed: int = 0)
             for p, m in models.items()}
 
 
-def draw_text(models: dict, prompt: bytes = PROMPT, length: int = 320, num: int = 2,
+TEXT_LENGTH = 320                  # bytes of each text sample (prompt included) at most
+
+
+def draw_text(models: dict, prompt: bytes = PROMPT, length: int | None = None, num: int = 2,
               seed: int = 0, **kw) -> dict:
-    """{pattern: [num decoded strings]}: every model continues ``prompt``."""
+    """{pattern: [num decoded strings]}: every model continues ``prompt`` to ``length``
+    bytes; by default ``TEXT_LENGTH``, or the model's whole context where that is shorter
+    (a length given that a model's context cannot hold is refused by ``sample``)."""
     ids = torch.tensor(list(prompt), dtype=torch.long)
     return {p: [bytes(row).decode("utf-8", "replace") for row in
-                sample(m, num, length=length, prompt=ids,
+                sample(m, num, length=length or min(TEXT_LENGTH, m.cfg.n_ctx), prompt=ids,
                        generator=torch.Generator().manual_seed(seed), **kw).tolist()]
             for p, m in models.items()}
 

@@ -139,8 +139,7 @@ def test_quick_benchmark_writes_json_and_figure(tmp_path, monkeypatch):
 @pytest.fixture
 def kept(tmp_path):
     """Two kept image models (random weights) and one text model, as table2 keeps them (the
-    text model of table2's context, 512 bytes: ``samples.draw_text`` draws 320 bytes after
-    its prompt)."""
+    text model of table2's context, 512 bytes)."""
     for i, pattern in enumerate(("full", "strided")):
         torch.manual_seed(i)
         model = SparseTransformer(ModelConfig(
@@ -169,6 +168,21 @@ def test_kept_models_and_sample_figures(kept, tmp_path):
     assert grid.shape[0] > 250 and grid.shape[1] > 600            # big enough to see
     texts = drawing.draw_text(drawing.kept_models("text", kept), length=40, num=2)
     assert all(t.startswith(drawing.PROMPT.decode()) for t in texts["fixed"])
+
+
+def test_text_samples_fit_each_models_context(monkeypatch):
+    """By default each text sample is ``TEXT_LENGTH`` bytes, or the model's whole context
+    where that is shorter; a length given is passed on as it is (``sample`` refuses one the
+    context cannot hold)."""
+    asked = []
+    monkeypatch.setattr(drawing, "sample", lambda model, num, length, **kw: asked.append(
+        length) or torch.zeros(num, length, dtype=torch.long))
+    models = {p: SparseTransformer(ModelConfig(vocab_size=256, n_ctx=n, d_model=16, n_heads=2,
+                                               n_layers=1, pattern="full"))
+              for p, n in (("short", 64), ("long", 512))}
+    drawing.draw_text(models)
+    drawing.draw_text(models, length=40)
+    assert asked == [64, drawing.TEXT_LENGTH, 40, 40]
 
 
 def test_sample_plots_check_their_input(tmp_path):
