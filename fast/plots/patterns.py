@@ -223,10 +223,11 @@ def plot_combine_modes(pattern: str, n: int, n_heads: int,
         plot_head_masks(masks, parts, titles, axes=ax_row)
         ax_row[0].set_ylabel(f"{combine}\nlayer {layer}", fontsize=10)
     p = ", ".join(f"{k if k != 'stride' else 'l'} = {v}" for k, v in params.items())
+    summary = "summary" in PARTS[pattern]           # only a fixed head names a sub-block
     fig.suptitle(f"What each of {n_heads} heads reads: the {pattern} pattern (n = {n}, {p}), "
                  f"merged, multi-head and interleaved (sec. 5.1)\n"
-                 f"rows = outputs i, columns = inputs j; 'summary k' = sub-block k of each "
-                 f"block", fontsize=10)
+                 f"rows = outputs i, columns = inputs j"
+                 + ("; 'summary k' = sub-block k of each block" if summary else ""), fontsize=10)
     fig.legend(handles=legend_patches(), loc="lower center", ncol=4, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.035, 1, 0.965))
     return fig

@@ -55,6 +55,12 @@ term
     Notebook 01 defines the words every notebook uses; a later notebook links its first
     use of each to 01, or defines a word of its own where it first needs it.
 
+pointer
+    A section ends with one line that says where its code lives in the package, labelled
+    ``*Where it lives:*`` in every notebook (no other label, such as "*In the package:*", on a
+    line that names a module path). Module paths (```fast/...```, ```reference/...```,
+    ```tests/...```) stay on that line, out of the running prose.
+
 Not machine-checked: what a sentence claims beyond its numbers (an ordering such as
 "fewest" or "faster", a mechanism, "one run at a time" beside a printed 2). A sentence
 stating an ordering prints the numbers it orders in the same section, which the number
@@ -469,6 +475,30 @@ def _notebook_headings(nb) -> set[str]:
     return set(_notebook_titles(nb))
 
 
+POINTER_LABEL = "Where it lives"
+LABEL_LINE = re.compile(r"^\s*\*([A-Z][^*:\n]{1,40}):\*")
+MODULE_PATH = re.compile(r"`((?:fast|reference|tests)/[^`\s]*)`")
+
+
+def pointer_problems(text: str) -> list[tuple[str, str]]:
+    """(words, why) for a package pointer under another label than ``*Where it lives:*``,
+    and for a module path written in running prose instead of on that line."""
+    problems = []
+    for line in text.split("\n"):
+        label = LABEL_LINE.match(line)
+        paths = MODULE_PATH.findall(line)
+        if label and label.group(1) == POINTER_LABEL:
+            continue
+        if label and paths:
+            problems.append((f"*{label.group(1)}:*",
+                             f'the package pointer\'s label is "*{POINTER_LABEL}:*" in every notebook'))
+            continue
+        for path in paths:
+            problems.append((path, f'a module path goes on the section\'s "*{POINTER_LABEL}:*" '
+                                   "line, not in running prose"))
+    return problems
+
+
 def reference_problems(text: str, own: dict[str, str] | set[str],
                        root: Path = ROOT) -> list[tuple[str, str]]:
     """(words, why) for each ambiguous, dangling or misnamed section reference of a markdown
@@ -482,7 +512,7 @@ def reference_problems(text: str, own: dict[str, str] | set[str],
         for s in filter(None, m.groups()):
             if s not in PAPER_SECTIONS:
                 problems.append((m.group(0), f"the paper has no sec. {s}"))
-    for m in re.finditer(r"(\S+\.md|[Nn]otebook\s+(\d\d))?\s*§\s*(\d+)", text):
+    for m in re.finditer(r"(\S+\.md|[Nn]otebook\s+(\d\d)\]?)?\s*§\s*(\d+)", text):
         where, other, number = m.groups()
         if where and where.endswith(".md"):
             path = root / where.strip("(*")
@@ -495,7 +525,8 @@ def reference_problems(text: str, own: dict[str, str] | set[str],
         else:
             titles, name = own, "this notebook"
         if number not in titles:
-            problems.append((m.group(0).strip(), f'{name} has no heading "{number}. ..."'))
+            problems.append((" ".join(m.group(0).replace("]", " ").split()),
+                             f'{name} has no heading "{number}. ..."'))
             continue
         start, _ = _sentence_at(text, m.start())
         before = text[start:m.start()]
@@ -503,7 +534,7 @@ def reference_problems(text: str, own: dict[str, str] | set[str],
             continue                        # "(§3 prints both)": a pointer, not a name
         why = topic_problem(before, number, titles)
         if why:
-            problems.append((m.group(0).strip(), f"{name}: {why}"))
+            problems.append((" ".join(m.group(0).replace("]", " ").split()), f"{name}: {why}"))
     return problems
 
 
@@ -525,7 +556,7 @@ def _output_text(cell) -> str:
 
 
 def check_notebook(path: str | Path, root: Path = ROOT) -> list[Finding]:
-    """Every finding of the three rules in one notebook."""
+    """Every finding of the rules in one notebook."""
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     name = path.name
@@ -564,6 +595,8 @@ def check_notebook(path: str | Path, root: Path = ROOT) -> list[Finding]:
                 findings.append(Finding(name, idx, "reference", words, why))
             for words, why in setting_problems(cell.source):
                 findings.append(Finding(name, idx, "setting", words, why))
+            for words, why in pointer_problems(cell.source):
+                findings.append(Finding(name, idx, "pointer", words, why))
     terms = glossary(path.parent, (name, nb))
     for idx, words, why in term_problems(nb, name, terms):
         findings.append(Finding(name, idx, "term", words, why))

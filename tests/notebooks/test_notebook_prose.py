@@ -155,6 +155,9 @@ def test_a_quote_is_the_papers_words_with_its_section_or_a_marked_paraphrase(
     ("docs/design.md §60 says how", ["docs/design.md §60"]),
     ("notebook 01 §4 shows the order", []),
     ("notebook 01 §40 shows the order", ["notebook 01 §40"]),
+    # notebook 08 once pointed at notebook 05's §2 through a link: it was read as its own §2
+    ("[notebook 01](01_attention_patterns.ipynb) §4 shows the order", []),
+    ("[notebook 01](01_attention_patterns.ipynb) §40 shows the order", ["notebook 01 §40"]),
 ])
 def test_a_section_reference_says_whose_section(tmp_path, prose, flagged):
     found = _found(tmp_path, [("md", "## 1. One"), ("md", prose)])
@@ -212,6 +215,23 @@ def test_a_reference_beside_a_noun_points_at_the_section_named_by_it(tmp_path, p
     found = _found(tmp_path, cells)
     print(found)
     assert [words for rule, words in found if rule == "reference"] == flagged
+
+
+@pytest.mark.parametrize("prose, flagged", [
+    ("*Where it lives:* `fast/attention.py` (`sparse_attention`).", []),
+    # notebooks 06-10 once labelled the same line differently
+    ("*In the package:* `fast/attention.py` (`sparse_attention`).", ["*In the package:*"]),
+    ("*Pre-activation*: each branch normalises its own input.", []),
+    # notebook 09 once cited a test file in an explanatory paragraph
+    ("The tests check it for every cache (`tests/fast/transformer/decoding/test_decode.py`).",
+     ["tests/fast/transformer/decoding/test_decode.py"]),
+    ("`docs/examples/tiny_gpt.py` is the same model as a script; `figures/data/table2.json` "
+     "holds the runs", []),
+])
+def test_a_package_pointer_is_one_labelled_line(tmp_path, prose, flagged):
+    found = _found(tmp_path, [("md", prose)])
+    print(found)
+    assert [words for rule, words in found if rule == "pointer"] == flagged
 
 
 def _book(folder: Path, name: str, sources) -> Path:
