@@ -69,9 +69,14 @@ $(STAMP): pyproject.toml Makefile $(TORCH_STAMP)
 
 install: $(STAMP)
 
+# Tests run on every core (at most 4: WORKERS=1 runs them in this process), one test file
+# per worker (--dist loadfile), so that a notebook's cells stay in one kernel, in order.
+WORKERS ?= auto
+XDIST    = $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --maxprocesses 4 --dist loadfile)
+
 test: $(STAMP) lint
 	TRITON_INTERPRET=1 SPARSE_TRANSFORMER_FIGURES=$$(mktemp -d) $(PY) -m pytest tests notebooks --nbval --nbval-current-env \
-		--nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider -q
+		--nbval-sanitize-with notebooks/nbval_sanitize.cfg -p no:cacheprovider -q $(XDIST)
 	@$(MAKE) --no-print-directory test-gpu
 
 # The inner loop: lint and every test not marked slow (no notebooks, no subprocess runs,
@@ -79,7 +84,7 @@ test: $(STAMP) lint
 T ?= tests
 test-quick: $(STAMP) lint
 	TRITON_INTERPRET=1 SPARSE_TRANSFORMER_FIGURES=$$(mktemp -d) $(PY) -m pytest $(T) -m "not slow" \
-		-p no:cacheprovider -q
+		-p no:cacheprovider -q $(XDIST)
 
 # Style (ruff) and the layering rule: imports run downward only (docs/architecture.md).
 lint: $(STAMP)
