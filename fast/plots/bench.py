@@ -51,8 +51,14 @@ def label(name: str, config: dict | None = None, labels: dict = LABELS) -> str:
     return labels.get(name, name)
 
 
-def _legend(ax) -> None:
-    if ax.get_legend_handles_labels()[0]:       # nothing measured: no empty legend
+def _legend(ax, below: bool = False) -> None:
+    """The panel's legend (none when nothing was measured); ``below``: under the axes, for
+    a panel whose curves fill it (the speed-ups, whose ideal line a legend inside hid)."""
+    if not ax.get_legend_handles_labels()[0]:
+        return
+    if below:
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
+    else:
         ax.legend(fontsize=7)
 
 
@@ -115,7 +121,7 @@ def plot_gpu(data: dict, path: Path, dtype: str | None = None, shape=None) -> Pa
     long = [r for r in data.get("long", []) if "skipped" not in r]
     patterns = list(c["patterns"]) if rows or not long else []     # --only-long: its row only
     n_rows = len(patterns) + (1 if long else 0)
-    fig, axes = plt.subplots(n_rows, 3, figsize=(15, 4.2 * n_rows), squeeze=False)
+    fig, axes = plt.subplots(n_rows, 3, figsize=(15, 6.4 * n_rows), squeeze=False)
     timer = data["machine"].get("timer", "cuda events")
     for i, pattern in enumerate(patterns):
         settings = ", ".join(f"{k}={v}" for k, v in c["patterns"][pattern].items())
@@ -126,6 +132,8 @@ def plot_gpu(data: dict, path: Path, dtype: str | None = None, shape=None) -> Pa
         _speedup_panel(axes[i, 2], rows, pattern, c)
     if long:
         _long_panels(axes[-1], long)
+    for ax in axes.flat:                  # every legend under its panel: these fill theirs
+        _legend(ax, below=True)
     m = data["machine"]
     where = m.get("gpu") or f"{m['cpu']} (wall clock)"
     sdpa = data["calibration"]["sdpa_backend"].get(dtype, "?")
@@ -134,7 +142,7 @@ def plot_gpu(data: dict, path: Path, dtype: str | None = None, shape=None) -> Pa
                  f"d={c['d']}, {dtype}, block {c['block']}{variant}; torch {m['torch']}, "
                  f"Triton {m.get('triton')}", fontsize=10)
     fig.tight_layout()
-    return style.save(fig, path)
+    return style.save(fig, path, tight=True)        # the speed-up legends hang below
 
 
 def _speedup_panel(ax, rows, pattern, config=None):
@@ -159,7 +167,7 @@ def _speedup_panel(ax, rows, pattern, config=None):
     ax.set_xlabel("sequence length n")
     ax.set_ylabel("dense time / time")
     ax.grid(True, which="both", alpha=0.3)
-    _legend(ax)
+    _legend(ax, below=True)
 
 
 def _long_panels(axes, rows):
