@@ -23,7 +23,11 @@ fixed cost per step, and loses where a step is mostly attention over many keys,
 which PyTorch computes with vectorised matrix products. ``AUTO_MAX_KEYS`` is where
 the two cross on this project's 2-core machine: ``python -m fast generate`` times
 both engines side by side, alternating, on its Enwik8-shaped model and records the
-crossover (figures/data/generation.json, "engines"; notebook 09 prints it).
+crossover (figures/data/generation.json, "engines"; notebook 09 prints it). On
+2026-11-29 the compiled step led at 1,632 keys per head (1.06x) and trailed at 2,400
+(0.85x); the straight line between them crosses 1 near 1,850 keys, so 1,792 (14 x 128).
+The limit was 1,024 before, from an earlier run on the same machine: it sent steps to
+PyTorch that the compiled step ran faster.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import torch
 from fast.transformer.decoding import cpu_kernel
 
 NO_FLAGS = np.zeros(0, dtype=bool)                   # every head reads every row
-AUTO_MAX_KEYS = 1024            # "auto": steps reading more keys per head run in PyTorch
+AUTO_MAX_KEYS = 1792            # "auto": steps reading more keys per head run in PyTorch
 
 # The per-block weights in the order ``cpu_kernel.decode_step`` takes them, read from a
 # ``decode.BlockWeights`` by name; linear weights as W^T, (in, out).
