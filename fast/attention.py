@@ -176,7 +176,6 @@ from fast.backends.structured import full_attention, structured_attention
 from fast.core.checks import check_call
 from fast.core.nonfinite import attention_reach, causal_reach, quarantine
 from fast.core.precision import autocast_inputs
-from fast.core.traced import constant_when_traced
 from reference.params import FACTORIZED
 
 BACKENDS = ("auto", "structured", "naive", "triton")
@@ -184,7 +183,7 @@ MAX_CALL_PLANS = 256      # call plans kept (least recently used dropped first)
 
 
 @functools.lru_cache(maxsize=1)
-@constant_when_traced     # torch.compile: read when traced, no break
+@torch.compiler.assume_constant_result     # torch.compile: read when traced, no break
 def _triton_available() -> bool:
     return (importlib.util.find_spec("triton") is not None
             and importlib.util.find_spec("fast.kernels.triton_attention") is not None)

@@ -38,8 +38,9 @@ there.
 
 from __future__ import annotations
 
+import torch
+
 from fast.backends.crossovers import CROSSOVERS
-from fast.core.traced import constant_when_traced
 
 PASSES = ("fwd", "fb")
 
@@ -77,7 +78,7 @@ def crossover(table: dict, pattern: str, stride: int | None, backward: bool) -> 
     return nearest(measured(table, pattern, backward), stride)
 
 
-@constant_when_traced
+@torch.compiler.assume_constant_result
 def in_force(pattern: str, backward: bool) -> tuple[tuple[int, int], ...]:
     """``measured`` of the crossovers in force (``crossovers()``). Under torch.compile a
     constant, computed when the call is traced (the stride, which may be traced as a

@@ -95,7 +95,6 @@ from fast.backends.structured.strided import Column, LocalBand
 from fast.core.autograd import Function, backward_through, keep_for_backward
 from fast.core.merge import merge_into
 from fast.core.precision import PrecisionWarning, acc_dtype, may_overflow, overflow_rows
-from fast.core.traced import constant_when_traced
 from reference.heads import head_roles
 
 
@@ -549,7 +548,7 @@ def dense_window(q: torch.Tensor, k: torch.Tensor) -> bool:
             and d <= DENSE_WINDOW_WIDTH and d % 8 == 0 and _window_built())
 
 
-@constant_when_traced
+@torch.compiler.assume_constant_result
 def _window_built() -> bool:
     """Whether the CPU window kernel is there (built on first use); under torch.compile a
     constant, found when the call is traced (building or loading it is no graph break)."""
