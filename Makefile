@@ -38,7 +38,7 @@ LAB_STAMP   := $(VENV)/.lab-installed
 help:
 	@echo "make figures  - install, then regenerate every figure in figures/"
 	@echo "make test     - install, then run pytest over tests/ and nbval over notebooks/"
-	@echo "make test-quick - lint and the tests not marked slow (the inner loop, about 7 min)"
+	@echo "make test-quick - lint and the tests not marked slow (the inner loop), on every core"
 	@echo "make lab      - install JupyterLab, then open the notebooks in it"
 	@echo "make notebooks - re-execute every notebook in place (outputs committed)"
 	@echo "make bench    - CPU attention benchmark (figures/data/bench_cpu.json, auto_cpu.json, compile_cpu.json, host_cost_cpu.json)"
