@@ -230,7 +230,6 @@ def test_a_reference_beside_a_noun_points_at_the_section_named_by_it(tmp_path, p
 ])
 def test_a_package_pointer_is_one_labelled_line(tmp_path, prose, flagged):
     found = _found(tmp_path, [("md", prose)])
-    print(found)
     assert [words for rule, words in found if rule == "pointer"] == flagged
 
 
