@@ -6,13 +6,14 @@ gradients in half precision, weights in single). Every fast path keeps its runni
 the inputs are float64 (the exact checks against ``reference/`` need it).
 
 Under autocast an attention call takes scaled_dot_product_attention's rule
-(``autocast_inputs``): its floating inputs other than float64 are cast to the autocast
+(``autocast_casts``): its floating inputs other than float64 are cast to the autocast
 dtype of their device, the call runs in that dtype (with autocast off inside, so that
 every backend computes alike: the sums still in float32), and its output is in it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -86,18 +87,33 @@ def overflow_rows(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tenso
     return (score_bound(q, k, scale) >= torch.finfo(acc_dtype(q.dtype)).max / 2)[..., None]
 
 
-def autocast_inputs(*tensors) -> tuple[tuple, str | None]:
+def autocast_casts(*tensors) -> tuple[str, tuple] | None:
     """SDPA's autocast rule for one attention call: when autocast is on for the first
-    tensor's device, (the tensors, each floating one but float64 cast to the autocast
-    dtype, that device type); else (the tensors unchanged, None). Anything that is not
-    a tensor passes through, for the caller's checks to name."""
+    tensor's device, (that device type, for each tensor the dtype it is cast to -- the
+    autocast dtype, for a floating tensor other than float64 of another dtype -- or
+    None); else None. Anything that is not a tensor is left alone, for the caller's
+    checks to name."""
     first = tensors[0]
     if not isinstance(first, torch.Tensor):
-        return tensors, None
+        return None
     device = first.device.type
     if not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)):
-        return tensors, None
+        return None
     low = torch.get_autocast_dtype(device)
-    cast = tuple(t.to(low) if isinstance(t, torch.Tensor) and t.is_floating_point()
-                 and t.dtype != torch.float64 else t for t in tensors)
-    return cast, device
+    return device, tuple(low if isinstance(t, torch.Tensor) and t.is_floating_point()
+                         and t.dtype not in (torch.float64, low) else None for t in tensors)
+
+
+def cast_inputs(casts: tuple[str, tuple] | None, *tensors) -> tuple:
+    """The tensors as ``casts`` (``autocast_casts``'s answer for them) casts them."""
+    if casts is None:
+        return tensors
+    return tuple(t if c is None else t.to(c) for t, c in zip(tensors, casts[1]))
+
+
+def autocast_off(casts: tuple[str, tuple] | None):
+    """Autocast off on the device of ``casts`` (a no-op context where there are none):
+    the attention computes in the dtype its inputs were cast to."""
+    if casts is None:
+        return contextlib.nullcontext()
+    return torch.autocast(casts[0], enabled=False)

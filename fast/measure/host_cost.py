@@ -257,15 +257,15 @@ def gpu_defaults():
     made inside: the CPU's default reads q, k, v for NaN (the model's layer names no
     ``check_finite``). Call plans made before and inside are forgotten on the way in and
     out."""
-    import fast.attention as fast_attention
-    before = fast_attention.finite_default
-    fast_attention.clear_call_plans()
-    fast_attention.finite_default = lambda device: None
+    from fast.attention import plan
+    before = plan.finite_default
+    plan.clear_call_plans()
+    plan.finite_default = lambda device: None
     try:
         yield
     finally:
-        fast_attention.finite_default = before
-        fast_attention.clear_call_plans()
+        plan.finite_default = before
+        plan.clear_call_plans()
 
 
 @contextlib.contextmanager

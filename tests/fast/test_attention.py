@@ -471,7 +471,7 @@ def test_auto_backend_choice(monkeypatch):
     assert resolve_backend("auto", "bigbird", cpu) == "naive"
     assert resolve_backend("auto", "fixed", cuda, torch.float64) == "structured"
     for interpreted in (False, True):
-        monkeypatch.setattr(fast_attention, "_triton_interpreted", lambda x=interpreted: x)
+        monkeypatch.setattr(fast_attention.paths, "_triton_interpreted", lambda x=interpreted: x)
         expected = "triton" if _triton_available() and not interpreted else "structured"
         assert resolve_backend("auto", "strided", cuda, torch.bfloat16) == expected
     assert resolve_backend("naive", "strided", cuda) == "naive"

@@ -210,9 +210,9 @@ def test_padding_values_are_read_before_they_move(monkeypatch):
     from fast.backends import host_checks
     from fast.backends.padding import check_padding
     seen = []
-    check, move = host_checks.check, fast_attention.to_device
+    check, move = host_checks.check, fast_attention.plan.to_device
     monkeypatch.setattr(host_checks, "check", lambda *a: (seen.append("check"), check(*a)))
-    monkeypatch.setattr(fast_attention, "to_device",
+    monkeypatch.setattr(fast_attention.plan, "to_device",
                         lambda *a: (seen.append("move"), move(*a))[1])
     q = torch.zeros(2, 1, 29, 8)
     sparse_attention(q, q, q, "strided", stride=4, lengths=[5, 29], check_finite=False)
@@ -561,7 +561,7 @@ def test_the_naive_path_refuses_what_it_cannot_hold_before_allocating(monkeypatc
     small = torch.randn(1, 1, 40, 4, dtype=torch.float64)
     assert fast_attention.resolve_backend("auto", "strided", torch.device("cpu"), n=40,
                                           stride=8) == "naive"
-    monkeypatch.setattr(fast_attention, "naive_sparse_attention", None)     # not called
+    monkeypatch.setattr(fast_attention.paths, "naive_sparse_attention", None)     # not called
     out = sparse_attention(small, small, small, "strided", stride=8)
     want = sparse_attention(small, small, small, "strided", stride=8, backend="structured")
     assert torch.equal(out, want)
@@ -652,7 +652,7 @@ def test_auto_follows_its_crossovers(monkeypatch, tmp_path):
     assert choose(100, 16, n_q=1) == "structured"    # the one-query step
     q = torch.randn(1, 2, 200, 8)
     calls = []
-    monkeypatch.setattr(fast_attention, "naive_sparse_attention",
+    monkeypatch.setattr(fast_attention.paths, "naive_sparse_attention",
                         lambda *a, **kw: calls.append("naive") or torch.zeros_like(q))
     sparse_attention(q, q, q, "strided", stride=16)
     assert calls == ["naive"]

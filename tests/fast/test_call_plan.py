@@ -62,7 +62,7 @@ def test_a_repeated_call_makes_no_new_plan(plans_made):
 
 
 def test_the_plans_kept_are_bounded_least_recently_used_first(monkeypatch, plans_made):
-    monkeypatch.setattr(fast_attention, "MAX_CALL_PLANS", 3)
+    monkeypatch.setattr(fast_attention.plan, "MAX_CALL_PLANS", 3)
     qs = [torch.randn(1, 1, n, 4) for n in range(20, 25)]
     for q in qs:
         _call(q)

@@ -112,7 +112,7 @@ def test_full_by_a_gpus_default_is_sdpa_alone(monkeypatch):
     import fast.attention as fast_attention
     from fast.backends.structured import attention as structured
 
-    monkeypatch.setattr(fast_attention, "finite_default", lambda device: None)
+    monkeypatch.setattr(fast_attention.plan, "finite_default", lambda device: None)
     monkeypatch.setattr(structured, "looks_for_overflow", lambda device: False)   # a GPU's
     (q, k, v), _ = _tensors(False)
     _, ops, _ = _count(lambda: sparse_attention(q, k, v, "full"))
