@@ -44,8 +44,8 @@ Backends: "auto" (the default: the fastest exact path that honours the call's
 arguments), "naive" (SDPA with the pattern's boolean mask: honours every argument),
 "structured" (no n x n tensor: the paper's patterns on the CPU) and "triton" (the
 block-sparse kernels); ``fast.attention.paths`` says what each runs and when "auto"
-picks which. One call plan per signature (``fast.attention.plan``; docs/design.md,
-"The call plan"): the arguments are checked, and the path chosen and bound, by the first
+picks which. One call plan per signature (``fast.attention.plan``; docs/design.md
+§15): the arguments are checked, and the path chosen and bound, by the first
 call of a signature; a later one runs only what depends on the values, and bad input
 gets the same error on a kept plan as on a fresh one.
 

@@ -2,7 +2,7 @@
 
 Child et al., 2019, section 5.5: a block-sparse kernel pays only for the tiles it
 computes; around it, every call also spends host time, paid by every layer of every
-step (docs/design.md §15, "The call plan"). So the arguments are checked, and the path
+step (docs/design.md §15). So the arguments are checked, and the path
 chosen and bound, once per call signature, here.
 
 A call's signature -- the shapes, strides, dtypes, devices and requires_grad of q, k,
@@ -46,7 +46,7 @@ def finite_default(device: torch.device) -> bool | None:
 
 class CallPlan:
     """Everything a call of one signature needs, checked and decided once (module
-    docstring; docs/design.md, "The call plan"): autocast's casts; every check of the
+    docstring; docs/design.md §15): autocast's casts; every check of the
     arguments' types, shapes, strides, dtypes and devices, the pattern and its
     parameters, the scale, the mask's and the padding's metadata; the path
     (``choose_path``) and the callable that runs it; which value checks a call asks for;

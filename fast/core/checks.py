@@ -191,8 +191,8 @@ class Checked(NamedTuple):
 def check_call(q, k, v, pattern, combine, layer, scale, attn_mask, dropout_p, is_causal,
                enable_gqa, check_finite, params: dict, pattern_params: dict) -> Checked:
     """Every check of a ``fast.sparse_attention`` call that reads no value, in the order a
-    user meets them: the keywords, ``check_finite``, SDPA's arguments, q, k, v, the scale
-    (and where it goes), the mask's metadata, and last the pattern and its parameters
+    user meets them: the keywords, ``check_finite``, SDPA's arguments, q, k, v, the scale,
+    the mask's metadata (then where the scale goes), and last the pattern and its parameters
     (``params``: stride and c as given, with ``pattern_params``) at n_k keys and H
     heads."""
     check_keywords(pattern_params)
@@ -201,9 +201,9 @@ def check_call(q, k, v, pattern, combine, layer, scale, attn_mask, dropout_p, is
     dropout_p = check_sdpa(dropout_p, is_causal, enable_gqa)
     check_tensors(q, k, v, finite=False, enable_gqa=enable_gqa)
     scale = check_scale(scale, q.shape[-1])
-    fold = fold_dtype(scale, q.dtype)
     if attn_mask is not None:
         check_mask(attn_mask, q, k)
+    fold = fold_dtype(scale, q.dtype)
     params = check_params(pattern, k.shape[2], q.shape[1], combine, layer,
                           {**params, **pattern_params})
     return Checked(params, scale, dropout_p, fold)

@@ -16,7 +16,8 @@ import torch
 
 from fast import attention as fast_attention
 from fast import sparse_attention
-from fast.attention import _triton_available, resolve_backend
+from fast.attention import resolve_backend
+from fast.attention.paths import _triton_available
 from fast.backends import flash_cpu
 from fast.backends.structured import strided
 from fast.core.merge import merge, merge_into

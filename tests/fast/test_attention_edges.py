@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fast import sparse_attention
-from fast.attention import _triton_available
+from fast.attention.paths import _triton_available
 from fast.backends import flash_cpu, flex, masks, structured
 from fast.commands import train as cli
 from fast.core.precision import PrecisionWarning
@@ -95,7 +95,7 @@ SCALES = [0.0, -1e6, 1e-30, 1e-46, 5e-324, 1e4, 1e6, 1e10, 1e20, 3e38, -3e38, 1e
 
 
 # float64 "full" on the structured backend is SDPA's, exact below scores of about 1e17 only
-# (fast/attention.py, "Scale"): not a case of this test.
+# (fast/attention/api.py, "Scale"): not a case of this test.
 SCALE_CASES = [
     pytest.param(*case, backend, dtype, id=f"{case[0]}-{case[2]}-{backend}-{dtype}")
     for case in [("strided", {"stride": 5}, "merged", 4),
@@ -115,7 +115,7 @@ def test_any_finite_scale_gives_the_reference(pattern, params, combine, H, backe
     to the input dtype, plus -- in float64 -- the precision of the reference itself, whose
     backward forms rowsum(dO * O) as the kernels do (about eps * |scale| |dO| |v| |k|), and
     the weights a float64 recompute forms from the scores' log-sum-exp (dv: about
-    eps * |scale| |q| |k| |dO|; fast/attention.py, "Scale").
+    eps * |scale| |q| |k| |dO|; fast/attention/api.py, "Scale").
     Before: float32 gradient errors of 0.06 at scale 1e4, 11 at 1e6, 8e4 at 1e10 (the
     float32 log-sum-exp holds ulp(|lse|) of the weights); NaN for 0 < scale < 1.4e-45
     (the kernel's float32 scale rounded to 0); NaN for float32 calls at scales from

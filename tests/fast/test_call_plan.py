@@ -154,3 +154,33 @@ def test_kept_plans_give_the_reference_on_every_layout(backend):
                 q, k, v, go)
             for part, a, b in zip(("out", "dq", "dk", "dv"), got, want):
                 assert (a - b).abs().max().item() < 1e-10, f"{name} {part}"
+
+
+def test_every_path_the_choice_names_has_one_binder_taking_the_same_arguments():
+    """``choose_path`` names a path of ``PATHS`` for every backend, pattern and query
+    count, and every binder takes the same arguments, so the plan binds each path
+    alike (a binder out of step would fail only on its own path, at its first call)."""
+    import inspect
+
+    from fast.attention.paths import BACKENDS, PATHS, choose_path
+    from reference.params import PARAMS
+
+    signatures = {name: list(inspect.signature(bind).parameters) for name, bind in
+                  PATHS.items()}
+    assert len({tuple(s) for s in signatures.values()}) == 1, signatures
+    cpu = torch.device("cpu")
+    chosen = set()
+    for backend in BACKENDS:
+        for pattern in PARAMS:
+            params = {"stride": 4, "c": 1} if pattern in ("strided", "fixed", "strided3") \
+                else {}
+            for n_q, n_k in ((1, 40), (40, 40), (3, 3)):
+                try:
+                    which = choose_path(backend, pattern, "merged", params, cpu,
+                                        torch.float32, 1, 2, n_q, n_k, backward=False,
+                                        attn_mask=False, dropout=False, padded=False)
+                except ValueError:                # refused by name: not a path
+                    continue
+                assert which in PATHS, (backend, pattern, n_q, which)
+                chosen.add(which)
+    assert chosen == set(PATHS), chosen

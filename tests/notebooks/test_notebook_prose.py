@@ -218,9 +218,9 @@ def test_a_reference_beside_a_noun_points_at_the_section_named_by_it(tmp_path, p
 
 
 @pytest.mark.parametrize("prose, flagged", [
-    ("*Where it lives:* `fast/attention.py` (`sparse_attention`).", []),
+    ("*Where it lives:* `fast/attention/api.py` (`sparse_attention`).", []),
     # notebooks 06-10 once labelled the same line differently
-    ("*In the package:* `fast/attention.py` (`sparse_attention`).", ["*In the package:*"]),
+    ("*In the package:* `fast/attention/api.py` (`sparse_attention`).", ["*In the package:*"]),
     ("*Pre-activation*: each branch normalises its own input.", []),
     # notebook 09 once cited a test file in an explanatory paragraph
     ("The tests check it for every cache (`tests/fast/transformer/decoding/test_decode.py`).",

@@ -52,7 +52,7 @@ log-sum-exp, which float32 holds to ulp(|lse|): a float32 call whose largest
 |lse| exceeds ``EXACT_LSE`` (large scales, large or tied scores) is recomputed in
 float64, forward and backward (the operator, below), and says so (a ``PrecisionWarning``,
 raised inside this module, so Python's default filter shows it once per process: the
-answer has float64's precision, the call is slower; fast/attention.py, "Scale", says
+answer has float64's precision, the call is slower; fast/attention/api.py, "Scale", says
 how far that reaches; silence it with
 ``warnings.filterwarnings("ignore", category=fast.core.precision.PrecisionWarning)``).
 
