@@ -16,6 +16,9 @@ Per case and per call, forward alone and forward+backward:
   wall clock and of this thread's CPU time (on a shared machine the CPU time does not
   count the time other processes held the core), the calls of every case taken in turns
   (``timed``), so that the load weighs on each alike;
+* ``vs_dense``: ``cpu_us`` over dense SDPA's in the same run (``PEER``), the figure to
+  compare across runs: on a shared machine the same call's microseconds can move by a
+  factor of two from one minute to the next, every case's alike, so the ratio holds;
 * ``launches``: Triton kernel launches, by kernel;
 * ``ops``: every other PyTorch op dispatched (``OpCounter``, a ``TorchDispatchMode``),
   by name and in kinds: allocations, fills, casts and copies, reductions, host reads
@@ -56,6 +59,7 @@ from fast.transformer.network.model import Attention
 
 # (B, H, n, d) of the calls: the tensor work of a call is a few microseconds
 SHAPE = (1, 2, 64, 16)
+PEER = "dense"        # the case every other is divided by (``vs_dense``): SDPA's own call
 STRIDE = 8
 NAMESPACE = "sparse_transformer"       # this project's operators: counted with their insides
 
@@ -408,6 +412,10 @@ def measure(spec: dict | None = None) -> dict:
         into = operator[name[1]] if isinstance(name, tuple) else results[name]
         for part, t in parts.items():
             into[part] = {**t, **into[part]}
+    peer = results[PEER]
+    for entry in (*results.values(), *operator.values()):
+        for part in ("fwd", "fwd_bwd"):
+            entry[part]["vs_dense"] = round(entry[part]["cpu_us"] / peer[part]["cpu_us"], 2)
     B, H, n, d = SHAPE
     return {"config": {"B": B, "H": H, "n": n, "d": d, "pattern": "strided",
                        "stride": STRIDE, "dtype": "float32", "calls": calls, "threads": 1},
@@ -420,14 +428,14 @@ def report(data: dict) -> str:
     lines = [f"host cost per call (B, H, n, d) = ({c['B']}, {c['H']}, {c['n']}, {c['d']}), "
              f"{c['pattern']} l={c['stride']}, {c['dtype']}, {c['threads']} thread, kernel "
              f"launches stubbed; medians of {c['calls']} calls",
-             f"  {'case':22} {'part':8} {'wall us':>8} {'cpu us':>8} {'launches':>8} "
-             f"{'ops':>5}  ops by kind"]
+             f"  {'case':22} {'part':8} {'wall us':>8} {'cpu us':>8} {'vs SDPA':>8} "
+             f"{'launches':>8} {'ops':>5}  ops by kind"]
     for name, r in data["results"].items():
         for part in ("fwd", "fwd_bwd"):
             p = r[part]
             kinds = ", ".join(f"{k} {v}" for k, v in p["ops_by_kind"].items()) or "none"
             lines.append(f"  {name:22} {part:8} {p['wall_us']:8.1f} {p['cpu_us']:8.1f} "
-                         f"{p['launches']:8d} {p['ops']:5d}  {kinds}")
+                         f"{p['vs_dense']:7.2f}x {p['launches']:8d} {p['ops']:5d}  {kinds}")
     if "operator" in data:
         lines.append("  one empty operator, bound three ways (us per call, wall / cpu): "
                      + "; ".join(f"{way} fwd {r['fwd']['wall_us']:.1f} / {r['fwd']['cpu_us']:.1f}"

@@ -54,5 +54,9 @@ def test_the_benchmark_measures_every_case_and_reports_it():
     for r in (*results.values(), *data["operator"].values()):
         for part in ("fwd", "fwd_bwd"):
             assert r[part]["wall_us"] > 0 and r[part]["cpu_us"] > 0
+            # each case against dense SDPA's call in the same run
+            assert r[part]["vs_dense"] == round(
+                r[part]["cpu_us"] / results["dense"][part]["cpu_us"], 2)
+    assert results["dense"]["fwd"]["vs_dense"] == 1.0
     lines = host_cost.report(data).splitlines()
     assert len(lines) == 2 + 2 * len(results) + 1
