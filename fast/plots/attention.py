@@ -13,8 +13,10 @@ corner; pixels a sparse model may not read are grey.
   (head-averaged);
 * ``draw_mass``    -- per layer: where the mass goes (start token, local window,
   row, column, elsewhere), how far each layer's most local / most row-column
-  head is above uniform attention, every head's image entropy, and the mass a
-  dense model puts inside the strided and fixed patterns -- each beside uniform;
+  head is above uniform attention, every head's image entropy and data dependence
+  (start sinks marked apart and left out of the mean, as the layer statistics leave
+  them out), and the mass a dense model puts inside the strided and fixed patterns --
+  each beside uniform;
 * ``draw_parts``   -- trained sparse models: the mass on each part of the pattern;
 * ``draw_depth``   -- dense models of several depths: per layer, the row and the column
   lift of the most row-like and most column-like head (its share of the pixel mass on
@@ -201,8 +203,10 @@ def draw_mass(summary: dict, path):
     ax.legend(fontsize=6.5)
     ax.grid(alpha=0.3)
 
+    sinks = np.array([[label == "start sink" for label in labels]
+                      for labels in summary["labels"]])                  # (L, H)
     ax = axes[0, 2]
-    _per_head(ax, np.asarray(summary["image_entropy"]), 1.0, "uniform = 1")
+    _per_head(ax, np.asarray(summary["image_entropy"]), 1.0, "uniform = 1", sinks)
     ax.axhline(SPREAD, color=style.GREEN, lw=0.8, ls="--", label=f"global at {SPREAD} or above")
     ax.axhline(CONCENTRATED, color=style.RED, lw=0.8, ls="--",
                label=f"concentrated at {CONCENTRATED} or below")
@@ -212,7 +216,8 @@ def draw_mass(summary: dict, path):
     ax.legend(fontsize=6.5, loc="lower left")
 
     ax = axes[1, 0]
-    _per_head(ax, np.asarray(summary["data_dependence"]), 0.0, "uniform (or any fixed pattern) = 0")
+    _per_head(ax, np.asarray(summary["data_dependence"]), 0.0, "uniform (or any fixed pattern) = 0",
+              sinks)
     ax.set_ylim(0, 1.0)
     ax.set_ylabel("mean total-variation distance")
     ax.set_title("how much the weights change from image to image", fontsize=9)
@@ -244,13 +249,26 @@ def draw_mass(summary: dict, path):
     return style.save(fig, path)
 
 
-def _per_head(ax, values: np.ndarray, uniform: float, uniform_label: str):
-    """values (L, H): every head a dot, the mean over heads a line, uniform dotted."""
+def _per_head(ax, values: np.ndarray, uniform: float, uniform_label: str,
+              sinks: np.ndarray | None = None):
+    """values (L, H): every head a dot, the mean over heads a line, uniform dotted.
+
+    sinks (L, H), True where a head is labelled "start sink": its pixel numbers describe
+    only the small rest of its mass, so it is drawn with its own marker and left out of
+    the mean, as ``learned_attention.beats_uniform`` leaves it out of a layer's statistics
+    (a layer whose heads are all sinks is averaged over all of them, as there)."""
     L = len(values)
+    sinks = np.zeros(values.shape, bool) if sinks is None else np.asarray(sinks, bool)
+    kept = np.where(sinks.all(1, keepdims=True), True, ~sinks)           # (L, H)
     for layer in range(L):
-        ax.plot(np.full(values.shape[1], layer), values[layer], "o", ms=4, color=style.GREY,
-                alpha=0.7)
-    ax.plot(range(L), values.mean(1), "-", color=style.GREY, label="heads (dots), mean (line)")
+        ax.plot(np.full(kept[layer].sum(), layer), values[layer, kept[layer]], "o", ms=4,
+                color=style.GREY, alpha=0.7)
+    mean = [values[layer, kept[layer]].mean() for layer in range(L)]
+    ax.plot(range(L), mean, "-", color=style.GREY, label="heads (dots), mean (line)")
+    if (sinks & ~kept).any():
+        layer, head = np.nonzero(sinks & ~kept)
+        ax.plot(layer, values[layer, head], "x", ms=7, mew=1.8, color=style.PURPLE,
+                label="start sink (left out of the mean)")
     ax.axhline(uniform, color="black", lw=0.8, ls=":", label=uniform_label)
     ax.set_xlabel("layer")
     ax.grid(alpha=0.3)
@@ -285,10 +303,13 @@ def draw_parts(summaries: dict, path):
         ax.set_xticks(xs, [f"{i}\n{_majority(s['labels'][i])}" for i in range(L)]
                       + ["uniform\nin pattern"], fontsize=7)
         ax.set_ylabel("attention mass")
+        ax.set_ylim(0, 1.02)
+        ax.set_yticks(np.linspace(0, 1, 6))                              # 0 included
         ax.set_title(f"trained {pattern} model: mass per part of the pattern", fontsize=9)
-        ax.legend(fontsize=7, loc="lower left", framealpha=0.9)
+        # under the axes: inside, it covered the bottoms of the first bars
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
     fig.tight_layout()
-    return style.save(fig, path)
+    return style.save(fig, path, tight=True)                            # the legends hang below
 
 
 def draw_depth(data: dict, path):

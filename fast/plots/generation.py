@@ -47,6 +47,12 @@ def _title(name: str, m: dict) -> str:
             f"{cfg['n_heads']} heads")
 
 
+def _legend_below(ax) -> None:
+    """The panel's legend under its axes: inside, it covered the re-run sampler's points
+    (at both ends of t) and the memory lines' first points."""
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.27), ncol=2)
+
+
 def plot_generation(data: dict, path) -> Path:
     """Write the figure (rows: models; columns: speed, memory) to ``path``."""
     models = data["models"]
@@ -67,7 +73,7 @@ def plot_generation(data: dict, path) -> Path:
                            f"{m['sparse']['total_s']:.0f} s, re-run ~{r['total_s_estimated']:.0f}"
                            f" s (estimated): {speedup:.0f}x", fontsize=9)
         ax_speed.grid(alpha=0.3, which="both")
-        ax_speed.legend(fontsize=8)
+        _legend_below(ax_speed)
         mib = 2.0 ** 20
         sizes = m["cache_bytes"]
         for kind, width in (("sparse", 4.0), ("dense", 1.5)):   # the sparse line under the dense
@@ -75,16 +81,16 @@ def plot_generation(data: dict, path) -> Path:
             ax_mem.plot(sizes["n"], [b / mib for b in sizes[kind]], ls, color=colour, lw=width,
                         marker="o", ms=4, label=label, alpha=0.6 if kind == "sparse" else 1.0)
         if sizes["sparse"] == sizes["dense"]:
-            ax_mem.text(0.5, 0.08, "the column reaches position 0: both caches keep every key",
-                        transform=ax_mem.transAxes, ha="center", fontsize=8)
+            ax_mem.text(0.03, 0.92, "the column reaches position 0:\nboth caches keep every key",
+                        transform=ax_mem.transAxes, ha="left", va="top", fontsize=8)
         ax_mem.set_xlabel("sample length n (positions)")
         ax_mem.set_ylabel("keys and values held (MiB)")
         ax_mem.set_ylim(bottom=0)
         ax_mem.set_title("cache memory (the re-run sampler keeps none)", fontsize=9)
         ax_mem.grid(alpha=0.3)
-        ax_mem.legend(fontsize=8)
+        _legend_below(ax_mem)
     info = data["machine"]
     fig.suptitle(f"Sampling speed, batch 1, float32, random weights; {info['cpu']}, "
                  f"{info['torch_threads']} thread(s), torch {info['torch']}", fontsize=9.5)
     fig.tight_layout()
-    return style.save(fig, path)
+    return style.save(fig, path, tight=True)            # the legends hang below the panels

@@ -41,12 +41,13 @@ def plot_bits(data: dict, path) -> Path:
             ax.errorbar(x, mean, yerr=std, fmt="s", ms=8, capsize=6, color=style.color(pattern))
             ax.plot(np.full(len(bits), x + 0.18), bits, "o", ms=4, alpha=0.6,
                     color=style.color(pattern))
+            # right-aligned, ending clear of the error bar's caps (6 points either side)
             ax.annotate(f"{mean:.3f} ± {std:.3f}\npaper {data['paper'][modality][pattern][0]:.2f}",
-                        (x, mean), xytext=(-58, 0), textcoords="offset points", fontsize=7.5,
-                        va="center")
+                        (x, mean), xytext=(-11, 0), textcoords="offset points", fontsize=7.5,
+                        va="center", ha="right")
             lows.append(mean - std)
         ax.set_xticks(range(len(PATTERN_ORDER)), [display_name(p) for p in PATTERN_ORDER])
-        ax.set_xlim(-0.9, len(PATTERN_ORDER) - 0.5)
+        ax.set_xlim(-1.0, len(PATTERN_ORDER) - 0.5)
         ax.set_title(MODALITY_TITLES[modality], fontsize=9)
         ax.set_ylabel("held-out test bits (lower is better)")
         ax.grid(alpha=0.3, axis="y")

@@ -65,3 +65,33 @@ def test_draw_parts_refuses_shares_that_count_a_key_twice(tmp_path):
     bad = dict(good, part_mass=[[[0.6, 0.4], [0.5, 0.3]]])           # head 0: 1.1
     with pytest.raises(ValueError, match="sum to 1"):
         plot_attention.draw_parts({"fixed": bad}, tmp_path / "bad.png")
+
+
+def test_per_head_marks_start_sinks_apart_and_leaves_them_out_of_the_mean():
+    # beats_uniform leaves a layer's start sinks out of its statistics; the figure must too
+    values = np.array([[0.6, 0.8, 0.4, 0.7], [0.5, 0.5, 0.5, 0.5]])       # (L, H)
+    sinks = np.array([[False, False, True, False], [True] * 4])           # layer 1: all sinks
+    fig, ax = plot_attention.plt.subplots()
+    plot_attention._per_head(ax, values, 1.0, "uniform", sinks)
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    mean = lines["heads (dots), mean (line)"]
+    assert np.allclose(mean.get_ydata(), [0.7, 0.5])       # layer 0 without its sink; layer 1 all
+    marked = lines["start sink (left out of the mean)"]
+    assert marked.get_xdata().tolist() == [0] and marked.get_ydata().tolist() == [0.4]
+    plot_attention.plt.close(fig)
+
+
+def test_draw_parts_legends_sit_below_the_bars(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(plot_attention.style, "save",
+                        lambda fig, path, **kw: figures.append(fig) or path)
+    s = {"start": [[0.1, 0.2]], "part_mass": [[[0.6, 0.3], [0.5, 0.3]]], "parts": ["a", "b"],
+         "labels": [["x", "x"]], "uniform": {"start": 0.0, "part_mass": [0.6, 0.4]}}
+    plot_attention.draw_parts({"strided": s, "fixed": s}, tmp_path / "f.png")
+    fig = figures[0]
+    fig.canvas.draw()
+    for ax in fig.axes:
+        legend = ax.get_legend().get_window_extent()
+        assert legend.y1 <= ax.get_window_extent().y0            # wholly under the axes
+        assert 0.0 in ax.get_yticks()
+    plot_attention.plt.close(fig)
