@@ -62,7 +62,7 @@ def plot_curves(data: dict, path) -> Path:
     """Validation bits against step: mean over seeds (line), range over seeds (band)."""
     fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.8))
     for ax, modality in zip(axes, ("text", "image")):
-        firsts, lasts = [], []
+        highs, lows = [], []                 # every plotted mean and band lies between them
         for pattern in PATTERN_ORDER:
             runs = _seeds(data, f"{modality}/{pattern}")
             if not runs:
@@ -73,15 +73,16 @@ def plot_curves(data: dict, path) -> Path:
                     label=f"{display_name(pattern)} ({len(runs)} seeds)")
             ax.fill_between(steps, vals.min(0), vals.max(0), color=style.color(pattern),
                             alpha=0.2, lw=0)
-            firsts.append(vals[:, 0].max())
-            lasts.append(vals[:, -1].min())
+            highs.append(vals.max())
+            lows.append(vals.min())
         ax.set_title(MODALITY_TITLES[modality], fontsize=9)
         ax.set_xlabel("training step")
         ax.set_ylabel("validation bits (evenly spread sample)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        if firsts:
-            ax.set_ylim(min(lasts) - 0.1, min(firsts, default=0) + 0.1)
+        if highs:
+            pad = 0.04 * (max(highs) - min(lows)) + 0.02
+            ax.set_ylim(min(lows) - pad, max(highs) + pad)
     fig.suptitle("Table 2 at CPU scale: learning curves (line: mean over seeds; band: range)",
                  fontsize=10)
     fig.tight_layout()
