@@ -319,6 +319,22 @@ def test_gpu_figure_from_a_synthetic_result(monkeypatch, tmp_path):
     assert {"ours, Triton block-sparse, fwd", "ideal (tile count)",
             "FlexAttention (BlockMask), fwd+bwd", "strided, first call"} <= names, names
 
+def test_gpu_figure_draws_each_kind_of_ideal_as_its_own_line(monkeypatch, tmp_path):
+    """The Triton rows carry the tile count's ideal, the others the keys read's: each is
+    its own line, labelled, never one line zigzagging between the two."""
+    data = _synthetic_gpu_result()
+    for r in data["results"]:
+        tiles = r["contender"].startswith("triton")
+        r["ideal"], r["ideal_by"] = (8.0, "tiles") if tiles else (12.0, "pairs")
+    fig = _drawn(monkeypatch, plots.plot_gpu, data, tmp_path)
+    ideals = {}
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if line.get_label().startswith("ideal"):
+                ideals.setdefault(line.get_label(), set()).update(line.get_ydata())
+    assert ideals == {"ideal (tile count)": {8.0}, "ideal (keys read)": {12.0}}, ideals
+
+
 @pytest.mark.slow
 def test_gpu_figure_replots_from_its_json(tmp_path):
     (tmp_path / "data").mkdir()
