@@ -148,7 +148,7 @@ def plot_gpu(data: dict, path: Path, dtype: str | None = None, shape=None) -> Pa
 def _speedup_panel(ax, rows, pattern, config=None):
     """Speed-up over dense of every contender (forward solid, forward+backward dashed)
     and the two ideals the rows carry: the structured layout's tile count (dotted) and
-    the keys read (sparse dots)."""
+    the keys read (grey dots)."""
     for name in contender_names(rows, pattern):
         if name == "dense":
             continue
@@ -160,12 +160,12 @@ def _speedup_panel(ax, rows, pattern, config=None):
                         label=f"{label(name, config)}, {'fwd' if what == 'fwd' else 'fwd+bwd'}")
     # one line per kind of ideal: the rows of the Triton contenders carry the tile count's,
     # the others the keys read's (fast.experiments.bench._derived): joined, they zigzag
-    for by, ls, what in (("tiles", ":", "ideal (tile count)"),
-                         ("pairs", (0, (1, 4)), "ideal (keys read)")):
+    for by, colour, what in (("tiles", style.BLACK, "ideal (tile count)"),
+                             ("pairs", style.LIGHT_GREY, "ideal (keys read)")):
         ideal = sorted({(r["n"], r["ideal"]) for r in rows if r["pattern"] == pattern
                         and r.get("ideal") and r.get("ideal_by", "tiles") == by})
         if ideal:
-            ax.plot(*zip(*ideal), ls=ls, color=style.BLACK, label=what)
+            ax.plot(*zip(*ideal), ls=":", lw=1.6, color=colour, label=what)
     ax.axhline(1.0, color=style.GREY, lw=0.8)
     _log_axes(ax)
     ax.set_title(f"{pattern}: speed-up over dense causal SDPA", fontsize=10)
