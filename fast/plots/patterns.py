@@ -155,7 +155,8 @@ def figure3(n: int = 36, stride: int = 6, c: int = 1, query: int = 27):
         draw_connectivity(axes[1, col], a1, a2)
     axes[0, 0].set_ylabel(f"query pixel {query}\n(black frame)", fontsize=9)
     axes[1, 0].set_ylabel(f"{n} x {n} connectivity\n(rows = outputs)", fontsize=9)
-    fig.legend(handles=legend_patches(full_panel=True), loc="lower center", ncol=4, fontsize=9, frameon=False)
+    fig.legend(handles=legend_patches(full_panel=True), loc="lower center", ncol=4, fontsize=9,
+               frameon=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
