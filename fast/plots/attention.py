@@ -276,7 +276,8 @@ def _per_head(ax, values: np.ndarray, uniform: float, uniform_label: str,
 
 def draw_parts(summaries: dict, path):
     """summaries: {pattern: summary} of trained sparse models. Per layer, stacked: start
-    token and each part's mass; beside it uniform attention inside the pattern. The
+    token and each part's mass; beside it uniform attention inside the pattern. Under each
+    layer, "majority:" and the most common of its heads' labels. The
     start token and the parts are disjoint (``learned_attention.part_masks``), so every
     head's bars sum to 1; a summary whose do not raises ValueError."""
     for pattern, s in summaries.items():
@@ -300,7 +301,8 @@ def draw_parts(summaries: dict, path):
         for vals, name, color in cols:
             ax.bar(xs, vals, bottom=bottom, color=color, width=0.75, label=name)
             bottom += vals
-        ax.set_xticks(xs, [f"{i}\n{_majority(s['labels'][i])}" for i in range(L)]
+        # one label per layer: the most common of its heads' labels
+        ax.set_xticks(xs, [f"{i}\nmajority:\n{_majority(s['labels'][i])}" for i in range(L)]
                       + ["uniform\nin pattern"], fontsize=7)
         ax.set_ylabel("attention mass")
         ax.set_ylim(0, 1.02)

@@ -97,11 +97,14 @@ def draw_query(ax, a1_row: np.ndarray, a2_row: np.ndarray | None, query: int, wi
     ax.set_title(title, fontsize=9)
 
 
-def legend_patches(two_heads: bool = True) -> list[Patch]:
+def legend_patches(two_heads: bool = True, full_panel: bool = False) -> list[Patch]:
+    """The colours' names; ``full_panel``: a figure that also draws full attention, whose one
+    head is drawn in A(1)'s colour, says that this colour means "read" there."""
     if not two_heads:
         return [Patch(color=A1_COLOUR, label="read"),
                 Patch(color=FUTURE_COLOUR, label="future (j > i)")]
-    return [Patch(color=A1_COLOUR, label="head A(1)"), Patch(color=A2_COLOUR, label="head A(2)"),
+    a1 = "head A(1); in (a), full: read" if full_panel else "head A(1)"
+    return [Patch(color=A1_COLOUR, label=a1), Patch(color=A2_COLOUR, label="head A(2)"),
             Patch(color=BOTH_COLOUR, label="both"),
             Patch(color=FUTURE_COLOUR, label="future (j > i)")]
 
@@ -152,7 +155,8 @@ def figure3(n: int = 36, stride: int = 6, c: int = 1, query: int = 27):
         draw_connectivity(axes[1, col], a1, a2)
     axes[0, 0].set_ylabel(f"query pixel {query}\n(black frame)", fontsize=9)
     axes[1, 0].set_ylabel(f"{n} x {n} connectivity\n(rows = outputs)", fontsize=9)
-    fig.legend(handles=legend_patches(), loc="lower center", ncol=4, fontsize=9, frameon=False)
+    fig.legend(handles=legend_patches(full_panel=True), loc="lower center", ncol=4, fontsize=9,
+               frameon=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 

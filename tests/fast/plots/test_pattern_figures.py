@@ -78,3 +78,17 @@ def test_cost_figure_fits_the_slope_of_each_series():
     labels = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
     assert "a (slope 1.50)" in labels and "b (slope 1.00)" in labels and "a (slope 2.00)" in labels
     plt.close(fig)
+
+
+def test_figure3_legend_says_what_the_full_panels_colour_means():
+    # panel (a), full attention, has no head A(1), yet is drawn in A(1)'s colour: the legend
+    # must name that colour "read" for (a)
+    fig = pp.figure3()
+    (legend,) = fig.legends
+    for patch, text in zip(legend.get_patches(), legend.get_texts()):
+        if np.allclose(patch.get_facecolor()[:3], pp._rgb(pp.A1_COLOUR)):
+            assert "A(1)" in text.get_text() and "read" in text.get_text()
+            break
+    else:
+        raise AssertionError("figure 3's legend has no entry for head A(1)'s colour")
+    plt.close(fig)
