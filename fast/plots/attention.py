@@ -277,7 +277,8 @@ def _per_head(ax, values: np.ndarray, uniform: float, uniform_label: str,
 def draw_parts(summaries: dict, path):
     """summaries: {pattern: summary} of trained sparse models. Per layer, stacked: start
     token and each part's mass; beside it uniform attention inside the pattern. Under each
-    layer, "majority:" and the most common of its heads' labels. The
+    layer, "most common:" and the most common of its heads' labels (``_majority``: a tie goes
+    to the tied label that comes first in head order). The
     start token and the parts are disjoint (``learned_attention.part_masks``), so every
     head's bars sum to 1; a summary whose do not raises ValueError."""
     for pattern, s in summaries.items():
@@ -302,14 +303,14 @@ def draw_parts(summaries: dict, path):
             ax.bar(xs, vals, bottom=bottom, color=color, width=0.75, label=name)
             bottom += vals
         # one label per layer: the most common of its heads' labels
-        ax.set_xticks(xs, [f"{i}\nmajority:\n{_majority(s['labels'][i])}" for i in range(L)]
+        ax.set_xticks(xs, [f"{i}\nmost\ncommon:\n{_majority(s['labels'][i])}" for i in range(L)]
                       + ["uniform\nin pattern"], fontsize=7)
         ax.set_ylabel("attention mass")
         ax.set_ylim(0, 1.02)
         ax.set_yticks(np.linspace(0, 1, 6))                              # 0 included
         ax.set_title(f"trained {pattern} model: mass per part of the pattern", fontsize=9)
-        # under the axes: inside, it covered the bottoms of the first bars
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+        # under the axes and the four-line ticks: inside, it covered the bottoms of the first bars
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3)
     fig.tight_layout()
     return style.save(fig, path, tight=True)                            # the legends hang below
 
@@ -363,6 +364,7 @@ def draw_depth(data: dict, path):
 
 
 def _majority(labels) -> str:
+    """The most common of ``labels``; of labels tied for it, the one that comes first."""
     return max(dict.fromkeys(labels), key=list(labels).count)
 
 

@@ -97,16 +97,18 @@ def test_draw_parts_legends_sit_below_the_bars(tmp_path, monkeypatch):
     plot_attention.plt.close(fig)
 
 
-def test_draw_parts_says_its_layer_label_is_the_heads_majority(tmp_path, monkeypatch):
-    # one label per layer stands for several heads' labels: the tick must say it is their majority
+def test_draw_parts_says_its_layer_label_is_the_heads_most_common(tmp_path, monkeypatch):
+    # one label per layer stands for several heads' labels, often a plurality or a tie, not a
+    # majority: the tick must say it is the most common one; a tie goes to the first in head order
     figures = []
     monkeypatch.setattr(plot_attention.style, "save",
                         lambda fig, path, **kw: figures.append(fig) or path)
-    s = {"start": [[0.1, 0.2, 0.1]], "part_mass": [[[0.6, 0.3], [0.5, 0.3], [0.6, 0.3]]],
-         "parts": ["a", "b"], "labels": [["global", "mixed", "global"]],
+    s = {"start": [[0.1] * 4] * 2, "part_mass": [[[0.6, 0.3]] * 4] * 2,
+         "parts": ["a", "b"],
+         "labels": [["global", "mixed", "global", "local"], ["mixed", "global", "global", "mixed"]],
          "uniform": {"start": 0.0, "part_mass": [0.6, 0.4]}}
     plot_attention.draw_parts({"strided": s}, tmp_path / "f.png")
     (ax,) = figures[0].axes
     ticks = [t.get_text() for t in ax.get_xticklabels()]
-    assert ticks[0] == "0\nmajority:\nglobal"
+    assert ticks[:2] == ["0\nmost\ncommon:\nglobal", "1\nmost\ncommon:\nmixed"]
     plot_attention.plt.close(figures[0])
