@@ -345,7 +345,7 @@ def beats_uniform(summary: dict) -> list[dict]:
     for layer in range(len(shares)):
         labels = summary["labels"][layer]
         sinks = [h for h, label in enumerate(labels) if label == "start sink"]
-        heads = np.array([h for h in range(len(labels)) if h not in sinks] or range(len(labels)))
+        heads = np.array(stats.measured_heads(labels))
         local = shares[layer, heads, 0] / uni[0]
         # a region uniform attention cannot read (outside a sparse pattern) has no lift
         row, column = (np.divide(shares[layer, heads, k], uni[k], out=np.zeros(len(heads)),

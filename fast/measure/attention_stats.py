@@ -262,6 +262,14 @@ def label_head(start, shares, spread) -> str:
     return "mixed"
 
 
+def measured_heads(labels) -> list[int]:
+    """The heads a layer's statistics are taken over, given its heads' labels
+    (``label_head``): every head but the start sinks, whose pixel numbers describe only
+    the small rest of their mass; every head when all of them are sinks."""
+    kept = [h for h, label in enumerate(labels) if label != "start sink"]
+    return kept or list(range(len(labels)))
+
+
 def head_statistics(weights, image_shape, queries, window: int = 1, k: int = 8,
                     mask=None) -> dict:
     """Every number behind a head's label, averaged over the queries; the leading axes

@@ -38,6 +38,7 @@ from fast.measure.attention_stats import (
     LABELS,
     MOST,
     SPREAD,
+    measured_heads,
     pixel_position,
     split_start,
 )
@@ -203,10 +204,8 @@ def draw_mass(summary: dict, path):
     ax.legend(fontsize=6.5)
     ax.grid(alpha=0.3)
 
-    sinks = np.array([[label == "start sink" for label in labels]
-                      for labels in summary["labels"]])                  # (L, H)
     ax = axes[0, 2]
-    _per_head(ax, np.asarray(summary["image_entropy"]), 1.0, "uniform = 1", sinks)
+    _per_head(ax, np.asarray(summary["image_entropy"]), 1.0, "uniform = 1", summary["labels"])
     ax.axhline(SPREAD, color=style.GREEN, lw=0.8, ls="--", label=f"global at {SPREAD} or above")
     ax.axhline(CONCENTRATED, color=style.RED, lw=0.8, ls="--",
                label=f"concentrated at {CONCENTRATED} or below")
@@ -217,7 +216,7 @@ def draw_mass(summary: dict, path):
 
     ax = axes[1, 0]
     _per_head(ax, np.asarray(summary["data_dependence"]), 0.0, "uniform (or any fixed pattern) = 0",
-              sinks)
+              summary["labels"])
     ax.set_ylim(0, 1.0)
     ax.set_ylabel("mean total-variation distance")
     ax.set_title("how much the weights change from image to image", fontsize=9)
@@ -249,24 +248,26 @@ def draw_mass(summary: dict, path):
     return style.save(fig, path)
 
 
-def _per_head(ax, values: np.ndarray, uniform: float, uniform_label: str,
-              sinks: np.ndarray | None = None):
+def _per_head(ax, values: np.ndarray, uniform: float, uniform_label: str, labels=None):
     """values (L, H): every head a dot, the mean over heads a line, uniform dotted.
 
-    sinks (L, H), True where a head is labelled "start sink": its pixel numbers describe
-    only the small rest of its mass, so it is drawn with its own marker and left out of
-    the mean, as ``learned_attention.beats_uniform`` leaves it out of a layer's statistics
-    (a layer whose heads are all sinks is averaged over all of them, as there)."""
-    L = len(values)
-    sinks = np.zeros(values.shape, bool) if sinks is None else np.asarray(sinks, bool)
-    kept = np.where(sinks.all(1, keepdims=True), True, ~sinks)           # (L, H)
+    labels (L lists of H, ``label_head``'s): a head labelled "start sink" describes with
+    its pixel numbers only the small rest of its mass, so it is drawn with its own marker
+    and left out of the mean -- the heads a layer's statistics are taken over
+    (``measured_heads``), as ``learned_attention.beats_uniform`` takes them."""
+    L, H = values.shape
+    kept = np.ones((L, H), bool)                                         # (L, H)
+    if labels is not None:
+        kept[:] = False
+        for layer, names in enumerate(labels):
+            kept[layer, measured_heads(names)] = True
     for layer in range(L):
         ax.plot(np.full(kept[layer].sum(), layer), values[layer, kept[layer]], "o", ms=4,
                 color=style.GREY, alpha=0.7)
     mean = [values[layer, kept[layer]].mean() for layer in range(L)]
     ax.plot(range(L), mean, "-", color=style.GREY, label="heads (dots), mean (line)")
-    if (sinks & ~kept).any():
-        layer, head = np.nonzero(sinks & ~kept)
+    if not kept.all():
+        layer, head = np.nonzero(~kept)
         ax.plot(layer, values[layer, head], "x", ms=7, mew=1.8, color=style.PURPLE,
                 label="start sink (left out of the mean)")
     ax.axhline(uniform, color="black", lw=0.8, ls=":", label=uniform_label)

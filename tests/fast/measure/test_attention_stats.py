@@ -14,6 +14,7 @@ from fast.measure.attention_stats import (
     head_statistics,
     image_entropy,
     label_head,
+    measured_heads,
     pattern_mass,
     region_masks,
     region_mass,
@@ -146,3 +147,9 @@ def test_entropy_inside_a_pattern_and_data_dependence():
     assert np.isclose(data_dependence(disjoint), 0.5)       # 1 - 1/B
     with pytest.raises(ValueError, match="B >= 2"):
         data_dependence(np.ones((1, 1, 4)))
+
+
+def test_a_layers_statistics_leave_its_start_sinks_out_unless_all_are_sinks():
+    assert measured_heads(["local", "start sink", "global", "start sink"]) == [0, 2]
+    assert measured_heads(["start sink"] * 3) == [0, 1, 2]
+    assert measured_heads(["row", "column"]) == [0, 1]

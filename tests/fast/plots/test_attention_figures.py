@@ -70,9 +70,9 @@ def test_draw_parts_refuses_shares_that_count_a_key_twice(tmp_path):
 def test_per_head_marks_start_sinks_apart_and_leaves_them_out_of_the_mean():
     # beats_uniform leaves a layer's start sinks out of its statistics; the figure must too
     values = np.array([[0.6, 0.8, 0.4, 0.7], [0.5, 0.5, 0.5, 0.5]])       # (L, H)
-    sinks = np.array([[False, False, True, False], [True] * 4])           # layer 1: all sinks
+    labels = [["local", "mixed", "start sink", "global"], ["start sink"] * 4]  # 1: all sinks
     fig, ax = plot_attention.plt.subplots()
-    plot_attention._per_head(ax, values, 1.0, "uniform", sinks)
+    plot_attention._per_head(ax, values, 1.0, "uniform", labels)
     lines = {line.get_label(): line for line in ax.get_lines()}
     mean = lines["heads (dots), mean (line)"]
     assert np.allclose(mean.get_ydata(), [0.7, 0.5])       # layer 0 without its sink; layer 1 all
