@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import platform
 import statistics
@@ -482,6 +483,13 @@ def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds
                                                           or only):
         data["timing"] = time_paper_lengths(quick)
         write_result(out, data)
-    for path in plot_table2.make_all(data, figdir):
+    for path in plot_table2.make_all(data, figdir, gpu_record(out)):
         print(f"table2: wrote {path}")
     return data
+
+
+def gpu_record(out: Path) -> dict | None:
+    """The GPU's time per iteration at the paper's shapes (``python -m fast train-time``:
+    gpu_iteration_time.json beside table2.json), drawn beside the CPU's; None when absent."""
+    path = Path(out).with_name("gpu_iteration_time.json")
+    return json.loads(path.read_text()) if path.exists() else None

@@ -7,8 +7,12 @@ with several seeds:
   over seeds with every seed as a dot, beside the paper's numbers;
 * ``plot_curves``  -- learning curves: validation bits against step, the mean
   over seeds as a line and the range over seeds as a band;
-* ``plot_timing``  -- time per iteration relative to dense: the Table 2 runs
-  themselves, the same architecture at the paper's lengths, and the paper's ratios.
+* ``plot_timing``  -- time per iteration relative to dense at the paper's sequence
+  lengths, one panel per modality: the paper's GPUs, this architecture on the CPU
+  (the ``timing`` record), and a GPU at the paper's shapes when its record
+  (figures/data/gpu_iteration_time.json, ``python -m fast train-time``) is given.
+  The Table 2 runs' own steps, at their short lengths, are not drawn: their times
+  are printed with the record of the runs.
 """
 
 from __future__ import annotations
@@ -89,64 +93,67 @@ def plot_curves(data: dict, path) -> Path:
     return style.save(fig, path)
 
 
-def _bars(ax, groups: list[tuple[str, dict, dict]]):
-    """groups: (label, {pattern: time}, {pattern: std}); bars relative to dense."""
+# the GPU record's shape for each modality's paper dataset (fast.experiments.gpu_iteration_time)
+GPU_SHAPES = {"text": "enwik8", "image": "cifar10"}
+
+
+def gpu_times(gpu: dict | None, modality: str) -> dict:
+    """{pattern: seconds per iteration} of one modality's paper shape in a GPU record
+    (figures/data/gpu_iteration_time.json), or {} when it has no complete row set."""
+    rows = {r["pattern"]: r["s_per_iter"] for r in (gpu or {}).get("rows", [])
+            if r.get("shape") == GPU_SHAPES[modality] and r.get("s_per_iter")}
+    return rows if all(p in rows for p in PATTERN_ORDER) else {}
+
+
+def _bars(ax, groups: list[tuple[str, dict]]):
+    """groups: (label, {pattern: time}); bars relative to dense, each ratio written on it."""
     width = 0.26
-    for g, (_, times, stds) in enumerate(groups):
+    for g, (_, times) in enumerate(groups):
         dense = times["full"]
         for i, pattern in enumerate(PATTERN_ORDER):
             x, ratio = g + (i - 1) * width, times[pattern] / dense
-            ax.bar(x, ratio, width, yerr=stds.get(pattern, 0.0) / dense, capsize=2,
-                   color=style.color(pattern), label=display_name(pattern) if g == 0 else None)
-            ax.text(x, ratio + 0.04, f"{ratio:.2f}", ha="center", fontsize=6.5, rotation=90,
-                    va="bottom")
-    ax.set_xticks(range(len(groups)), [g[0] for g in groups], fontsize=7.5)
+            ax.bar(x, ratio, width, color=style.color(pattern),
+                   label=display_name(pattern) if g == 0 else None)
+            ax.text(x, ratio + 0.03, f"{ratio:.2f}", ha="center", fontsize=7, va="bottom")
+    ax.set_xticks(range(len(groups)), [g[0] for g in groups], fontsize=8)
     ax.axhline(1.0, color="black", lw=0.6)
-    ax.set_ylim(0, 1.7)
+    ax.set_ylim(0, 1.45)
 
 
-def plot_timing(data: dict, path) -> Path:
-    """Time per iteration relative to dense: the Table 2 runs, the paper's lengths, the paper."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10.0, 3.8), gridspec_kw={"width_ratios": [2, 3]})
-    summary = data.get("summary", {})
-    groups = []
-    for modality in ("text", "image"):
-        cells = {p: summary.get(f"{modality}/{p}") for p in PATTERN_ORDER}
-        if all(cells.values()):
-            n = _seeds(data, f"{modality}/full")[0]["model_cfg"]["n_ctx"]
-            groups.append((f"{modality}, n={n}", {p: c["time_per_iter"] for p, c in cells.items()},
-                           {p: c["time_per_iter_std"] for p, c in cells.items()}))
-    if groups:
-        _bars(ax1, groups)
-        ax1.legend(fontsize=7.5, loc="upper right")
-    ax1.set_ylabel("time per iteration / dense")
-    ax1.set_title("the Table 2 runs (mean ± std over seeds)", fontsize=9)
+def plot_timing(data: dict, path, gpu: dict | None = None) -> Path:
+    """Time per iteration relative to dense at the paper's lengths: one panel per modality,
+    the paper's GPUs, this architecture on the CPU, and the GPU of ``gpu`` when given."""
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.6), sharey=True)
     rows = data.get("timing", [])
-    groups = []
-    for modality in ("text", "image"):
-        mine = {r["pattern"]: r["time_per_iter"] for r in rows if r["modality"] == modality}
-        if len(mine) == len(PATTERN_ORDER):
-            n = next(r["n"] for r in rows if r["modality"] == modality)
-            groups.append((f"ours, n={n}", mine, {}))
+    gpu_name = ((gpu or {}).get("machine") or {}).get("gpu", "GPU")
+    for ax, modality in zip(axes, ("text", "image")):
         paper = data["paper"][modality]
-        groups.append((f"paper {paper['dataset'].split()[0]}\nn={paper['n']}",
-                       {p: paper[p][1] for p in PATTERN_ORDER}, {}))
-    _bars(ax2, groups)
-    ax2.set_title("same architecture at the paper's lengths (batch 1), and the paper",
-                  fontsize=9)
-    fig.suptitle("time per training step relative to dense (ours: one CPU thread per run)",
-                 fontsize=10)
+        groups = [("paper, its GPUs", {p: paper[p][1] for p in PATTERN_ORDER})]
+        cpu = {r["pattern"]: r["time_per_iter"] for r in rows if r["modality"] == modality}
+        if all(p in cpu for p in PATTERN_ORDER):
+            groups.append(("this CPU", cpu))
+        if gpu_times(gpu, modality):
+            groups.append((gpu_name, gpu_times(gpu, modality)))
+        _bars(ax, groups)
+        ax.set_title(f"{modality}: paper {paper['dataset'].split()[0]}, n = {paper['n']:,}",
+                     fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylabel("time per iteration / dense")
+    axes[0].legend(fontsize=7.5, loc="upper right")
+    fig.suptitle("time per training step relative to dense, at the paper's sequence lengths "
+                 "(below 1: faster than dense)", fontsize=10)
     fig.tight_layout()
     return style.save(fig, path)
 
 
-def make_all(data: dict, figdir) -> list[Path]:
-    """Every Table 2 figure that the data allows; returns the paths written."""
+def make_all(data: dict, figdir, gpu: dict | None = None) -> list[Path]:
+    """Every Table 2 figure that the data allows (``gpu``: the GPU's time per iteration
+    record, drawn beside the CPU's); returns the paths written."""
     figdir = Path(figdir)
     paths = []
     if data.get("runs"):
         paths.append(plot_bits(data, figdir / "table2_bits.png"))
         paths.append(plot_curves(data, figdir / "table2_curves.png"))
-    if data.get("runs") or data.get("timing"):
-        paths.append(plot_timing(data, figdir / "table2_timing.png"))
+    if data.get("timing") or gpu_times(gpu, "text") or gpu_times(gpu, "image"):
+        paths.append(plot_timing(data, figdir / "table2_timing.png", gpu))
     return paths

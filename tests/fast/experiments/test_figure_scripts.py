@@ -410,7 +410,8 @@ def test_table2_every_output_follows_out(tmp_path, monkeypatch):
 
     monkeypatch.setattr(T2, "run_child", fake_child)
     monkeypatch.setattr(T2, "dataset", lambda modality: FakeData())
-    monkeypatch.setattr(plot_table2, "make_all", lambda data, figdir: drawn.append(figdir) or [])
+    monkeypatch.setattr(plot_table2, "make_all",
+                        lambda data, figdir, gpu=None: drawn.append(figdir) or [])
     out = tmp_path / "elsewhere" / "t2.json"
     T2.run(only=["text/full"], seeds=1, jobs=1, out=out)
     assert [s["keep"] for s in specs] == [str(out.parent / "models" / "text_full.pt")]
