@@ -356,7 +356,7 @@ def draw_depth(data: dict, path):
         bottom += share
     ax.set_xticks(range(len(depths)), [f"{d} layers" for d in depths])
     ax.set_ylabel("share of the heads")
-    ax.set_title("head labels (one rule for every head: notebook 06 §2)", fontsize=9)
+    ax.set_title("the package's head labels (its rule: notebook 06 §9)", fontsize=9)
     ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.suptitle("Fig. 2 against depth: dense models on 16x16 grey photo crops, every layer "
                  "against uniform attention over the same pixels", fontsize=10)
