@@ -19,7 +19,9 @@ Here, on the 16x16 greyscale photo crops ("grey16", n = 256):
   window of ``WINDOW`` rows and columns, the query's row, its column, elsewhere;
   entropies; the label of every head by the rule stated there), and, for the
   dense model, the mass inside the strided (l = 16, one image row) and fixed
-  (l = 16, c = 4) patterns; for a sparse model, the mass on each of its two parts
+  (l = 16, c = 4) patterns ("in_": all of it, start token included where key 0
+  lies in the pattern; "share_in_": the share of the pixel mass, start token left
+  out, as the region shares); for a sparse model, the mass on each of its two parts
   over the pixels (``part_masks``: the start token, key 0, is counted once, as "start",
   never inside a part, so start and parts sum to 1 for every head).
 
@@ -94,7 +96,8 @@ DEPTH_WIDTH = 64                 # narrower than the 6-layer models: 24 layers m
 DEPTH_ITERS = 1500               # steps of every depth model, one thread each
 ROWCOL_LABELS = ("row", "column", "row+column")   # the rule's labels of row/column heads
 PER_LAYER = ("start", "mass", "shares", "entropy", "image_entropy", "topk", "labels",
-             "data_dependence", "in_strided", "in_fixed")   # a dense summary's (L, ...) lists
+             "data_dependence", "in_strided", "in_fixed",
+             "share_in_strided", "share_in_fixed")           # a dense summary's (L, ...) lists
 SPARSE = ("strided", "fixed")    # the trained sparse models drawn beside the dense one
 PARTS = {"strided": ("band (last l positions)", "column (every l-th)"),
          "fixed": ("own block", "summaries (last c of each block)")}
@@ -297,10 +300,20 @@ def summarise(maps: np.ndarray, pattern: str = "full", image_shape=SHAPE,
                 "queries": f"every pixel from row {MIN_ROW} on ({len(q)} positions) of {B} "
                            f"test images"})
     if pattern == "full":
+        # "in_": all of the weight inside the pattern, the start token's where key 0 lies in
+        # it; "share_in_": the share of the weight on pixels inside it (key 0 left out), the
+        # way "shares" measures the regions
+        pixels = np.ones((n, n), dtype=bool)
+        pixels[:, 0] = False
         for name, mask2 in (("strided", patterns.union(*patterns.strided(n, STRIDE))),
                             ("fixed", patterns.union(*patterns.fixed(n, STRIDE, SUMMARY)))):
             out[f"in_{name}"] = stats.pattern_mass(a, mask2, qq).tolist()            # (L, H)
             out["uniform"][f"in_{name}"] = float(stats.pattern_mass(uni, mask2, q))
+            for key, w_, qs in ((out, a, qq), (out["uniform"], uni, q)):
+                inside = stats.pattern_mass(w_, mask2 & pixels, qs)
+                total = stats.pattern_mass(w_, pixels, qs)
+                share = np.divide(inside, total, out=np.zeros_like(inside), where=total > 0)
+                key[f"share_in_{name}"] = share.tolist() if share.ndim else float(share)
     else:
         out["parts"] = list(PARTS[pattern])
         # the parts over the pixels; the start token's mass is "start" (key 0 in no part)

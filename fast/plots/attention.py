@@ -15,8 +15,8 @@ corner; pixels a sparse model may not read are grey.
   row, column, elsewhere), how far each layer's most local / most row-column
   head is above uniform attention, every head's image entropy and data dependence
   (start sinks marked apart and left out of the mean, as the layer statistics leave
-  them out), and the mass a dense model puts inside the strided and fixed patterns --
-  each beside uniform;
+  them out), and the share of its pixel mass (start token left out, as the region
+  shares) a dense model puts inside the strided and fixed patterns -- each beside uniform;
 * ``draw_parts``   -- trained sparse models: the mass on each part of the pattern;
 * ``draw_depth``   -- dense models of several depths: per layer, the row and the column
   lift of the most row-like and most column-like head (its share of the pixel mass on
@@ -224,15 +224,15 @@ def draw_mass(summary: dict, path):
 
     ax = axes[1, 1]
     for name, marker in (("strided", "o-"), ("fixed", "s-")):
-        if f"in_{name}" not in summary:
+        if f"share_in_{name}" not in summary:
             continue
-        ax.plot(range(L), np.asarray(summary[f"in_{name}"]).mean(1), marker,
+        ax.plot(range(L), np.asarray(summary[f"share_in_{name}"]).mean(1), marker,
                 color=style.color(name), label=f"inside {name}")
-        ax.axhline(uni[f"in_{name}"], color=style.color(name), ls=":",
+        ax.axhline(uni[f"share_in_{name}"], color=style.color(name), ls=":",
                    label=f"uniform, {name}")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("layer (mean over heads)")
-    ax.set_ylabel("mass inside the pattern (l = 16)")
+    ax.set_ylabel("share of pixel mass inside the pattern (l = 16)")
     ax.set_title("would the sparse pattern hold it?", fontsize=9)
     ax.legend(fontsize=6.5)
     ax.grid(alpha=0.3)

@@ -127,6 +127,24 @@ def test_summary_sees_local_and_column_attention_and_the_patterns_hold():
     assert rows[0]["rowcol_x"] > 5 and rows[0]["labels"] == ["column"]
 
 
+def test_share_inside_a_pattern_leaves_the_start_token_out():
+    # half of every row on the start token, half on the pixel just above: all of the pixel
+    # mass lies inside the strided band, but only about half of all the mass does
+    _, w, _ = LA.SHAPE
+    maps = 0.5 * _one_key(w - 1)
+    maps[..., 0] += 0.5
+    s = LA.summarise(maps)
+    assert np.isclose(s["share_in_strided"][0][0], 1.0)
+    assert s["in_strided"][0][0] < 0.6
+    # uniform attention puts 1 / (i + 1) on each of keys 0..i; its share: the mean mass on
+    # pixels inside the pattern over the mean mass on pixels (as the region shares)
+    q = LA.query_positions()
+    inside = np.logical_or(*LA.pattern_masks("strided", w * w))[q][:, 1:] & (
+        np.arange(1, w * w) <= q[:, None])
+    assert np.isclose(s["uniform"]["share_in_strided"],
+                      np.sum(inside.sum(-1) / (q + 1)) / np.sum(q / (q + 1)))
+
+
 def test_summary_of_a_sparse_model_splits_the_pattern_in_parts():
     n = 256
     a1, a2 = LA.pattern_masks("strided", n)

@@ -112,3 +112,28 @@ def test_draw_parts_says_its_layer_label_is_the_heads_most_common(tmp_path, monk
     ticks = [t.get_text() for t in ax.get_xticklabels()]
     assert ticks[:2] == ["0\nmost\ncommon:\nglobal", "1\nmost\ncommon:\nmixed"]
     plot_attention.plt.close(figures[0])
+
+
+def test_draw_mass_draws_the_share_of_pixel_mass_inside_each_pattern(tmp_path, monkeypatch):
+    # the sparse-pattern panel draws what notebook 06's section 5 measures: the share of
+    # the pixel mass inside each pattern, start token left out, not all of the mass
+    figures = []
+    monkeypatch.setattr(plot_attention.style, "save",
+                        lambda fig, path, **kw: figures.append(fig) or path)
+    L, H = 2, 2
+    s = {"mass": [[[0.1, 0.1, 0.1, 0.2]] * H] * L, "start": [[0.5] * H] * L,
+         "regions": ["local", "row", "column", "elsewhere"], "window": 2,
+         "layers": [{"local_x": 1.0, "rowcol_x": 1.0}] * L,
+         "image_entropy": [[0.6] * H] * L, "data_dependence": [[0.2] * H] * L,
+         "labels": [["mixed"] * H] * L,
+         "in_strided": [[0.2, 0.2]] * L, "in_fixed": [[0.1, 0.1]] * L,
+         "share_in_strided": [[0.4, 0.4]] * L, "share_in_fixed": [[0.2, 0.2]] * L,
+         "uniform": {"mass": [0.1, 0.05, 0.05, 0.8], "start": 0.0, "in_strided": 0.15,
+                     "in_fixed": 0.25, "share_in_strided": 0.17, "share_in_fixed": 0.29}}
+    plot_attention.draw_mass(s, tmp_path / "f.png")
+    ax = figures[0].axes[4]                                          # bottom middle
+    drawn = {line.get_label(): line.get_ydata() for line in ax.get_lines()}
+    assert np.allclose(drawn["inside strided"], 0.4) and np.allclose(drawn["inside fixed"], 0.2)
+    assert np.allclose(drawn["uniform, strided"], 0.17)
+    assert "pixel" in ax.get_ylabel()
+    plot_attention.plt.close(figures[0])
