@@ -28,12 +28,14 @@ float32's range acts as its largest value. For |scale| > 1 (sharper than any
 default 1 / sqrt(d)) delta is summed over the recomputed tiles (``DELTA_PASS``)
 so that one-hot rows keep exact gradients (``fast.kernels.triton_kernels``).
 
-What a layout's launches are -- the parts' order for each output, where each
-launch writes (``_Writes``: zero-filled or not, a float32 scratch or not), each
-launch's grid, tables and settings (``_Launch``) -- is the same on every call, so it
-is decided once (``Launches``; ``fast.kernels.triton_attention.launches`` keeps them
-per layout); ``forward`` and ``backward`` then allocate what the kernels write, each
-output laid out as the tensor it belongs to (``empty_like``: a model's transposed
+What a layout's launches are at one scale -- the parts' order for each output, where
+each launch writes (``_Writes``: zero-filled or not, a float32 scratch or not), each
+launch's grid, tables, settings, flags and scale numbers (``_Launch``) -- is the same on
+every call, so it is decided once (``Launches``; ``fast.kernels.triton_attention.launches``
+keeps them per layout and scale); ``forward`` and ``backward`` then allocate what the
+kernels write (the row statistics m and l as one tensor (B, H, 2, n), whose empty-row state
+is all zeros: a row with l = 0 has no maximum), each output laid out as the tensor it
+belongs to (``empty_like``: a model's transposed
 views are read and written in place, the kernels take any batch, head and row
 strides), and launch. Nothing here reads a value back from the device: what the
 launchers branch on is in each part's ``facts`` (host ints), and nothing is made on
@@ -100,11 +102,12 @@ def _exponent(scale: float) -> tuple[float, float]:
             math.copysign(min(abs(scale), FLOAT32_MAX), scale))
 
 
-def lse_of(m: torch.Tensor, l: torch.Tensor, scale: float) -> torch.Tensor:
-    """The natural log-sum-exp of each row's scaled scores from its statistics (m, l):
-    (m c + log2 l) ln 2, computed in float64 (m c may pass float32's range), -inf for
-    rows that read nothing; float32 (B, H, n)."""
+def lse_of(stats: torch.Tensor, scale: float) -> torch.Tensor:
+    """The natural log-sum-exp of each row's scaled scores from its statistics (m, l)
+    (``stats`` (B, H, 2, n)): (m c + log2 l) ln 2, computed in float64 (m c may pass
+    float32's range), -inf for rows that read nothing; float32 (B, H, n)."""
     c, _ = _exponent(scale)
+    m, l = stats.unbind(2)                                               # (B, H, n) each
     lse = (m.double() * c + torch.log2(l.double())) * math.log(2.0)
     return torch.where(l == 0, float("-inf"), lse).float()
 
@@ -355,7 +358,7 @@ class Launches:
                                   COMPUTE_DELTA=False, DELTA_PASS=True)
                            for i, p in enumerate(q_order.parts)] \
             if abs(scale) > EXACT_DELTA_ABOVE else None
-        self.delta_sums = _Writes(q_order, 1, torch.float32)
+        self.delta_fill = q_order.fill          # the delta pass starts from zero sums
         # fused: the first dQ launch writes every row, so it forms delta itself
         self.first_delta = (variant.fused and bool(q_order.parts) and not q_order.fill
                             and self.delta_pass is None)
@@ -379,7 +382,8 @@ def _strides(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple:
 # ----------------------------------------------------------------------------
 
 def forward(q, k, v, launches: Launches):
-    """(out in q's dtype and layout (B, H, n, d), row statistics m, l float32 (B, H, n)).
+    """(out in q's dtype and layout (B, H, n, d), the row statistics float32 (B, H, 2, n):
+    each head's m, then its l).
 
     Trusts its inputs: q, k, v on the parts' device, each with contiguous rows (the last
     stride 1; any other strides), ``launches`` made for q's n, dtype and d and the
@@ -388,25 +392,22 @@ def forward(q, k, v, launches: Launches):
     share = H // k.shape[1]
     writes = launches.fwd_writes
     buffers = writes.buffers(q)
-    if launches.fwd_fill:
-        m = torch.full((B, H, n), float("-inf"), dtype=torch.float32, device=q.device)
-        l = torch.zeros(B, H, n, dtype=torch.float32, device=q.device)
-    else:
-        m = torch.empty(B, H, n, dtype=torch.float32, device=q.device)
-        l = torch.empty_like(m)
+    # the empty-row state is all zeros (l = 0: the kernels then read no m)
+    stats = (torch.zeros if launches.fwd_fill else torch.empty)(
+        (B, H, 2, n), dtype=torch.float32, device=q.device)
     strides_qkv = _strides(q, k, v)
     for i, launch in enumerate(launches.fwd):
         (out,), (prev,) = writes.step(i, buffers)
-        launch(B, H, share, (q, k, v, out, prev, m, l, *strides_qkv, *out.stride()[:3]))
+        launch(B, H, share, (q, k, v, out, prev, stats, *strides_qkv, *out.stride()[:3]))
     out, = writes.result(buffers)
-    return out, m, l
+    return out, stats
 
 
-def backward(q, k, v, out, m, l, grad_out, launches: Launches):
+def backward(q, k, v, out, stats, grad_out, launches: Launches):
     """(dq, dk, dv) in the inputs' dtype and layout from the merged output and statistics
     (FlashAttention-2 backward). Trusts its inputs, as ``forward``; k and v share strides
     (the kernels read both with k's)."""
-    B, H, _, _ = q.shape
+    B, H, n, _ = q.shape
     if k.stride() != v.stride():
         raise ValueError(f"k and v must share strides, got {k.stride()} and {v.stride()}")
     share = H // k.shape[1]
@@ -416,15 +417,13 @@ def backward(q, k, v, out, m, l, grad_out, launches: Launches):
         else torch.empty_like(out).copy_(grad_out)
     head = _strides(q, k, do)
     if launches.delta_pass is not None:     # delta = rowsum(P dP) over the same tiles
-        sums = launches.delta_sums
-        bufs = sums.buffers(m)
-        for i, launch in enumerate(launches.delta_pass):
-            (dst,), _ = sums.step(i, bufs)
-            launch(B, H, share, (q, k, v, out, do, m, l, dst, dst, dst, *head,
-                                 *dst.stride()[:3]))
-        delta, = sums.result(bufs)
-    elif launches.first_delta:
-        delta = torch.empty_like(m)         # written by the first dQ launch
+        delta = (torch.zeros if launches.delta_fill else torch.empty)(
+            (B, H, n), dtype=torch.float32, device=q.device)
+        for launch in launches.delta_pass:
+            launch(B, H, share, (q, k, v, out, do, stats, delta, delta, delta, *head,
+                                 *delta.stride()[:3]))
+    elif launches.first_delta:              # written by the first dQ launch
+        delta = torch.empty((B, H, n), dtype=torch.float32, device=q.device)
     else:
         delta = (do.float() * out.float()).sum(-1).contiguous()             # (B, H, n)
 
@@ -432,14 +431,14 @@ def backward(q, k, v, out, m, l, grad_out, launches: Launches):
     bufs = writes.buffers(q)
     for i, launch in enumerate(launches.dq):
         (dst,), (prev,) = writes.step(i, bufs)
-        launch(B, H, share, (q, k, v, out, do, m, l, delta, dst, prev, *head,
+        launch(B, H, share, (q, k, v, out, do, stats, delta, dst, prev, *head,
                              *dst.stride()[:3]))
     # grouped key/value heads: dk, dv per query head in float32, summed after
     kw = launches.dkdv_writes if share == 1 else launches.dkdv_sums
     kbufs = kw.buffers(k if share == 1 else q)
     for i, launch in enumerate(launches.dkdv):
         (dk, dv), (pk, pv) = kw.step(i, kbufs)
-        launch(B, H, share, (q, k, v, do, m, l, delta, dk, dv, pk, pv, *head,
+        launch(B, H, share, (q, k, v, do, stats, delta, dk, dv, pk, pv, *head,
                              *dk.stride()[:3]))
     dq, = writes.result(bufs)
     dk, dv = kw.result(kbufs)
@@ -466,14 +465,14 @@ class BlockSparseAttention(torch.autograd.Function):
         if k.stride() != v.stride():
             k, v = k.contiguous(), v.contiguous()
         launches = Launches(parts, variant, q.dtype, q.shape[-1], q.device, q.shape[2], scale)
-        out, m, l = forward(q, k, v, launches)
-        ctx.save_for_backward(q, k, v, out, m, l)  # delta = rowsum(dO * O) as in FlashAttention-2
+        out, stats = forward(q, k, v, launches)
+        ctx.save_for_backward(q, k, v, out, stats)  # delta = rowsum(dO * O), FlashAttention-2
         ctx.launches = launches
         return out
 
     @staticmethod
     @once_differentiable("the Triton backend of sparse_attention")
     def backward(ctx, grad_out):
-        q, k, v, out, m, l = ctx.saved_tensors
-        dq, dk, dv = backward(q, k, v, out, m, l, grad_out, ctx.launches)
+        q, k, v, out, stats = ctx.saved_tensors
+        dq, dk, dv = backward(q, k, v, out, stats, grad_out, ctx.launches)
         return dq, dk, dv, None, None, None

@@ -210,15 +210,15 @@ def forward(q, k, v, parts, scale=None, block_size: int | None = None, separate:
     q, k, v = (t.contiguous() for t in (q, k, v))
     n, d = q.shape[2], q.shape[3]
     if not separate:
-        out, m, l = launch.forward(q, k, v, launch.Launches(parts, variant, q.dtype, d, q.device,
-                                                            n, scale))
-        return out, launch.lse_of(m, l, scale)
+        out, stats = launch.forward(q, k, v, launch.Launches(parts, variant, q.dtype, d,
+                                                             q.device, n, scale))
+        return out, launch.lse_of(stats, scale)
     outs, lses = [], []
     for p in parts:
-        out, m, l = launch.forward(q, k, v, launch.Launches([p], variant, q.dtype, d, q.device, n,
-                                                            scale))
+        out, stats = launch.forward(q, k, v, launch.Launches([p], variant, q.dtype, d,
+                                                             q.device, n, scale))
         outs.append(out)
-        lses.append(launch.lse_of(m, l, scale))
+        lses.append(launch.lse_of(stats, scale))
     return outs, lses
 
 
@@ -408,23 +408,23 @@ def launches(q: torch.Tensor, layout: str, scale: float) -> launch.Launches:
 
 def _forward_op(q, k, v, layout, scale):
     """``launch.forward`` on the layout ``layout`` names: (out in q's dtype and layout, the
-    row statistics m, l float32 (B, H, n)) of q, k, v (B, H, n, d) / (B, Hkv, n, d) (q
+    row statistics (m, l) float32 (B, H, 2, n)) of q, k, v (B, H, n, d) / (B, Hkv, n, d) (q
     already padded to the keys' n, the scale as ``launch.fold_scale`` leaves it; every row
     contiguous, k and v of one layout: ``TritonCall`` sees to both)."""
     return launch.forward(q, k, v, launches(q, layout, scale))
 
 
-def _backward_op(grad_out, q, k, v, out, m, l, layout, scale):
+def _backward_op(grad_out, q, k, v, out, stats, layout, scale):
     """``launch.backward`` on the layout ``layout`` names: (dq, dk, dv) shaped, typed and
     laid out as q, k, v."""
-    return launch.backward(q, k, v, out, m, l, grad_out, launches(q, layout, scale))
+    return launch.backward(q, k, v, out, stats, grad_out, launches(q, layout, scale))
 
 
 _LIB = torch.library.Library("sparse_transformer", "FRAGMENT")   # kept: it owns the ops
 _LIB.define("triton(Tensor q, Tensor k, Tensor v, str layout, float scale) "
-            "-> (Tensor, Tensor, Tensor)")
+            "-> (Tensor, Tensor)")
 _LIB.define("triton_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
-            "Tensor m, Tensor l, str layout, float scale) -> (Tensor, Tensor, Tensor)")
+            "Tensor stats, str layout, float scale) -> (Tensor, Tensor, Tensor)")
 _LIB.impl("triton", _forward_op, "CompositeExplicitAutograd")
 _LIB.impl("triton_backward", _backward_op, "CompositeExplicitAutograd")
 
@@ -432,12 +432,11 @@ _LIB.impl("triton_backward", _backward_op, "CompositeExplicitAutograd")
 @torch.library.register_fake("sparse_transformer::triton")
 def _(q, k, v, layout, scale):
     B, H, n, _ = q.shape
-    return (torch.empty_like(q), q.new_empty(B, H, n, dtype=torch.float32),
-            q.new_empty(B, H, n, dtype=torch.float32))
+    return torch.empty_like(q), q.new_empty(B, H, 2, n, dtype=torch.float32)
 
 
 @torch.library.register_fake("sparse_transformer::triton_backward")
-def _(grad_out, q, k, v, out, m, l, layout, scale):
+def _(grad_out, q, k, v, out, stats, layout, scale):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -447,8 +446,8 @@ BACKWARD = torch.ops.sparse_transformer.triton_backward.default
 
 class TritonAttention(Function):
     """The operator ``sparse_transformer::triton`` with its backward
-    ``sparse_transformer::triton_backward`` as autograd formula: (out, m, l) of q, k, v,
-    the layout's text and the scale. Every call takes it, eager or traced by
+    ``sparse_transformer::triton_backward`` as autograd formula: (out, the row statistics)
+    of q, k, v, the layout's text and the scale. Every call takes it, eager or traced by
     torch.compile (which traces this Function and keeps each operator as one opaque
     call)."""
 
@@ -497,7 +496,7 @@ class TritonCall:
             q = q.contiguous()
         if self.copy_kv:
             k, v = k.contiguous(), v.contiguous()
-        out, _, _ = TritonAttention.apply(q, k, v, *self.attributes)
+        out, _ = TritonAttention.apply(q, k, v, *self.attributes)
         return out[:, :, front:] if front else out
 
 

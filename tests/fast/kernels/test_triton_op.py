@@ -58,9 +58,9 @@ def test_opcheck_triton():
                                           "structured", triton_attention.VARIANTS["baseline"])
     args = (layout, 48 ** -0.5)
     torch.library.opcheck(OPS.triton, (q, k, v, *args))
-    out, m, l = OPS.triton(q, k, v, *args)
+    out, stats = OPS.triton(q, k, v, *args)
     torch.library.opcheck(OPS.triton_backward,
-                          (torch.randn_like(out), q, k, v, out, m, l, *args))
+                          (torch.randn_like(out), q, k, v, out, stats, *args))
 
 
 @pytest.mark.slow
