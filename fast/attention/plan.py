@@ -104,9 +104,14 @@ class CallPlan:
             self.reach = None
             if self.isolate:
                 self.reach = bind(q, k, v, scale=1.0, dropout_p=0.0, **arguments)
+            # nothing to do but the path: no cast, value check, padding, fold or isolation
+            self.direct = (self.autocast is None and not self.finite and not padded
+                           and self.fold is None and not self.isolate)
 
     def __call__(self, q, k, v, attn_mask, lengths, offsets):
         """The path on this call's tensors: (B, H, n_q, d) in q's dtype (autocast's)."""
+        if self.direct:
+            return self.attend(q, k, v, attn_mask, lengths, offsets)
         if self.autocast is None:
             return self._run(q, k, v, attn_mask, lengths, offsets)
         q, k, v = cast_inputs(self.autocast, q, k, v)   # SDPA's rule: cast, then autocast

@@ -28,12 +28,14 @@ float32's range acts as its largest value. For |scale| > 1 (sharper than any
 default 1 / sqrt(d)) delta is summed over the recomputed tiles (``DELTA_PASS``)
 so that one-hot rows keep exact gradients (``fast.kernels.triton_kernels``).
 
-What a layout's launches are -- the parts' order for each output, where each
-launch writes (``_Writes``: zero-filled or not, a float32 scratch or not), each
-launch's grid, tables and settings (``_Launch``) -- is the same on every call, so it
-is decided once (``Launches``; ``fast.kernels.triton_attention.launches`` keeps them
-per layout); ``forward`` and ``backward`` then allocate what the kernels write, each
-output laid out as the tensor it belongs to (``empty_like``: a model's transposed
+What a layout's launches are at one scale -- the parts' order for each output, where
+each launch writes (``_Writes``: zero-filled or not, a float32 scratch or not), each
+launch's grid, tables, settings, flags and scale numbers (``_Launch``) -- is the same on
+every call, so it is decided once (``Launches``; ``fast.kernels.triton_attention.launches``
+keeps them per layout and scale); ``forward`` and ``backward`` then allocate what the
+kernels write (the row statistics m and l as one tensor (B, H, 2, n), whose empty-row state
+is all zeros: a row with l = 0 has no maximum), each output laid out as the tensor it
+belongs to (``empty_like``: a model's transposed
 views are read and written in place, the kernels take any batch, head and row
 strides), and launch. Nothing here reads a value back from the device: what the
 launchers branch on is in each part's ``facts`` (host ints), and nothing is made on
@@ -100,11 +102,12 @@ def _exponent(scale: float) -> tuple[float, float]:
             math.copysign(min(abs(scale), FLOAT32_MAX), scale))
 
 
-def lse_of(m: torch.Tensor, l: torch.Tensor, scale: float) -> torch.Tensor:
-    """The natural log-sum-exp of each row's scaled scores from its statistics (m, l):
-    (m c + log2 l) ln 2, computed in float64 (m c may pass float32's range), -inf for
-    rows that read nothing; float32 (B, H, n)."""
+def lse_of(stats: torch.Tensor, scale: float) -> torch.Tensor:
+    """The natural log-sum-exp of each row's scaled scores from its statistics (m, l)
+    (``stats`` (B, H, 2, n)): (m c + log2 l) ln 2, computed in float64 (m c may pass
+    float32's range), -inf for rows that read nothing; float32 (B, H, n)."""
     c, _ = _exponent(scale)
+    m, l = stats.unbind(2)                                               # (B, H, n) each
     lse = (m.double() * c + torch.log2(l.double())) * math.log(2.0)
     return torch.where(l == 0, float("-inf"), lse).float()
 
@@ -137,35 +140,38 @@ _STAGES: dict = {}  # (kernel, BLOCK, BLOCK_D, dtype, device, warps, stages) -> 
 class _Launch:
     """One kernel over one part, everything but the call's tensors fixed: the grid's
     first dimension (ceil(rows / group) programs; the second is B H), the part's tables,
-    and the variant's warps (default 4, 8 for a padded head dim above 64), stages
-    (default 2) and group. Where the GPU's shared memory is too small for those stages,
-    the launch is retried once with 1, which is remembered. The interpreter ignores
-    warps and stages."""
+    the sizes and the scale's numbers, the flags (``LOAD_PREV``, ``NEGATE``, ...), and
+    the variant's warps (default 4, 8 for a padded head dim above 64), stages (default
+    2) and group. Where the GPU's shared memory is too small for those stages, the
+    launch is retried once with 1, which is remembered. The interpreter ignores warps
+    and stages."""
 
-    __slots__ = ("kernel", "blocks", "tables", "hl", "rows", "options", "_stages_key")
+    __slots__ = ("kernel", "blocks", "tables", "hl", "rows", "n", "d", "numbers", "options",
+                 "_stages_key")
 
     def __init__(self, kernel, part, rows: int, tables: tuple, hl: int, flags: dict,
-                 settings: Launch, meta: dict, dtype: torch.dtype, device: torch.device):
+                 settings: Launch, meta: dict, dtype: torch.dtype, device: torch.device,
+                 n: int, d: int, numbers: tuple):
         group = settings.group
         warps = settings.warps or (4 if meta["BLOCK_D"] <= 64 else 8)
         asked = settings.stages or 2
         self._stages_key = (id(kernel), part.block_size, meta["BLOCK_D"], dtype, str(device),
                             warps, asked)
         self.kernel, self.blocks, self.tables = kernel, triton.cdiv(rows, group), tables
-        self.hl, self.rows = hl, rows
+        self.hl, self.rows, self.n, self.d, self.numbers = hl, rows, n, d, numbers
         self.options = dict(BLOCK=part.block_size, GROUP=group, num_warps=warps,
                             num_stages=_STAGES.get(self._stages_key, asked), **meta, **flags)
 
-    def __call__(self, B: int, H: int, head: tuple, sizes: tuple, tail: tuple, **flags):
+    def __call__(self, B: int, H: int, share: int, head: tuple):
         """Launch on the call's tensors and strides (``head``), then the part's tables, the
-        sizes (n, H, layout heads, query heads per key/value head, rows, d) and ``tail``
-        (the scale's numbers)."""
-        n, share, d = sizes
-        args = (*head, *self.tables, n, H, self.hl, share, self.rows, d, *tail)
+        sizes (n, H, layout heads, query heads per key/value head, rows, d) and the
+        scale's numbers."""
+        args = (*head, *self.tables, self.n, H, self.hl, share, self.rows, self.d,
+                *self.numbers)
         grid = (self.blocks, B * H)
         while True:
             try:
-                self.kernel[grid](*args, **self.options, **flags)
+                self.kernel[grid](*args, **self.options)
             except triton.runtime.errors.OutOfResources:
                 if self.options["num_stages"] == 1:
                     raise
@@ -279,8 +285,8 @@ class _Writes:
     ``dtype`` is float32 or when only one launch writes); zero-filled or not.
     ``buffers(like)`` makes them for one call, laid out as ``like`` (``empty_like``: a
     transposed view's outputs are written in its layout, so the caller needs no copy);
-    ``step(i, buffers)`` gives launch i its (destinations, sources, whether it loads the
-    sources); ``result(buffers)`` the outputs."""
+    ``step(i, buffers)`` gives launch i its (destinations, sources) (it loads the sources
+    when i > 0: its ``LOAD_PREV``); ``result(buffers)`` the outputs."""
 
     def __init__(self, order: _Order, count: int, dtype: torch.dtype):
         self.count, self.dtype, self.fill = count, dtype, order.fill
@@ -301,7 +307,7 @@ class _Writes:
     def step(self, i: int, buffers: tuple[list, list]):
         final, scratch = buffers
         dst = final if (i == self.last and final is not None) else scratch
-        return dst, scratch, i > 0
+        return dst, scratch
 
     def result(self, buffers: tuple[list, list]) -> list[torch.Tensor]:
         final, scratch = buffers
@@ -315,44 +321,55 @@ class _Writes:
 # ----------------------------------------------------------------------------
 
 class Launches:
-    """Every launch of a forward and a backward over ``parts`` for ``variant``, q's dtype
-    and head dim d on ``device``, decided once (a layout's launches are the same on
-    every call): the parts' order for each output, where each launch writes
-    (``_Writes``), each launch's settings and tables (``_Launch``). ``forward`` and
-    ``backward`` then only allocate what the kernels write and launch."""
+    """Every launch of a forward and a backward over ``parts`` for ``variant``, q's dtype,
+    head dim d and n on ``device``, at ``scale`` (as ``fold_scale`` leaves it), decided
+    once (a layout's launches are the same on every call): the parts' order for each
+    output, where each launch writes (``_Writes``), each launch's settings, tables, sizes,
+    scale numbers and flags (``_Launch``). ``forward`` and ``backward`` then only allocate
+    what the kernels write and launch."""
 
     def __init__(self, parts: list, variant: Variant, dtype: torch.dtype, d: int,
-                 device: torch.device, n: int):
-        self.n, self.variant, self.fused = n, variant, variant.fused
+                 device: torch.device, n: int, scale: float):
         meta = _meta(dtype, device, d)
+        c, g = _exponent(scale)
+        negate = scale < 0
         live = [p for p in parts if p.facts.tiles > 0]
         self.live = bool(live)
         fwd = _order(live, lambda p: p.facts.q_real == n, variant.fused)
         q_order = _order(live, lambda p: p.facts.q_real == n, variant.fused)
         k_order = _order(live, lambda p: p.facts.k_real == n, variant.fused)
 
-        def launch(kernel, part, table: str):
+        def launch(kernel, part, table: str, numbers: tuple, **flags):
             a = part_args(part, variant)
             rows = getattr(a, table)[0].shape[1]
             tables = (*a.q_slots, *a.k_slots, *getattr(a, table), a.token_masks)
             rng = a.kv_range if table == "kv" else a.qt_range
-            return _Launch(kernel, part, rows, tables, a.hl, dict(**a.flags, RANGE=rng),
+            return _Launch(kernel, part, rows, tables, a.hl,
+                           dict(**a.flags, RANGE=rng, NEGATE=negate, **flags),
                            variant.settings(part.name, dtype, meta["BLOCK_D"]), meta, dtype,
-                           device)
+                           device, n, d, numbers)
 
-        self.fwd = [launch(triton_kernels._fwd_kernel, p, "kv") for p in fwd.parts]
+        self.fwd = [launch(triton_kernels._fwd_kernel, p, "kv", (c,), LOAD_PREV=i > 0)
+                    for i, p in enumerate(fwd.parts)]
         self.fwd_writes = _Writes(fwd, 1, dtype)
         self.fwd_fill = fwd.fill or not live        # the row statistics start empty
-        self.dq = [launch(triton_kernels._dq_kernel, p, "kv") for p in q_order.parts]
-        self.dq_writes = _Writes(q_order, 1, dtype)
-        self.delta_sums = _Writes(q_order, 1, torch.float32)
+        # |scale| > 1: delta = rowsum(P dP) summed over the same tiles first (DELTA_PASS)
+        self.delta_pass = [launch(triton_kernels._dq_kernel, p, "kv", (c, g), LOAD_PREV=i > 0,
+                                  COMPUTE_DELTA=False, DELTA_PASS=True)
+                           for i, p in enumerate(q_order.parts)] \
+            if abs(scale) > EXACT_DELTA_ABOVE else None
+        self.delta_fill = q_order.fill          # the delta pass starts from zero sums
         # fused: the first dQ launch writes every row, so it forms delta itself
-        self.first_delta = variant.fused and bool(q_order.parts) and not q_order.fill
-        self.dkdv = [launch(triton_kernels._dkdv_kernel, p, "qt") for p in k_order.parts]
-        self.k_order = k_order
-
-    def dkdv_writes(self, dtype: torch.dtype) -> _Writes:
-        return _Writes(self.k_order, 2, dtype)
+        self.first_delta = (variant.fused and bool(q_order.parts) and not q_order.fill
+                            and self.delta_pass is None)
+        self.dq = [launch(triton_kernels._dq_kernel, p, "kv", (c, g), LOAD_PREV=i > 0,
+                          COMPUTE_DELTA=self.first_delta and i == 0, DELTA_PASS=False)
+                   for i, p in enumerate(q_order.parts)]
+        self.dq_writes = _Writes(q_order, 1, dtype)
+        self.dkdv = [launch(triton_kernels._dkdv_kernel, p, "qt", (c, g), LOAD_PREV=i > 0)
+                     for i, p in enumerate(k_order.parts)]
+        self.dkdv_writes = _Writes(k_order, 2, dtype)          # dk, dv in k's dtype
+        self.dkdv_sums = _Writes(k_order, 2, torch.float32)    # per query head, summed after
 
 
 def _strides(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple:
@@ -364,80 +381,65 @@ def _strides(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple:
 # Forward and backward
 # ----------------------------------------------------------------------------
 
-def forward(q, k, v, launches: Launches, scale: float):
-    """(out in q's dtype and layout (B, H, n, d), row statistics m, l float32 (B, H, n)).
+def forward(q, k, v, launches: Launches):
+    """(out in q's dtype and layout (B, H, n, d), the row statistics float32 (B, H, 2, n):
+    each head's m, then its l).
 
     Trusts its inputs: q, k, v on the parts' device, each with contiguous rows (the last
-    stride 1; any other strides), ``launches`` made for q's n, dtype and d, ``scale`` as
-    ``fold_scale`` leaves it."""
-    B, H, n, d = q.shape
-    c, _ = _exponent(scale)
-    sizes = (n, H // k.shape[1], d)
+    stride 1; any other strides), ``launches`` made for q's n, dtype and d and the
+    call's scale."""
+    B, H, n, _ = q.shape
+    share = H // k.shape[1]
     writes = launches.fwd_writes
     buffers = writes.buffers(q)
-    if launches.fwd_fill:
-        m = torch.full((B, H, n), float("-inf"), dtype=torch.float32, device=q.device)
-        l = torch.zeros(B, H, n, dtype=torch.float32, device=q.device)
-    else:
-        m = torch.empty(B, H, n, dtype=torch.float32, device=q.device)
-        l = torch.empty_like(m)
+    # the empty-row state is all zeros (l = 0: the kernels then read no m)
+    stats = (torch.zeros if launches.fwd_fill else torch.empty)(
+        (B, H, 2, n), dtype=torch.float32, device=q.device)
     strides_qkv = _strides(q, k, v)
     for i, launch in enumerate(launches.fwd):
-        (out,), (prev,), load = writes.step(i, buffers)
-        launch(B, H, (q, k, v, out, prev, m, l, *strides_qkv, *out.stride()[:3]), sizes, (c,),
-               LOAD_PREV=load, NEGATE=scale < 0)
+        (out,), (prev,) = writes.step(i, buffers)
+        launch(B, H, share, (q, k, v, out, prev, stats, *strides_qkv, *out.stride()[:3]))
     out, = writes.result(buffers)
-    return out, m, l
+    return out, stats
 
 
-def backward(q, k, v, out, m, l, grad_out, launches: Launches, scale: float):
+def backward(q, k, v, out, stats, grad_out, launches: Launches):
     """(dq, dk, dv) in the inputs' dtype and layout from the merged output and statistics
     (FlashAttention-2 backward). Trusts its inputs, as ``forward``; k and v share strides
     (the kernels read both with k's)."""
-    B, H, n, d = q.shape
+    B, H, n, _ = q.shape
     if k.stride() != v.stride():
         raise ValueError(f"k and v must share strides, got {k.stride()} and {v.stride()}")
-    c, g = _exponent(scale)
-    negate = scale < 0
-    sizes = (n, H // k.shape[1], d)
+    share = H // k.shape[1]
     # dO is read with O's strides: a gradient of another layout (an expanded one, from a
     # sum) is copied into O's
     do = grad_out if (grad_out.dtype == out.dtype and grad_out.stride() == out.stride()) \
         else torch.empty_like(out).copy_(grad_out)
     head = _strides(q, k, do)
-
-    def dq_launch(i, dst, prev, load, delta, **flags):
-        launches.dq[i](B, H, (q, k, v, out, do, m, l, delta, dst, prev, *head,
-                              *dst.stride()[:3]), sizes, (c, g),
-                       LOAD_PREV=load, NEGATE=negate, **flags)
-
-    first_delta = False
-    if abs(scale) > EXACT_DELTA_ABOVE:      # delta = rowsum(P dP) over the same tiles
-        sums = launches.delta_sums
-        bufs = sums.buffers(m)
-        for i in range(len(launches.dq)):
-            (dst,), _, load = sums.step(i, bufs)
-            dq_launch(i, dst, dst, load, dst, COMPUTE_DELTA=False, DELTA_PASS=True)
-        delta, = sums.result(bufs)
-    elif launches.first_delta:
-        delta = torch.empty_like(m)         # written by the first dQ launch
-        first_delta = True
+    if launches.delta_pass is not None:     # delta = rowsum(P dP) over the same tiles
+        delta = (torch.zeros if launches.delta_fill else torch.empty)(
+            (B, H, n), dtype=torch.float32, device=q.device)
+        for launch in launches.delta_pass:
+            launch(B, H, share, (q, k, v, out, do, stats, delta, delta, delta, *head,
+                                 *delta.stride()[:3]))
+    elif launches.first_delta:              # written by the first dQ launch
+        delta = torch.empty((B, H, n), dtype=torch.float32, device=q.device)
     else:
         delta = (do.float() * out.float()).sum(-1).contiguous()             # (B, H, n)
 
     writes = launches.dq_writes
     bufs = writes.buffers(q)
-    for i in range(len(launches.dq)):
-        (dst,), (prev,), load = writes.step(i, bufs)
-        dq_launch(i, dst, prev, load, delta, DELTA_PASS=False,
-                  COMPUTE_DELTA=first_delta and i == 0)
-    share = H // k.shape[1]          # grouped key/value heads: dk, dv per query head, summed
-    kw = launches.dkdv_writes(k.dtype if share == 1 else torch.float32)
+    for i, launch in enumerate(launches.dq):
+        (dst,), (prev,) = writes.step(i, bufs)
+        launch(B, H, share, (q, k, v, out, do, stats, delta, dst, prev, *head,
+                             *dst.stride()[:3]))
+    # grouped key/value heads: dk, dv per query head in float32, summed after
+    kw = launches.dkdv_writes if share == 1 else launches.dkdv_sums
     kbufs = kw.buffers(k if share == 1 else q)
     for i, launch in enumerate(launches.dkdv):
-        (dk, dv), (pk, pv), load = kw.step(i, kbufs)
-        launch(B, H, (q, k, v, do, m, l, delta, dk, dv, pk, pv, *head, *dk.stride()[:3]),
-               sizes, (c, g), LOAD_PREV=load, NEGATE=negate)
+        (dk, dv), (pk, pv) = kw.step(i, kbufs)
+        launch(B, H, share, (q, k, v, do, stats, delta, dk, dv, pk, pv, *head,
+                             *dk.stride()[:3]))
     dq, = writes.result(bufs)
     dk, dv = kw.result(kbufs)
     if share > 1:   # the query heads of key/value head j are j share .. j share + share - 1
@@ -462,15 +464,15 @@ class BlockSparseAttention(torch.autograd.Function):
         q, k, v = (rows_contiguous(t) for t in (q, k, v))
         if k.stride() != v.stride():
             k, v = k.contiguous(), v.contiguous()
-        launches = Launches(parts, variant, q.dtype, q.shape[-1], q.device, q.shape[2])
-        out, m, l = forward(q, k, v, launches, scale)
-        ctx.save_for_backward(q, k, v, out, m, l)  # delta = rowsum(dO * O) as in FlashAttention-2
-        ctx.launches, ctx.scale = launches, scale
+        launches = Launches(parts, variant, q.dtype, q.shape[-1], q.device, q.shape[2], scale)
+        out, stats = forward(q, k, v, launches)
+        ctx.save_for_backward(q, k, v, out, stats)  # delta = rowsum(dO * O), FlashAttention-2
+        ctx.launches = launches
         return out
 
     @staticmethod
     @once_differentiable("the Triton backend of sparse_attention")
     def backward(ctx, grad_out):
-        q, k, v, out, m, l = ctx.saved_tensors
-        dq, dk, dv = backward(q, k, v, out, m, l, grad_out, ctx.launches, ctx.scale)
+        q, k, v, out, stats = ctx.saved_tensors
+        dq, dk, dv = backward(q, k, v, out, stats, grad_out, ctx.launches)
         return dq, dk, dv, None, None, None

@@ -27,9 +27,12 @@ each operator as one opaque call. The operators are defined with
 eager call costs one dispatch each way, about a third of what a
 ``torch.library.custom_op`` with ``register_autograd`` costs (its Python wrapper checks
 aliasing and fills defaults on every call: ``python -m fast bench --host-cost``
-measures the path). A layout is named by the operators' attributes -- the pattern,
-its parameters (``params_text``), combine, layer, block, order and variant -- and its
-launches found by one look-up of a flat key per call (``launches``).
+measures the path). The operators take two attributes: the scale, and one text naming
+the layout and its kernels (``layout_text``: the pattern, combine, the layer's key, the
+parameters, block, order and variant), made once per call signature -- each argument
+of an operator is parsed on every call, so the attributes are as few as the
+decisions they carry. The launches are found by one look-up of a flat key per call
+(``launches``: the text, the scale and q's shape, dtype and device).
 
 Checks run once per call signature, at the entry the caller used: the public
 functions here check q, k, v, the scale and the kernel's limits on every call;
@@ -66,8 +69,8 @@ from reference.params import check_params
 __all__ = [
     "GPU_DTYPES", "MAX_HEAD_DIM", "VARIANTS", "TritonAttention", "TritonCall", "Variant",
     "attention_lse", "attention_with_parts", "cached_layout", "clear_layout_cache",
-    "default_block", "forward", "interpreted", "launches", "layout_cost", "merge",
-    "parts_from_masks", "prepare", "triton_sparse_attention",
+    "default_block", "forward", "interpreted", "launches", "layout_cost", "layout_of",
+    "layout_text", "merge", "parts_from_masks", "prepare", "triton_sparse_attention",
     "variant_parts",
 ]
 
@@ -207,16 +210,15 @@ def forward(q, k, v, parts, scale=None, block_size: int | None = None, separate:
     q, k, v = (t.contiguous() for t in (q, k, v))
     n, d = q.shape[2], q.shape[3]
     if not separate:
-        out, m, l = launch.forward(q, k, v, launch.Launches(parts, variant, q.dtype, d, q.device,
-                                                            n),
-                              scale)
-        return out, launch.lse_of(m, l, scale)
+        out, stats = launch.forward(q, k, v, launch.Launches(parts, variant, q.dtype, d,
+                                                             q.device, n, scale))
+        return out, launch.lse_of(stats, scale)
     outs, lses = [], []
     for p in parts:
-        out, m, l = launch.forward(q, k, v, launch.Launches([p], variant, q.dtype, d, q.device, n),
-                              scale)
+        out, stats = launch.forward(q, k, v, launch.Launches([p], variant, q.dtype, d,
+                                                             q.device, n, scale))
         outs.append(out)
-        lses.append(launch.lse_of(m, l, scale))
+        lses.append(launch.lse_of(stats, scale))
     return outs, lses
 
 
@@ -357,26 +359,43 @@ def _variant_of(text: str) -> Variant:
     return found
 
 
-# (pattern, combine, layer parity, params text, block, order, variant text, n, H, device,
-# dtype, d) -> the layout's launches (``launch.Launches``), least recently used first
+def layout_text(pattern: str, combine: str, layer: int, params: dict, block: int,
+                order: str, variant: Variant) -> str:
+    """The operators' one text attribute naming what they launch: the pattern, combine,
+    the layer's key (``fast.patterns``: interleaved layers r and r + p read alike, so they
+    share one text), the parameters (``params_text``), the block, the order and the
+    variant (``variant_text``, last: it may hold any character), joined by "|"."""
+    layer = patterns.get(pattern).layer_key(combine, layer)
+    return "|".join((pattern, combine, str(layer), params_text(params), str(block), order,
+                     variant_text(variant)))
+
+
+def layout_of(text: str) -> tuple:
+    """The inverse of ``layout_text``: (pattern, combine, layer, params, block, order,
+    variant)."""
+    pattern, combine, layer, params, block, order, variant = text.split("|", 6)
+    return (pattern, combine, int(layer), params_of(params), int(block), order,
+            _variant_of(variant))
+
+
+# (layout text, scale, n, H, d, dtype, device) -> the launches (``launch.Launches``), least
+# recently used first
 _LAUNCHES: OrderedDict = OrderedDict()
 
 
-def launches(q: torch.Tensor, pattern: str, combine: str, layer: int, params: str, block: int,
-             order: str, variant: str) -> launch.Launches:
-    """The launches of the operators' layout for q (B, H, n, d): found by one look-up of a
-    flat key (no sorting, no conversion), built on the first call of a signature from the
-    cached layout (``variant_parts``). Kept with the layouts: the ``MAX_CACHED_LAYOUTS``
-    most recently used, dropped by ``clear_layout_cache``."""
+def launches(q: torch.Tensor, layout: str, scale: float) -> launch.Launches:
+    """The launches of the layout the operators' text names, for q (B, H, n, d) and the
+    scale: found by one look-up of a flat key (no parsing), built on the first call of a
+    signature from the cached layout (``variant_parts``). Kept with the layouts: the
+    ``MAX_CACHED_LAYOUTS`` most recently used, dropped by ``clear_layout_cache``."""
     _, H, n, d = q.shape
-    key = (pattern, combine, layer % 2 if combine == "interleaved" else 0, params, block,
-           order, variant, n, H, q.device, q.dtype, d)
+    key = (layout, scale, n, H, d, q.dtype, q.device)
     hit = _LAUNCHES.get(key)
     if hit is None:
-        v = _variant_of(variant)
-        parts = variant_parts(pattern, n, H, combine, layer, params_of(params), block,
-                              q.device, order, v, q.dtype, d)
-        hit = _LAUNCHES[key] = launch.Launches(parts, v, q.dtype, d, q.device, n)
+        pattern, combine, layer, params, block, order, variant = layout_of(layout)
+        parts = variant_parts(pattern, n, H, combine, layer, params, block, q.device, order,
+                              variant, q.dtype, d)
+        hit = _LAUNCHES[key] = launch.Launches(parts, variant, q.dtype, d, q.device, n, scale)
         while len(_LAUNCHES) > MAX_CACHED_LAYOUTS:
             _LAUNCHES.popitem(last=False)
     else:
@@ -387,44 +406,37 @@ def launches(q: torch.Tensor, pattern: str, combine: str, layer: int, params: st
     return hit
 
 
-def _forward_op(q, k, v, pattern, combine, layer, params, scale, block, order, variant):
-    """``launch.forward`` on the layout the attributes name: (out in q's dtype and layout,
-    the row statistics m, l float32 (B, H, n)) of q, k, v (B, H, n, d) / (B, Hkv, n, d)
-    (q already padded to the keys' n, the scale as ``launch.fold_scale`` leaves it; every
-    row contiguous, k and v of one layout: ``TritonCall`` sees to both)."""
-    return launch.forward(q, k, v, launches(q, pattern, combine, layer, params, block, order,
-                                       variant), scale)
+def _forward_op(q, k, v, layout, scale):
+    """``launch.forward`` on the layout ``layout`` names: (out in q's dtype and layout, the
+    row statistics (m, l) float32 (B, H, 2, n)) of q, k, v (B, H, n, d) / (B, Hkv, n, d) (q
+    already padded to the keys' n, the scale as ``launch.fold_scale`` leaves it; every row
+    contiguous, k and v of one layout: ``TritonCall`` sees to both)."""
+    return launch.forward(q, k, v, launches(q, layout, scale))
 
 
-def _backward_op(grad_out, q, k, v, out, m, l, pattern, combine, layer, params, scale, block,
-                 order, variant):
-    """``launch.backward`` on the layout the attributes name: (dq, dk, dv) shaped, typed
-    and laid out as q, k, v."""
-    return launch.backward(q, k, v, out, m, l, grad_out,
-                      launches(q, pattern, combine, layer, params, block, order, variant),
-                      scale)
+def _backward_op(grad_out, q, k, v, out, stats, layout, scale):
+    """``launch.backward`` on the layout ``layout`` names: (dq, dk, dv) shaped, typed and
+    laid out as q, k, v."""
+    return launch.backward(q, k, v, out, stats, grad_out, launches(q, layout, scale))
 
 
-_ATTRIBUTES = ("str pattern, str combine, int layer, str params, float scale, int block, "
-               "str order, str variant")
 _LIB = torch.library.Library("sparse_transformer", "FRAGMENT")   # kept: it owns the ops
-_LIB.define(f"triton(Tensor q, Tensor k, Tensor v, {_ATTRIBUTES}) -> (Tensor, Tensor, Tensor)")
-_LIB.define(f"triton_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
-            f"Tensor m, Tensor l, {_ATTRIBUTES}) -> (Tensor, Tensor, Tensor)")
+_LIB.define("triton(Tensor q, Tensor k, Tensor v, str layout, float scale) "
+            "-> (Tensor, Tensor)")
+_LIB.define("triton_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+            "Tensor stats, str layout, float scale) -> (Tensor, Tensor, Tensor)")
 _LIB.impl("triton", _forward_op, "CompositeExplicitAutograd")
 _LIB.impl("triton_backward", _backward_op, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("sparse_transformer::triton")
-def _(q, k, v, pattern, combine, layer, params, scale, block, order, variant):
+def _(q, k, v, layout, scale):
     B, H, n, _ = q.shape
-    return (torch.empty_like(q), q.new_empty(B, H, n, dtype=torch.float32),
-            q.new_empty(B, H, n, dtype=torch.float32))
+    return torch.empty_like(q), q.new_empty(B, H, 2, n, dtype=torch.float32)
 
 
 @torch.library.register_fake("sparse_transformer::triton_backward")
-def _(grad_out, q, k, v, out, m, l, pattern, combine, layer, params, scale, block, order,
-      variant):
+def _(grad_out, q, k, v, out, stats, layout, scale):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -434,15 +446,16 @@ BACKWARD = torch.ops.sparse_transformer.triton_backward.default
 
 class TritonAttention(Function):
     """The operator ``sparse_transformer::triton`` with its backward
-    ``sparse_transformer::triton_backward`` as autograd formula: (out, m, l) of q, k, v
-    and the attributes. Every call takes it, eager or traced by torch.compile (which
-    traces this Function and keeps each operator as one opaque call)."""
+    ``sparse_transformer::triton_backward`` as autograd formula: (out, the row statistics)
+    of q, k, v, the layout's text and the scale. Every call takes it, eager or traced by
+    torch.compile (which traces this Function and keeps each operator as one opaque
+    call)."""
 
     @staticmethod
-    def forward(q, k, v, pattern, combine, layer, params, scale, block, order, variant):
+    def forward(q, k, v, layout, scale):
         # every parameter named (no *args): torch.compile passes no context to a forward
         # of as many parameters as the call has arguments
-        return FORWARD(q, k, v, pattern, combine, layer, params, scale, block, order, variant)
+        return FORWARD(q, k, v, layout, scale)
 
     # apart, as torch.func's transforms require; delta = rowsum(dO * O), FlashAttention-2
     setup_context = staticmethod(keep_for_backward)
@@ -470,8 +483,8 @@ class TritonCall:
         self.fold, self.scale = launch.folds(scale), scale      # q * scale, and scale 1, or not
         self.copy_q = q.stride(-1) != 1   # (after F.pad or a padded batch's gather: a no-op)
         self.copy_kv = k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride() != v.stride()
-        self.attributes = (pattern, combine, layer, params_text(params),
-                           1.0 if self.fold else scale, block, order, variant_text(variant))
+        self.attributes = (layout_text(pattern, combine, layer, params, block, order,
+                                       variant), 1.0 if self.fold else scale)
 
     def __call__(self, q, k, v):
         front = k.shape[2] - q.shape[2]   # zero rows in front of q (a padded batch has none)
@@ -483,7 +496,7 @@ class TritonCall:
             q = q.contiguous()
         if self.copy_kv:
             k, v = k.contiguous(), v.contiguous()
-        out, _, _ = TritonAttention.apply(q, k, v, *self.attributes)
+        out, _ = TritonAttention.apply(q, k, v, *self.attributes)
         return out[:, :, front:] if front else out
 
 

@@ -175,9 +175,10 @@ def _token_mask(tok_ptr, mid, offs_m, offs_n, BLOCK: tl.constexpr):
 @triton.jit
 def _fwd_kernel(
     # pointers: q, k, v (B, H, n, D); Out (B, H, n, D), written in its own dtype; Prev
-    # (B, H, n, D) float32, read when LOAD_PREV (may be Out); row statistics M, L (B, H, n)
-    # float32, contiguous: read when LOAD_PREV, always written
-    Q, K, V, Out, Prev, M, L,
+    # (B, H, n, D) float32, read when LOAD_PREV (may be Out); row statistics Stats
+    # (B, H, 2, n) float32, contiguous (m, then l, of each head's rows): read when
+    # LOAD_PREV, always written
+    Q, K, V, Out, Prev, Stats,
     # strides (the last dimension is contiguous; Out and Prev share theirs)
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
@@ -197,7 +198,7 @@ def _fwd_kernel(
     c,                          # |scale| log2(e) > 0 (the sign: NEGATE)
     # meta-parameters
     BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-    LOAD_PREV: tl.constexpr,    # merge into the (Prev, M, L) of the parts before this one
+    LOAD_PREV: tl.constexpr,    # merge into the (Prev, m, l) of the parts before this one
     GROUP: tl.constexpr,        # query blocks per program
     Q_MAP: tl.constexpr, K_MAP: tl.constexpr, RANGE: tl.constexpr,
     NEGATE: tl.constexpr,       # the scale is negative: s = -q.k
@@ -211,7 +212,7 @@ def _fwd_kernel(
     k_base = b * stride_kb + (h64 // SHARE) * stride_kh
     v_base = b * stride_vb + (h64 // SHARE) * stride_vh
     o_base = b * stride_ob + h64 * stride_oh
-    s_base = bh.to(tl.int64) * N                                     # row statistics
+    M, L = _stats(Stats, bh, N)
 
     for g in range(0, GROUP):
         qb = tl.program_id(0) * GROUP + g
@@ -255,10 +256,11 @@ def _fwd_kernel(
             out = tl.where(over[:, None], float("nan"), acc / tl.where(has, l_i, 1.0)[:, None])
             o_off = o_base + q_pos[:, None] * stride_on + offs_d[None, :]
             o_ok = q_ok[:, None] & d_ok[None, :]
-            s_off = s_base + q_pos
             if LOAD_PREV:
-                m_p = tl.load(M + s_off, mask=q_ok, other=float("-inf"))
-                l_p = tl.load(L + s_off, mask=q_ok, other=0.0)
+                l_p = tl.load(L + q_pos, mask=q_ok, other=0.0)
+                # a row no part has written yet (l = 0: the empty-row state is all zeros)
+                # has no maximum
+                m_p = tl.load(M + q_pos, mask=q_ok & (l_p != 0.0), other=float("-inf"))
                 o_p = tl.load(Prev + o_off, mask=o_ok, other=0.0)
                 top = tl.maximum(m_p, m_i)
                 top_safe = tl.where(top == float("-inf"), 0.0, top)
@@ -269,16 +271,24 @@ def _fwd_kernel(
                 out = o_p * (w_p / t_safe)[:, None] + out * (w_n / t_safe)[:, None]
                 m_i = top
             tl.store(Out + o_off, out.to(Out.dtype.element_ty), mask=o_ok)
-            tl.store(M + s_off, m_i, mask=q_ok)
-            tl.store(L + s_off, l_i, mask=q_ok)
+            tl.store(M + q_pos, m_i, mask=q_ok)
+            tl.store(L + q_pos, l_i, mask=q_ok)
 
 
 @triton.jit
-def _row_stats(M, L, base, q_pos, q_ok):
+def _stats(Stats, bh, N):
+    """Where the row statistics of this program's head start: (m, l), rows of N float32
+    one after the other in Stats (B, H, 2, n)."""
+    M = Stats + bh.to(tl.int64) * 2 * N
+    return M, M + N
+
+
+@triton.jit
+def _row_stats(M, L, q_pos, q_ok):
     """A query row's merged statistics for the backward: its max (+inf for rows that read
     nothing, so that P = 0 there) and log2 of its sum."""
-    m = tl.load(M + base + q_pos, mask=q_ok, other=float("inf"))
-    l = tl.load(L + base + q_pos, mask=q_ok, other=0.0)
+    m = tl.load(M + q_pos, mask=q_ok, other=float("inf"))
+    l = tl.load(L + q_pos, mask=q_ok, other=0.0)
     empty = l == 0.0
     return tl.where(empty, float("inf"), m), tl.log2(tl.where(empty, 1.0, l))
 
@@ -297,9 +307,9 @@ def _probs(q, k, m, log2_l, allowed, c, PRECISION: tl.constexpr, NEGATE: tl.cons
 @triton.jit
 def _dq_kernel(
     # pointers: q, k, v (B, H, n, D); O (the output) and dO (B, H, n, D) sharing strides;
-    # M, L, Delta (B, H, n) float32 contiguous; DQ (B, H, n, D) written in its dtype,
-    # Prev float32 read when LOAD_PREV (may be DQ); they share strides
-    Q, K, V, O, DO, M, L, Delta, DQ, Prev,
+    # Stats (B, H, 2, n) and Delta (B, H, n) float32 contiguous; DQ (B, H, n, D) written in
+    # its dtype, Prev float32 read when LOAD_PREV (may be DQ); they share strides
+    Q, K, V, O, DO, Stats, Delta, DQ, Prev,
     # strides: q, k/v (shared), O/dO, dQ/Prev
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
@@ -328,7 +338,8 @@ def _dq_kernel(
     q_base = b * stride_qb + h64 * stride_qh
     k_base = b * stride_kb + (h64 // SHARE) * stride_kh   # v shares k's strides
     o_base = b * stride_ob + h64 * stride_oh
-    s_base = bh.to(tl.int64) * N
+    s_base = bh.to(tl.int64) * N                                     # Delta
+    M, L = _stats(Stats, bh, N)
 
     for g in range(0, GROUP):
         qb = tl.program_id(0) * GROUP + g
@@ -337,7 +348,7 @@ def _dq_kernel(
                                  Q_MAP)
             q = _rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
             do = _rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
-            m_i, log2_l = _row_stats(M, L, s_base, q_pos, q_ok)
+            m_i, log2_l = _row_stats(M, L, q_pos, q_ok)
             if COMPUTE_DELTA:
                 o = _rows(O, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
                 delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
@@ -382,10 +393,10 @@ def _dq_kernel(
 
 @triton.jit
 def _dkdv_kernel(
-    # pointers: q, k, v, dO (B, H, n, D); M, L, Delta (B, H, n) float32 contiguous;
-    # dK, dV (B, H, n, D) written in their dtype; PrevK, PrevV float32, read when
-    # LOAD_PREV (may be dK, dV); all four share strides
-    Q, K, V, DO, M, L, Delta, DK, DV, PrevK, PrevV,
+    # pointers: q, k, v, dO (B, H, n, D); Stats (B, H, 2, n) and Delta (B, H, n) float32
+    # contiguous; dK, dV (B, H, n, D) written in their dtype; PrevK, PrevV float32, read
+    # when LOAD_PREV (may be dK, dV); all four share strides
+    Q, K, V, DO, Stats, Delta, DK, DV, PrevK, PrevV,
     # strides: q, k/v (shared), dO, dK/dV/PrevK/PrevV
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
@@ -415,7 +426,8 @@ def _dkdv_kernel(
     q_base = b * stride_qb + h64 * stride_qh
     k_base = b * stride_kb + (h64 // SHARE) * stride_kh   # v shares k's strides
     o_base = b * stride_ob + h64 * stride_oh
-    s_base = bh.to(tl.int64) * N
+    s_base = bh.to(tl.int64) * N                                     # Delta
+    M, L = _stats(Stats, bh, N)
 
     for g in range(0, GROUP):
         kb = tl.program_id(0) * GROUP + g
@@ -436,7 +448,7 @@ def _dkdv_kernel(
                                      Q_MAP)
                 q = _rows(Q, q_base, q_pos, offs_d, stride_qn, q_ok, d_ok)
                 do = _rows(DO, o_base, q_pos, offs_d, stride_on, q_ok, d_ok)
-                m_i, log2_l = _row_stats(M, L, s_base, q_pos, q_ok)
+                m_i, log2_l = _row_stats(M, L, q_pos, q_ok)
                 delta = tl.load(Delta + s_base + q_pos, mask=q_ok, other=0.0)
                 allowed = _token_mask(TokMask, mid, offs_m, offs_n, BLOCK) & k_ok[None, :]
                 p = _probs(q, k, m_i, log2_l, allowed, c, PRECISION, NEGATE)  # (BLOCK_q, BLOCK_k)

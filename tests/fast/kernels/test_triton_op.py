@@ -11,6 +11,8 @@ is slow: one small odd case each (n = 37, d = 48, grouped key/value heads).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -32,17 +34,33 @@ def test_params_text_round_trip(text, params):
     assert triton_attention.params_of(text) == params
 
 
+def test_layout_text_round_trip():
+    """The operators' one text attribute names the layout and its kernels: read back as
+    written (a variant built by the caller too), interleaved layers r and r + p as one."""
+    custom = dataclasses.replace(triton_attention.VARIANTS["fused"], name="mine|x")
+    for variant in (triton_attention.VARIANTS["baseline"], custom):
+        text = triton_attention.layout_text("fixed", "interleaved", 3, {"stride": 8, "c": 2},
+                                            32, "structured", variant)
+        assert triton_attention.layout_of(text) == (
+            "fixed", "interleaved", 1, {"stride": 8, "c": 2}, 32, "structured", variant)
+    longformer = triton_attention.layout_text("longformer", "merged", 5,
+                                              {"window": 3, "global_tokens": (0, 5)}, 64,
+                                              "natural", triton_attention.VARIANTS["fused"])
+    assert triton_attention.layout_of(longformer)[2:4] == (0, {"window": 3,
+                                                               "global_tokens": (0, 5)})
+
+
 @pytest.mark.slow
 @needs_interpreter
 def test_opcheck_triton():
     q, k, v, _ = inputs(1, 2, 1, 37, 37, 48, seed=1, dtype=torch.float32)
-    args = ("fixed", "merged", 0, triton_attention.params_text({"stride": 8, "c": 2}), 48 ** -0.5,
-            32,
-            "structured", "baseline")
+    layout = triton_attention.layout_text("fixed", "merged", 0, {"stride": 8, "c": 2}, 32,
+                                          "structured", triton_attention.VARIANTS["baseline"])
+    args = (layout, 48 ** -0.5)
     torch.library.opcheck(OPS.triton, (q, k, v, *args))
-    out, m, l = OPS.triton(q, k, v, *args)
+    out, stats = OPS.triton(q, k, v, *args)
     torch.library.opcheck(OPS.triton_backward,
-                          (torch.randn_like(out), q, k, v, out, m, l, *args))
+                          (torch.randn_like(out), q, k, v, out, stats, *args))
 
 
 @pytest.mark.slow
