@@ -309,11 +309,11 @@ def summarise(maps: np.ndarray, pattern: str = "full", image_shape=SHAPE,
                             ("fixed", patterns.union(*patterns.fixed(n, STRIDE, SUMMARY)))):
             out[f"in_{name}"] = stats.pattern_mass(a, mask2, qq).tolist()            # (L, H)
             out["uniform"][f"in_{name}"] = float(stats.pattern_mass(uni, mask2, q))
-            for key, w_, qs in ((out, a, qq), (out["uniform"], uni, q)):
+            for record, w_, qs in ((out, a, qq), (out["uniform"], uni, q)):
                 inside = stats.pattern_mass(w_, mask2 & pixels, qs)
                 total = stats.pattern_mass(w_, pixels, qs)
                 share = np.divide(inside, total, out=np.zeros_like(inside), where=total > 0)
-                key[f"share_in_{name}"] = share.tolist() if share.ndim else float(share)
+                record[f"share_in_{name}"] = share.tolist() if share.ndim else float(share)
     else:
         out["parts"] = list(PARTS[pattern])
         # the parts over the pixels; the start token's mass is "start" (key 0 in no part)
