@@ -501,7 +501,7 @@ def fig2_section(la: dict, long: bool = False) -> list[str]:
            f"within {dense['window']} px "
            f"and row+column: share of the pixel mass as a multiple of uniform's; image entropy: "
            f"1 = uniform; data dependence: 0 = the same weights for every image):", "",
-           "| layer | head labels | local | row+column | lowest entropy | start token, max "
+           "| layer | the package's head labels | local | row+column | lowest entropy | start token, max "
            "| data dependence, max |", "|---|---|---|---|---|---|---|"]
     for r in dense["layers"]:
         out.append(f"| {r['layer']} | {', '.join(r['labels'])} | {r['local_x']:.1f}x "
@@ -554,7 +554,7 @@ def fig2_depth_section(d: dict) -> list[str]:
            f"fast.measure.attention_stats) and its most row-like and most column-like head: "
            f"the share of its pixel mass on the query's row (column) outside the local "
            f"window, as a multiple of uniform attention's share over the same pixels:", "",
-           "| layers | test bits/dim | head labels | row lift, max (layer) "
+           "| layers | test bits/dim | the package's head labels | row lift, max (layer) "
            "| column lift, max (layer) | row/column heads |", "|---|---|---|---|---|---|"]
     found = []
     for depth, s in sorted(models.items()):
