@@ -501,8 +501,8 @@ def fig2_section(la: dict, long: bool = False) -> list[str]:
            f"within {dense['window']} px "
            f"and row+column: share of the pixel mass as a multiple of uniform's; image entropy: "
            f"1 = uniform; data dependence: 0 = the same weights for every image):", "",
-           "| layer | the package's head labels | local | row+column | lowest entropy | start token, max "
-           "| data dependence, max |", "|---|---|---|---|---|---|---|"]
+           "| layer | the package's head labels | local | row+column | lowest entropy "
+           "| start token, max | data dependence, max |", "|---|---|---|---|---|---|---|"]
     for r in dense["layers"]:
         out.append(f"| {r['layer']} | {', '.join(r['labels'])} | {r['local_x']:.1f}x "
                    f"| {r['rowcol_x']:.1f}x | {r['min_entropy']:.2f} | {r['max_start']:.2f} "
