@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import platform
 import statistics
@@ -87,7 +86,7 @@ import torch
 from fast.backends import structured
 from fast.core.schema import Map, Optional
 from fast.data import Dataset, load
-from fast.experiments.cache import resumable
+from fast.experiments.cache import read_cache, resumable
 from fast.experiments.paths import DATA, FIGURES, QUICK
 from fast.experiments.provenance import code_version, write_result
 from fast.experiments.reproducible import avx512_env, child_env, kernels, weights_digest
@@ -491,5 +490,5 @@ def run(*, quick: bool = False, force: bool = False, only: list[str] = (), seeds
 def gpu_record(out: Path) -> dict | None:
     """The GPU's time per iteration at the paper's shapes (``python -m fast train-time``:
     gpu_iteration_time.json beside table2.json), drawn beside the CPU's; None when absent."""
-    path = Path(out).with_name("gpu_iteration_time.json")
-    return json.loads(path.read_text()) if path.exists() else None
+    return read_cache(Path(out).with_name("gpu_iteration_time.json"),
+                      advice="run python -m fast train-time on a GPU to rewrite it")

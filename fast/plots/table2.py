@@ -93,15 +93,16 @@ def plot_curves(data: dict, path) -> Path:
     return style.save(fig, path)
 
 
-# the GPU record's shape for each modality's paper dataset (fast.experiments.gpu_iteration_time)
-GPU_SHAPES = {"text": "enwik8", "image": "cifar10"}
+# the GPU record's shape name for each modality's paper dataset
+# (fast.experiments.gpu_iteration_time)
+GPU_SHAPE_OF = {"text": "enwik8", "image": "cifar10"}
 
 
 def gpu_times(gpu: dict | None, modality: str) -> dict:
     """{pattern: seconds per iteration} of one modality's paper shape in a GPU record
     (figures/data/gpu_iteration_time.json), or {} when it has no complete row set."""
     rows = {r["pattern"]: r["s_per_iter"] for r in (gpu or {}).get("rows", [])
-            if r.get("shape") == GPU_SHAPES[modality] and r.get("s_per_iter")}
+            if r.get("shape") == GPU_SHAPE_OF[modality] and r.get("s_per_iter")}
     return rows if all(p in rows for p in PATTERN_ORDER) else {}
 
 
