@@ -18,6 +18,16 @@ transform is active -- binding the arguments to ``forward``'s signature through
 (``python -m fast bench --host-cost``, "operator") -- and, when nothing will be
 differentiated, the context and graph node too. Its forwards take no default arguments,
 so there is nothing to bind; torch.compile traces the Function as any other.
+
+``operator_call(operator, body)`` is how those Functions call their operators: the
+operator (a ``torch.library`` operator whose one kernel is the Python function ``body``)
+wherever something besides autograd sees the call -- torch.compile or export tracing it,
+a dispatch mode (fake tensors, ``make_fx``, a counter of ops), a torch-function mode, a
+torch.func transform, ``torch.jit.trace``, the profiler, a tensor subclass among the
+arguments -- so each of them sees one named, opaque operator; and ``body`` itself where
+nothing does, the plain eager call, which then skips the dispatcher's parsing and boxing
+of every argument and output, in and out of Python. Both run the same Python function on
+the same tensors, so they give the same bits; what differs is only who can see the call.
 """
 
 from __future__ import annotations
@@ -55,6 +65,34 @@ def once_differentiable(what: str):
         return run
 
     return wrap
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)   # tensors nothing intercepts
+
+
+def watched(args: tuple) -> bool:
+    """Whether anything besides autograd sees a call on ``args`` (module docstring): then
+    the call must go through the operator, which those see; torch.compile's test first,
+    so a trace reads nothing else."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled()
+            or torch._C._are_functorch_transforms_active()
+            or torch._C._get_tracing_state() is not None
+            or torch.autograd._profiler_enabled()):
+        return True
+    for a in args:
+        if isinstance(a, torch.Tensor) and type(a) not in _PLAIN:
+            return True
+    return False
+
+
+def operator_call(operator, body):
+    """A call of ``operator``, whose kernel is ``body``: ``operator(*args)`` where
+    something watches the call (``watched``), ``body(*args)`` where nothing does."""
+    def call(*args):
+        return operator(*args) if watched(args) else body(*args)
+    call.operator, call.body = operator, body
+    return call
 
 
 class Function(torch.autograd.Function):

@@ -19,19 +19,21 @@ job each:
   plus the kernel's own limits).
 
 One path (docs/design.md, "torch.compile"): every call of the layouts of
-``sparse_attention`` runs the operator, eager or compiled, as flash-attn binds its
-operator once -- an autograd Function whose forward and backward call the two
-operators (``FORWARD``, ``BACKWARD``); ``torch.compile`` traces the Function and keeps
-each operator as one opaque call. The operators are defined with
-``torch.library.Library`` (a kernel registered for every backend, and a fake one): an
-eager call costs one dispatch each way, about a third of what a
-``torch.library.custom_op`` with ``register_autograd`` costs (its Python wrapper checks
-aliasing and fills defaults on every call: ``python -m fast bench --host-cost``
-measures the path). The operators take two attributes: the scale, and one text naming
-the layout and its kernels (``layout_text``: the pattern, combine, the layer's key, the
-parameters, block, order and variant), made once per call signature -- each argument
-of an operator is parsed on every call, so the attributes are as few as the
-decisions they carry. The launches are found by one look-up of a flat key per call
+``sparse_attention`` runs the operator's one kernel, eager or compiled, bound once as
+flash-attn binds its operator -- an autograd Function whose forward and backward call
+the two operators (``FORWARD``, ``BACKWARD``); ``torch.compile`` traces the Function and
+keeps each operator as one opaque call. The operators are defined with
+``torch.library.Library`` (a kernel registered for every backend, and a fake one): a
+dispatch costs about a third of what a ``torch.library.custom_op`` with
+``register_autograd`` costs (its Python wrapper checks aliasing and fills defaults on
+every call: ``python -m fast bench --host-cost`` measures the path), and a plain eager
+call, which nothing but autograd sees, runs the kernel without the dispatch
+(``fast.core.autograd.operator_call``: the same function on the same tensors). The
+operators take two attributes: the scale, and one text naming the layout and its
+kernels (``layout_text``: the pattern, combine, the layer's key, the parameters, block,
+order and variant), made once per call signature -- each argument of a dispatched
+operator is parsed on every call, so the attributes are as few as the decisions they
+carry. The launches are found by one look-up of a flat key per call
 (``launches``: the text, the scale and q's shape, dtype and device).
 
 Checks run once per call signature, at the entry the caller used: the public
@@ -56,7 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from fast import patterns
-from fast.core.autograd import Function, backward_through, keep_for_backward
+from fast.core.autograd import Function, backward_through, keep_for_backward, operator_call
 from fast.core.checks import check_scale, check_tensors
 from fast.core.merge import merge
 from fast.kernels import launch
@@ -440,8 +442,9 @@ def _(grad_out, q, k, v, out, stats, layout, scale):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-FORWARD = torch.ops.sparse_transformer.triton.default       # bound once (as flash-attn does)
-BACKWARD = torch.ops.sparse_transformer.triton_backward.default
+# bound once (as flash-attn does); a plain eager call runs the kernel without the dispatch
+FORWARD = operator_call(torch.ops.sparse_transformer.triton.default, _forward_op)
+BACKWARD = operator_call(torch.ops.sparse_transformer.triton_backward.default, _backward_op)
 
 
 class TritonAttention(Function):
@@ -449,7 +452,7 @@ class TritonAttention(Function):
     ``sparse_transformer::triton_backward`` as autograd formula: (out, the row statistics)
     of q, k, v, the layout's text and the scale. Every call takes it, eager or traced by
     torch.compile (which traces this Function and keeps each operator as one opaque
-    call)."""
+    call; a plain eager call runs the operators' kernels directly, ``operator_call``)."""
 
     @staticmethod
     def forward(q, k, v, layout, scale):

@@ -25,7 +25,10 @@ Per case and per call, forward alone and forward+backward:
   (``_local_scalar_dense``: a value brought to the host, a wait on a GPU), views (no
   kernel, a dispatch all the same), others.
   The operators of this project (``sparse_transformer::*``) are counted with what
-  runs inside them.
+  runs inside them. The counter is a dispatch mode, which sees an operator only if the
+  call takes it, so under the counter every call does (``fast.core.autograd.operator_call``);
+  the timed calls, which nothing watches, run the operators' kernels directly: their ops
+  are the ones counted less one per operator.
 
 The cases: ``fast.sparse_attention(..., backend="triton")`` with the fused and the
 baseline kernel variant, the structured CPU path in float32, dense causal SDPA
@@ -337,10 +340,11 @@ def operator_calls() -> dict:
     "custom_op": ``torch.library.custom_op`` with ``register_autograd``, called directly;
     "library+Function": a ``torch.library.Library`` operator called by a
     ``torch.autograd.Function`` (``setup_context`` apart); "library+ours": the same
-    Function on ``fast.core.autograd.Function`` (the way this project binds its
-    operators). Registered under the namespace "host_cost", once per process (the
-    library is kept with the calls: the operator lives as long as it)."""
-    from fast.core.autograd import Function
+    operator the way this project binds its operators, a ``fast.core.autograd.Function``
+    whose forward is ``operator_call`` (the kernel run directly when nothing watches).
+    Registered under the namespace "host_cost", once per process (the library is kept
+    with the calls: the operator lives as long as it)."""
+    from fast.core.autograd import Function, operator_call
 
     def body(q, name: str, scale: float):
         return torch.empty_like(q), q.new_empty(q.shape[:-1])
@@ -370,7 +374,8 @@ def operator_calls() -> dict:
     methods = dict(forward=staticmethod(forward), setup_context=staticmethod(setup_context),
                    backward=staticmethod(backward))
     torch_function = type("TorchApply", (torch.autograd.Function,), methods)
-    ours = type("OurApply", (Function,), methods)
+    ours = type("OurApply", (Function,),
+                {**methods, "forward": staticmethod(operator_call(op, body))})
     ways = {"custom_op": custom, "library+Function": torch_function.apply,
             "library+ours": ours.apply}
     calls = {way: _function_calls(lambda q, k, v, f=fn: f(q, "x", 0.5)[0])

@@ -92,7 +92,7 @@ import torch.nn.functional as F
 from fast.backends import cpu_window, flash_cpu
 from fast.backends.structured.fixed import BlockCausal, Summary
 from fast.backends.structured.strided import Column, LocalBand
-from fast.core.autograd import Function, backward_through, keep_for_backward
+from fast.core.autograd import Function, backward_through, keep_for_backward, operator_call
 from fast.core.merge import merge_into
 from fast.core.precision import PrecisionWarning, acc_dtype, may_overflow, overflow_rows
 from reference.heads import head_roles
@@ -467,8 +467,10 @@ def _(grad_out, q, k, v, out, lse, exact, pattern, combine, layer, stride, c, sc
             v.new_empty(v.shape))                             # contiguous, as ``backward``'s
 
 
-FORWARD = torch.ops.sparse_transformer.structured.default     # bound once (as flash-attn does)
-BACKWARD = torch.ops.sparse_transformer.structured_backward.default
+# bound once (as flash-attn does); a plain eager call runs the kernel without the dispatch
+FORWARD = operator_call(torch.ops.sparse_transformer.structured.default, operator_forward)
+BACKWARD = operator_call(torch.ops.sparse_transformer.structured_backward.default,
+                         operator_backward)
 
 
 class StructuredAttention(Function):
@@ -476,7 +478,8 @@ class StructuredAttention(Function):
     ``sparse_transformer::structured_backward`` as autograd formula: (out (B, H, N, d),
     lse, exact) of q, k, v and the attributes. Every call takes it, eager or traced by
     torch.compile (which traces this Function and keeps each operator as one opaque
-    call)."""
+    call; a plain eager call runs the operators' kernels directly,
+    ``fast.core.autograd.operator_call``)."""
 
     @staticmethod
     def forward(q, k, v, pattern, combine, layer, stride, c, scale):
