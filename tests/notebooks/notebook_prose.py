@@ -12,7 +12,8 @@ number
     Every number written in a markdown cell (integers, decimals, percentages, "3x",
     thousands written 12,288 or 16{,}384, 3.5e-4) appears, at the precision written, in
     the text outputs of the same section: the cells between two headings, any level. A
-    cell marked ``NBVAL_IGNORE_OUTPUT`` or ``NBVAL_SKIP`` gives no evidence (nbval does
+    cell marked ``NBVAL_IGNORE_OUTPUT`` or ``NBVAL_SKIP`` (in its source, or as the notebooks
+    do, by the tag ``nbval-ignore-output`` or ``nbval-skip``) gives no evidence (nbval does
     not compare its outputs, so a number read off them is stale after the next run: such
     a sentence is printed by the cell itself). An integer may also be a parameter written
     in the section's code, and so may a bare value after "=" in math (``$l = 6$``).
@@ -89,6 +90,7 @@ from tests.notebooks.paper_text import (  # noqa: F401  (re-exported)
 )
 
 IGNORED = ("NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP")
+IGNORED_TAGS = {"nbval-ignore-output", "nbval-skip"}
 HEADING = re.compile(r"^#{1,6}\s")
 CHECK_MARK = re.compile(r"<!--\s*check:\s*([\w-]+)\s*-->")
 CHECK_CELL = re.compile(r"^\s*#\s*check:\s*([\w-]+)\s*$", re.M)
@@ -555,6 +557,12 @@ def _output_text(cell) -> str:
     return "\n".join(t if isinstance(t, str) else "".join(t) for t in texts)
 
 
+def _uncompared(cell) -> bool:
+    """Whether nbval leaves the cell's outputs uncompared (a marker in its source, a tag)."""
+    return (any(flag in cell.source for flag in IGNORED)
+            or bool(IGNORED_TAGS & set(cell.get("metadata", {}).get("tags", ()))))
+
+
 def check_notebook(path: str | Path, root: Path = ROOT) -> list[Finding]:
     """Every finding of the rules in one notebook."""
     path = Path(path)
@@ -585,7 +593,7 @@ def check_notebook(path: str | Path, root: Path = ROOT) -> list[Finding]:
                 segments.append((idx, len(sections) - 1, "\n".join(lines)))
         elif cell.cell_type == "code":
             sections[-1].code += _values(cell.source)
-            if not any(flag in cell.source for flag in IGNORED):
+            if not _uncompared(cell):
                 sections[-1].outputs += _values(_output_text(cell))
 
     findings = []

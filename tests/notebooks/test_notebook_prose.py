@@ -51,6 +51,8 @@ def _write(tmp_path, cells) -> Path:
             nb.cells.append(nbformat.v4.new_markdown_cell(source))
         else:
             cell = nbformat.v4.new_code_cell(source)
+            if kind == "code-ignored":                        # tagged, as the notebooks do
+                cell.metadata["tags"] = ["nbval-ignore-output"]
             cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=t)
                             for t in printed]
             nb.cells.append(cell)
@@ -91,8 +93,11 @@ def test_a_number_printed_in_another_section_or_in_an_uncompared_cell_is_not_evi
              ("md", "it took 4.25 s")]
     ignored = [("md", "## 1. One"), ("code", "# NBVAL_IGNORE_OUTPUT\nx = 1", "took 4.25 s"),
                ("md", "it took 4.25 s")]
+    tagged = [("md", "## 1. One"), ("code-ignored", "x = 1", "took 4.25 s"),
+              ("md", "it took 4.25 s")]
     assert _found(tmp_path, other) == [("number", "4.25")]
     assert _found(tmp_path, ignored) == [("number", "4.25")]
+    assert _found(tmp_path, tagged) == [("number", "4.25")]
 
 
 def test_a_parameter_may_come_from_the_code_but_a_result_may_not(tmp_path):
