@@ -7,7 +7,10 @@ figures/data/generation.json (``python -m fast generate``): one row per model;
 left, tokens per second at position t for the re-run sampler (a forward pass
 over the prefix per token), a dense key/value cache and the sparse cache (both
 on the decoder's compiled CPU step; photos32 also the sparse cache on the
-PyTorch step); right, the bytes each cache holds for a sample of length n.
+PyTorch step); right, the bytes each cache holds for a sample of length n. The
+caches step on the machine's recorded thread count; the re-run sampler is credited
+with the fastest of its thread counts at each t (its record's "threads"), and the
+title and legend say so.
 """
 
 from __future__ import annotations
@@ -47,6 +50,31 @@ def _title(name: str, m: dict) -> str:
             f"{cfg['n_heads']} heads")
 
 
+def _counts(counts) -> str:
+    """"1", "1 and 2", "1, 2 and 4" from a list of thread counts."""
+    words = [str(c) for c in counts]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def threads(data: dict) -> str:
+    """Which sampler ran on how many intra-op threads: "caches on 1 thread; re-run sampler
+    on the faster of 1 and 2 threads at each t". The caches ran on the machine's recorded
+    count; the re-run sampler on each count of its record's "threads", the fastest kept."""
+    cache = data["machine"]["torch_threads"]
+    counts = sorted({c for m in data["models"].values()
+                     for c in m["rerun"].get("threads", [cache])})
+    rerun = (f"{counts[0]} thread{'s' * (counts[0] != 1)}" if len(counts) == 1 else
+             f"the {'faster' if len(counts) == 2 else 'fastest'} of {_counts(counts)} threads "
+             f"at each t")
+    return f"caches on {cache} thread{'s' * (cache != 1)}; re-run sampler on {rerun}"
+
+
+def _rerun_label(m: dict) -> str:
+    """The re-run sampler's legend entry, with the thread counts it was timed on."""
+    counts = m["rerun"].get("threads")
+    return "" if not counts or len(counts) == 1 else f", best of {_counts(counts)} threads"
+
+
 def _legend_below(ax) -> None:
     """The panel's legend under its axes: inside, it covered the re-run sampler's points
     (at both ends of t) and the memory lines' first points."""
@@ -62,7 +90,8 @@ def plot_generation(data: dict, path) -> Path:
             label, colour, ls = LINES[kind]
             marker = "o" if kind == "rerun" or len(m[kind]["t"]) < 10 else None
             ax_speed.plot(m[kind]["t"], m[kind]["tokens_per_s"], ls, color=colour,
-                          marker=marker, ms=4, label=label + _steps(m[kind]),
+                          marker=marker, ms=4,
+                          label=label + (_rerun_label(m) if kind == "rerun" else _steps(m[kind])),
                           alpha=0.55 if kind == "sparse_torch" else 1.0)
         r = m["rerun"]
         speedup = r["total_s_estimated"] / m["sparse"]["total_s"]
@@ -91,6 +120,6 @@ def plot_generation(data: dict, path) -> Path:
         _legend_below(ax_mem)
     info = data["machine"]
     fig.suptitle(f"Sampling speed, batch 1, float32, random weights; {info['cpu']}, "
-                 f"{info['torch_threads']} thread(s), torch {info['torch']}", fontsize=9.5)
+                 f"torch {info['torch']}\n{threads(data)}", fontsize=9.5)
     fig.tight_layout()
     return style.save(fig, path, tight=True)            # the legends hang below the panels
