@@ -45,6 +45,7 @@ TARGETS = ("strided_fwd_speedup_16384", "strided_fb_speedup_16384", "fixed_fwd_s
            "fixed_fb_speedup_16384", "strided_fwd_slope_4096_65536",
            "strided_fb_slope_4096_65536", "strided_fb_peak_bytes_65536")
 T2_RUN = {"test_bits": float, "steps": int, "model_cfg": {"n_ctx": int}}
+KEPT_T2 = "table2_160_steps.json"   # Table 2 when W_out = 0 was measured: kept, not rewritten
 FIG2_TRAIN = {"model_cfg": {"n_layers": int, "d_model": int, "n_heads": int}, "steps": int,
               "test_bits": float, "machine": Optional(MACHINE)}
 FIG2_LAYER = {k: float for k in ("local_x", "rowcol_x", "min_entropy", "max_start",
@@ -510,12 +511,24 @@ def fig2_section(la: dict, long: bool = False) -> list[str]:
     return out
 
 
-def output_init_section(t2: dict, zero: dict) -> list[str]:
+def _steps(record: dict, default=None):
+    """The steps of a Table 2 record's first run."""
+    return next(iter(next(iter(record["runs"].values())).values())).get("steps", default)
+
+
+def output_init_section(t2: dict, zero: dict, kept: dict | None = None) -> list[str]:
     """W_out = 0 (sec. 6, ``table2 --output-init zero``) against the default drawn W_out: per
     cell measured, the mean per-seed change of the test bits (same seeds: same other
-    weights and batches), in how many seeds it is worse, beside the spread over seeds."""
-    steps = next(iter(next(iter(zero["runs"].values())).values()))["steps"]
-    base = next(iter(next(iter(t2["runs"].values())).values())).get("steps", steps)
+    weights and batches), in how many seeds it is worse, beside the spread over seeds. The
+    drawn runs are Table 2's, or, where Table 2 now trains another length, ``kept``'s
+    (``KEPT_T2``: Table 2's record as it stood when the W_out = 0 runs were made) if those
+    are of the W_out = 0 runs' length."""
+    steps = _steps(zero)
+    base = _steps(t2, steps)
+    against = ""
+    if steps != base and kept is not None and _steps(kept) == steps:
+        t2, base = kept, steps
+        against = f"; the drawn runs are Table 2's of that length, kept in figures/data/{KEPT_T2}"
     if steps != base:
         return [f"Output layer at initialisation (`python -m fast table2 --output-init zero`): "
                 f"measured at {steps} steps (figures/data/table2_zero_output.json), against "
@@ -529,7 +542,8 @@ def output_init_section(t2: dict, zero: dict) -> list[str]:
         parts.append(f"{key} {np.mean(diffs):+.3f} (worse in {sum(d > 0 for d in diffs)} of "
                      f"{len(diffs)} seeds; seed std {spread:.3f})")
     return [f"Output layer at initialisation (`python -m fast table2 --output-init zero`, "
-            f"{steps} steps, the same seeds, batches and other initial weights): W_out = 0 as "
+            f"{steps} steps, the same seeds, batches and other initial weights{against}): "
+            f"W_out = 0 as "
             f"sec. 6 says, instead of drawn like every other weight (the default), changed the "
             f"test bits by: {'; '.join(parts)}."]
 
@@ -908,6 +922,8 @@ WRITERS = {"bench_cpu.json": "python -m fast bench", "memory.json": "python -m f
            "learned_attention_long.json": "python -m fast fig2 --long",
            "learned_attention_depth.json": "python -m fast fig2 --depth",
            "make_figures.json": "python -m fast figures",
+           KEPT_T2: f"git checkout figures/data/{KEPT_T2} (Table 2's record when the "
+                    f"W_out = 0 runs were made; no command writes it)",
            "gpu_variants_h200.json": "git checkout figures/data/gpu_variants_h200.json (a "
                                      "record of the first GPU run; a new run writes "
                                      "data/bench_cuda_variants.json)",
@@ -953,7 +969,9 @@ def report(data: Path) -> tuple[str, list[str], list[str]]:
                 ("table2.json", lambda t2: table2_section(t2) + gpu_timing(read_cache(
                     Path(data) / "gpu_iteration_time.json")) + [""] + drift_section(t2)),
                 ("table2_zero_output.json", lambda zero: output_init_section(
-                    read_cache(Path(data) / "table2.json"), zero)),
+                    read_cache(Path(data) / "table2.json"), zero,
+                    read_cache(Path(data) / KEPT_T2, {"runs": Map(Map(T2_RUN))},
+                               advice=f"run {WRITERS[KEPT_T2]} to restore it"))),
                 ("table2_profile.json", profile_section),
                 ("table3.json", table3_section),
                 ("learned_attention.json", fig2_section),

@@ -245,6 +245,13 @@ def test_output_init_section_compares_the_same_seeds():
     longer = {k: {s: {**r, "steps": 480} for s, r in v.items()} for k, v in drawn.items()}
     line = results.output_init_section({"runs": longer}, zero)[0]
     assert "measured at 160 steps" in line and "480 steps now: not comparable" in line
+    # ... unless the Table 2 record of that length is kept: then against it, named
+    same = {k: {s: {**r, "steps": 160} for s, r in v.items()} for k, v in drawn.items()}
+    line = results.output_init_section({"runs": longer}, zero, {"runs": same})[0]
+    assert "160 steps" in line and "kept in figures/data/table2_160_steps.json" in line \
+        and "text/full +0.393 (worse in 3 of 3 seeds" in line
+    assert results.output_init_section({"runs": longer}, zero, {"runs": longer})[0] \
+        .endswith("480 steps now: not comparable; rerun it to compare.")
 
 
 def test_fig2_depth_section_of_a_run_still_training_says_so():
