@@ -46,6 +46,7 @@ TARGETS = ("strided_fwd_speedup_16384", "strided_fb_speedup_16384", "fixed_fwd_s
            "strided_fb_slope_4096_65536", "strided_fb_peak_bytes_65536")
 T2_RUN = {"test_bits": float, "steps": int, "model_cfg": {"n_ctx": int}}
 KEPT_T2 = "table2_160_steps.json"   # Table 2 when W_out = 0 was measured: kept, not rewritten
+ZERO = "table2_zero_output.json"       # the W_out = 0 runs (``table2 --output-init zero``)
 FIG2_TRAIN = {"model_cfg": {"n_layers": int, "d_model": int, "n_heads": int}, "steps": int,
               "test_bits": float, "machine": Optional(MACHINE)}
 FIG2_LAYER = {k: float for k in ("local_x", "rowcol_x", "min_entropy", "max_start",
@@ -67,7 +68,7 @@ SHAPES = {
                     "drift": Optional(Map({"test_bits": float}))},
     "learned_attention.json": {"models": {"full": {"window": float, "layers": [FIG2_LAYER]}},
                                "train": FIG2_TRAIN, "images": str},
-    "table2_zero_output.json": {"runs": Map(Map({"test_bits": float, "steps": int}))},
+    ZERO: {"runs": Map(Map({"test_bits": float, "steps": int}))},
     "table2_profile.json": {
         "conditions": {"machine": str, "torch": str, "threads": int, "steps": int,
                        "warmup": int, "batches": [int],
@@ -516,23 +517,40 @@ def _steps(record: dict, default=None):
     return next(iter(next(iter(record["runs"].values())).values())).get("steps", default)
 
 
-def output_init_section(t2: dict, zero: dict, kept: dict | None = None) -> list[str]:
+def output_init_lines(data: Path) -> list[str]:
+    """The W_out = 0 section from the folder ``data``: the W_out = 0 runs
+    (table2_zero_output.json) against the drawn runs of Table 2 (table2.json) or, where
+    Table 2 now trains another length, of ``KEPT_T2`` (``output_init_section``). What
+    ``report`` prints, and the notebooks. A damaged file raises ``CacheError``."""
+    drawn = {"runs": Map(Map(T2_RUN))}                 # what is read from the drawn runs
+    zero, t2, kept = (read_cache(Path(data) / name, shape,
+                                 advice=f"run {WRITERS[name]} to rewrite it")
+                      for name, shape in ((ZERO, SHAPES[ZERO]), ("table2.json", drawn),
+                                          (KEPT_T2, drawn)))
+    if zero is None:
+        return [f"Output layer at initialisation: no {ZERO} in {data} (run {WRITERS[ZERO]})."]
+    return output_init_section(t2, zero, kept)
+
+
+def output_init_section(t2: dict | None, zero: dict, kept: dict | None = None) -> list[str]:
     """W_out = 0 (sec. 6, ``table2 --output-init zero``) against the default drawn W_out: per
     cell measured, the mean per-seed change of the test bits (same seeds: same other
     weights and batches), in how many seeds it is worse, beside the spread over seeds. The
     drawn runs are Table 2's, or, where Table 2 now trains another length, ``kept``'s
     (``KEPT_T2``: Table 2's record as it stood when the W_out = 0 runs were made) if those
-    are of the W_out = 0 runs' length."""
+    are of the W_out = 0 runs' length. ``t2`` is None where Table 2 has not been run."""
     steps = _steps(zero)
-    base = _steps(t2, steps)
+    base = None if t2 is None else _steps(t2, steps)
     against = ""
     if steps != base and kept is not None and _steps(kept) == steps:
         t2, base = kept, steps
         against = f"; the drawn runs are Table 2's of that length, kept in figures/data/{KEPT_T2}"
     if steps != base:
+        now = ("no Table 2 record (figures/data/table2.json) now" if t2 is None
+               else f"Table 2 runs of {base} steps now")
         return [f"Output layer at initialisation (`python -m fast table2 --output-init zero`): "
-                f"measured at {steps} steps (figures/data/table2_zero_output.json), against "
-                f"Table 2 runs of {base} steps now: not comparable; rerun it to compare."]
+                f"measured at {steps} steps (figures/data/{ZERO}), against {now}: not "
+                f"comparable; rerun it to compare."]
     parts = []
     for key, by_seed in zero["runs"].items():
         drawn = t2["runs"][key]
@@ -916,7 +934,7 @@ def gpu_results(data: Path = DATA) -> dict:
 WRITERS = {"bench_cpu.json": "python -m fast bench", "memory.json": "python -m fast memory",
            "memory_big.json": "python -m fast memory --big",
            "table2.json": "python -m fast table2",
-           "table2_zero_output.json": "python -m fast table2 --output-init zero",
+           ZERO: "python -m fast table2 --output-init zero",
            "table2_profile.json": "python -m fast table2 --profile",
            "table3.json": "python -m fast table3", "learned_attention.json": "python -m fast fig2",
            "learned_attention_long.json": "python -m fast fig2 --long",
@@ -968,10 +986,7 @@ def report(data: Path) -> tuple[str, list[str], list[str]]:
                 ("memory_big.json", memory_big_section),
                 ("table2.json", lambda t2: table2_section(t2) + gpu_timing(read_cache(
                     Path(data) / "gpu_iteration_time.json")) + [""] + drift_section(t2)),
-                ("table2_zero_output.json", lambda zero: output_init_section(
-                    read_cache(Path(data) / "table2.json"), zero,
-                    read_cache(Path(data) / KEPT_T2, {"runs": Map(Map(T2_RUN))},
-                               advice=f"run {WRITERS[KEPT_T2]} to restore it"))),
+                (ZERO, lambda _zero: output_init_lines(data)),   # reads its three records
                 ("table2_profile.json", profile_section),
                 ("table3.json", table3_section),
                 ("learned_attention.json", fig2_section),

@@ -254,6 +254,33 @@ def test_output_init_section_compares_the_same_seeds():
         .endswith("480 steps now: not comparable; rerun it to compare.")
 
 
+def test_output_init_lines_read_the_three_records_from_one_folder(tmp_path):
+    """The W_out = 0 line the README and notebooks 05 and 08 print comes from one call on a
+    folder: against the kept Table 2 record of the W_out = 0 runs' length where today's
+    Table 2 trains another, as ``report`` prints it; a folder without Table 2 says so."""
+    def runs(bits, steps):
+        return {"runs": {"text/full": {str(s): {"test_bits": b, "steps": steps,
+                                                "model_cfg": {"n_ctx": 64}}
+                                       for s, b in enumerate(bits)}}}
+    files = {results.ZERO: runs([4.4, 4.5], 160), "table2.json": runs([3.6, 3.7], 480),
+             results.KEPT_T2: runs([4.0, 4.2], 160)}
+    for name, record in files.items():
+        (tmp_path / name).write_text(json.dumps(record))
+    line = results.output_init_lines(tmp_path)[0]
+    assert "kept in figures/data/table2_160_steps.json" in line \
+        and "text/full +0.350 (worse in 2 of 2 seeds; seed std 0.141)" in line
+    committed = ROOT / "figures" / "data"
+    assert results.output_init_lines(committed)[0] in results.report(committed)[0]
+    (tmp_path / results.KEPT_T2).unlink()
+    assert results.output_init_lines(tmp_path)[0].endswith(
+        "against Table 2 runs of 480 steps now: not comparable; rerun it to compare.")
+    (tmp_path / "table2.json").unlink()
+    assert "against no Table 2 record (figures/data/table2.json) now" \
+        in results.output_init_lines(tmp_path)[0]
+    (tmp_path / results.ZERO).unlink()
+    assert results.output_init_lines(tmp_path)[0].startswith(
+        f"Output layer at initialisation: no {results.ZERO} in {tmp_path}")
+
 def test_fig2_depth_section_of_a_run_still_training_says_so():
     lines = results.fig2_depth_section({"train": {"24": {}, "6": {}}})
     assert lines == ["Figure 2 against depth, `python -m fast fig2 --depth`: models of 6, 24 "
