@@ -91,7 +91,6 @@ def operator_call(operator, body):
     something watches the call (``watched``), ``body(*args)`` where nothing does."""
     def call(*args):
         return operator(*args) if watched(args) else body(*args)
-    call.operator, call.body = operator, body
     return call
 
 
