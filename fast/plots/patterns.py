@@ -62,21 +62,40 @@ def colour_parts(a1: np.ndarray, a2: np.ndarray | None = None,
     return img
 
 
-def draw_connectivity(ax, a1: np.ndarray, a2: np.ndarray | None = None, title: str = "") -> None:
+# Steps between labelled positions on a connectivity matrix's axes, smallest first.
+TICK_STEPS = (1, 2, 4, 5, 8, 10, 16, 20, 32, 50, 64, 100, 128, 200, 256, 500, 512, 1000)
+
+
+def tick_step(n: int, most: int = 16) -> int:
+    """The step between labelled positions 0, step, 2 step, ... of an n x n matrix: 1 up
+    to n = ``most`` (every position), else the smallest step of ``TICK_STEPS`` giving at
+    most min(10, ``most``) labels, so that labels never crowd. Small panels pass a
+    smaller ``most``."""
+    if n <= most:
+        return 1
+    return next((s for s in TICK_STEPS if -(-n // s) <= min(10, most)), TICK_STEPS[-1])
+
+
+def draw_connectivity(ax, a1: np.ndarray, a2: np.ndarray | None = None, title: str = "",
+                      most_ticks: int = 16) -> None:
     """Draw an (n, n) connectivity matrix (rows = outputs i, columns = inputs j)
-    on ``ax``; with two masks, each head in its own colour."""
+    on ``ax``; with two masks, each head in its own colour. The axes number the
+    positions (``tick_step(n, most_ticks)``): query i on the left, key j along the bottom."""
     n = a1.shape[-1]
     future = np.triu(np.ones((n, n), dtype=bool), k=1)
     ax.imshow(colour_parts(a1, a2, future), interpolation="nearest")
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ticks = np.arange(0, n, tick_step(n, most_ticks))
+    ax.set_xticks(ticks)
+    ax.set_yticks(ticks)
+    ax.tick_params(labelsize=7, length=2, pad=1)
     ax.set_title(title, fontsize=9)
 
 
 def draw_query(ax, a1_row: np.ndarray, a2_row: np.ndarray | None, query: int, width: int,
                title: str = "") -> None:
     """Draw on the image grid (row-major, ``width`` pixels a row) which pixels the
-    query reads: ``a1_row``/``a2_row`` are the query's rows of the two heads' masks."""
+    query reads: ``a1_row``/``a2_row`` are the query's rows of the two heads' masks.
+    Each cell shows its position, as notebook 03's grids do."""
     n = len(a1_row)
     height = -(-n // width)
     pad = height * width - n  # a partial last row is drawn grey
@@ -90,6 +109,15 @@ def draw_query(ax, a1_row: np.ndarray, a2_row: np.ndarray | None, query: int, wi
               interpolation="nearest")
     r, col = divmod(query, width)
     ax.add_patch(Rectangle((col - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
+    dark = {A1_COLOUR, BOTH_COLOUR}      # white numbers on the dark blues, black elsewhere
+    size = 7 if width <= 8 else 6
+    for pos in range(n):
+        y, x = divmod(pos, width)
+        on = [c for c, row in ((A1_COLOUR, a1_row), (A2_COLOUR, a2_row)) if row is not None
+              and row[pos]]
+        colour = BOTH_COLOUR if len(on) == 2 else (on[0] if on else None)
+        ax.text(x, y, str(pos), ha="center", va="center", fontsize=size,
+                color="white" if colour in dark else "black")
     ax.set_xticks(np.arange(-0.5, width, 1), minor=True)
     ax.set_yticks(np.arange(-0.5, height, 1), minor=True)
     ax.grid(which="minor", color="white", linewidth=1)
@@ -175,10 +203,10 @@ def plot_head_masks(masks: np.ndarray, parts: Sequence[tuple[np.ndarray, np.ndar
     for h in range(H):
         title = titles[h] if titles is not None else f"head {h}"
         if parts is None:
-            draw_connectivity(axes[h], masks[h], title=title)
+            draw_connectivity(axes[h], masks[h], title=title, most_ticks=8)
         else:
             a1, a2 = parts[h]
-            draw_connectivity(axes[h], masks[h] & a1, masks[h] & a2, title=title)
+            draw_connectivity(axes[h], masks[h] & a1, masks[h] & a2, title=title, most_ticks=8)
     if fig is not None:
         if suptitle:
             fig.suptitle(suptitle, fontsize=10)

@@ -92,3 +92,41 @@ def test_figure3_legend_says_what_the_full_panels_colour_means():
     else:
         raise AssertionError("figure 3's legend has no entry for head A(1)'s colour")
     plt.close(fig)
+
+
+@pytest.mark.parametrize("n,step", [(16, 1), (24, 4), (36, 4), (64, 8), (256, 32)])
+def test_connectivity_matrix_numbers_queries_and_keys(n, step):
+    # notebooks 00 and 01 ask the reader to find a query's row and the keys it reads: the
+    # axes label positions, every one up to n = 16, else at most 10 labels an axis
+    a1, a2 = reference_patterns.strided(n, 4)
+    fig, ax = plt.subplots()
+    pp.draw_connectivity(ax, a1, a2)
+    fig.canvas.draw()
+    for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+        texts = [t.get_text() for t in labels]
+        assert texts == [str(p) for p in range(0, n, step)]
+        assert len(texts) <= (n if n <= 16 else 10)
+    plt.close(fig)
+
+
+def test_query_grid_numbers_every_position():
+    # the "rows of l" panels: each cell shows its position, the query's in white on dark blue
+    n, width, query = 16, 4, 10
+    a1, a2 = reference_patterns.strided(n, width)
+    fig, ax = plt.subplots()
+    pp.draw_query(ax, a1[query], a2[query], query, width)
+    numbers = {t.get_text(): t for t in ax.texts}
+    assert sorted(numbers, key=int) == [str(p) for p in range(n)]
+    assert numbers[str(query)].get_color() == "white"      # read by both heads: mid blue
+    assert numbers[str(query + 1)].get_color() == "black"  # future: grey
+    plt.close(fig)
+
+
+def test_small_head_panels_label_fewer_positions():
+    # the combine-modes figure's panels are small: at most 8 labels an axis, even at n = 16
+    fig = pp.plot_combine_modes("strided", 16, 2, stride=4)
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert [t.get_text() for t in ax.get_xticklabels()] == [str(p) for p in range(0, 16, 2)]
+        assert [t.get_text() for t in ax.get_yticklabels()] == [str(p) for p in range(0, 16, 2)]
+    plt.close(fig)
