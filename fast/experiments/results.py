@@ -517,16 +517,19 @@ def _steps(record: dict, default=None):
     return next(iter(next(iter(record["runs"].values())).values())).get("steps", default)
 
 
-def output_init_lines(data: Path) -> list[str]:
+def output_init_lines(data: Path, zero: dict | None = None) -> list[str]:
     """The W_out = 0 section from the folder ``data``: the W_out = 0 runs
-    (table2_zero_output.json) against the drawn runs of Table 2 (table2.json) or, where
-    Table 2 now trains another length, of ``KEPT_T2`` (``output_init_section``). What
-    ``report`` prints, and the notebooks. A damaged file raises ``CacheError``."""
+    (table2_zero_output.json, or ``zero`` where the caller has read it) against the drawn
+    runs of Table 2 (table2.json) or, where Table 2 now trains another length, of
+    ``KEPT_T2`` (``output_init_section``). What ``report`` prints, and the notebooks. A
+    damaged file raises ``CacheError``."""
+    def read(name, shape):
+        return read_cache(Path(data) / name, shape, advice=f"run {WRITERS[name]} to rewrite it")
+
     drawn = {"runs": Map(Map(T2_RUN))}                 # what is read from the drawn runs
-    zero, t2, kept = (read_cache(Path(data) / name, shape,
-                                 advice=f"run {WRITERS[name]} to rewrite it")
-                      for name, shape in ((ZERO, SHAPES[ZERO]), ("table2.json", drawn),
-                                          (KEPT_T2, drawn)))
+    if zero is None:
+        zero = read(ZERO, SHAPES[ZERO])
+    t2, kept = read("table2.json", drawn), read(KEPT_T2, drawn)
     if zero is None:
         return [f"Output layer at initialisation: no {ZERO} in {data} (run {WRITERS[ZERO]})."]
     return output_init_section(t2, zero, kept)
@@ -986,7 +989,7 @@ def report(data: Path) -> tuple[str, list[str], list[str]]:
                 ("memory_big.json", memory_big_section),
                 ("table2.json", lambda t2: table2_section(t2) + gpu_timing(read_cache(
                     Path(data) / "gpu_iteration_time.json")) + [""] + drift_section(t2)),
-                (ZERO, lambda _zero: output_init_lines(data)),   # reads its three records
+                (ZERO, lambda zero: output_init_lines(data, zero)),   # and the drawn runs
                 ("table2_profile.json", profile_section),
                 ("table3.json", table3_section),
                 ("learned_attention.json", fig2_section),

@@ -281,6 +281,7 @@ def test_output_init_lines_read_the_three_records_from_one_folder(tmp_path):
     assert results.output_init_lines(tmp_path)[0].startswith(
         f"Output layer at initialisation: no {results.ZERO} in {tmp_path}")
 
+
 def test_fig2_depth_section_of_a_run_still_training_says_so():
     lines = results.fig2_depth_section({"train": {"24": {}, "6": {}}})
     assert lines == ["Figure 2 against depth, `python -m fast fig2 --depth`: models of 6, 24 "
